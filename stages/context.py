@@ -1,0 +1,113 @@
+"""What every stage receives, and the checkpoint plumbing stages share.
+
+A stage is a plain function `run_<kind>(cfg, ctx, ...) -> StageResult`; it runs under Prefect, under torchrun,
+or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in tests).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from artifacts.checkpoint import CheckpointRef, committed, materialize, write_checkpoint
+from artifacts.store import Store
+from stages.model import initial_model, load_hf, save_hf
+from stages.recipe import Recipe, config_hash
+
+
+class MetricSink(Protocol):
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+@dataclass
+class ListSink:
+    rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def series(self, name: str) -> list[float]:
+        return [m[name] for _, m in self.rows if name in m]
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
+
+
+@dataclass
+class StageContext:
+    recipe: Recipe
+    store: Store
+    run_id: str
+    key: str  # runs/<run_id>/<NN>-<stage>: where this stage's checkpoint goes
+    log: MetricSink
+    progress: Callable[[int, int], None] = _no_progress
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cascade-")))
+
+
+@dataclass
+class StageResult:
+    checkpoint: CheckpointRef
+    metrics: dict[str, Any]
+
+
+def load_policy(ctx: StageContext, ref: CheckpointRef | None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """The start model: the given checkpoint, or the recipe's initial model when no stage wrote one yet."""
+    if ref is None:
+        return initial_model(ctx.recipe.model, ctx.recipe.seed)
+    local = materialize(ctx.store, ref, Path(tempfile.mkdtemp(dir=ctx.workdir)))
+    return load_hf(local / "model" if (local / "model").exists() else local)
+
+
+def save_model_checkpoint(
+    ctx: StageContext,
+    key: str,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    cfg: Any,
+    step: int | None,
+    parent: CheckpointRef | None,
+    metrics: dict[str, Any],
+    state: dict[str, Any] | None = None,
+) -> CheckpointRef:
+    """model/ (HF format) and, for step checkpoints, state/trainer.pt; the manifest goes last."""
+    local = Path(tempfile.mkdtemp(dir=ctx.workdir))
+    save_hf(model, tokenizer, local / "model")
+    if state is not None:
+        (local / "state").mkdir()
+        torch.save(state, local / "state" / "trainer.pt")
+    return write_checkpoint(
+        ctx.store, key, local, stage=cfg.name, step=step, parent=parent, config_hash=config_hash(cfg), metrics=metrics
+    )
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+
+
+def latest_step_checkpoint(ctx: StageContext, cfg: Any) -> CheckpointRef | None:
+    """The newest committed step checkpoint of this stage written under the same config, if any."""
+    steps = sorted((int(s) for s in ctx.store.list_dirs(f"{ctx.key}/steps") if s.isdigit()), reverse=True)
+    for step in steps:
+        ref = committed(ctx.store, f"{ctx.key}/steps/{step}")
+        if ref is not None and ref.config_hash == config_hash(cfg):
+            return ref
+    return None
+
+
+def load_step_state(ctx: StageContext, ref: CheckpointRef) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any]]:
+    local = materialize(ctx.store, ref, Path(tempfile.mkdtemp(dir=ctx.workdir)))
+    model, tok = load_hf(local / "model")
+    return model, tok, torch.load(local / "state" / "trainer.pt", weights_only=False)

@@ -1,0 +1,64 @@
+"""What a domain is: a seeded generator, an oracle teacher, and one grader for both reward and eval.
+
+Train and held-out splits are disjoint by construction: an item's split is decided by a hash of its split key
+(the problem, not its phrasing), so no seed or size can leak a held-out problem into training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+Split = Literal["train", "heldout"]
+HELDOUT_BUCKETS = 10  # one prompt hash bucket in ten is held out
+
+
+@dataclass(frozen=True)
+class Item:
+    domain: str
+    id: str
+    prompt: str  # the user message
+    reference: str  # the oracle's answer: the assistant message that SFT trains on
+    meta: dict[str, Any] = field(default_factory=dict)  # what the grader needs (answer, constraints, tests)
+    split_key: str = ""  # what decides the split; empty: the prompt. Rephrasings of one problem share a key.
+
+
+def split_of(key: str) -> Split:
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % HELDOUT_BUCKETS
+    return "heldout" if bucket == 0 else "train"
+
+
+class Domain:
+    """Subclasses implement `sample` (one random item) and `grade`; the split logic lives here once."""
+
+    name: str = ""
+
+    def sample(self, rng: random.Random) -> Item:
+        raise NotImplementedError
+
+    def grade(self, item: Item, completion: str) -> float:
+        """Score in [0, 1]. The same function is the RL reward and the eval metric."""
+        raise NotImplementedError
+
+    def grade_batch(self, items: list[Item], completions: list[str]) -> list[float]:
+        return [self.grade(item, c) for item, c in zip(items, completions, strict=True)]
+
+    def generate(self, split: Split, n: int, seed: int) -> list[Item]:
+        """n distinct items of one split, deterministic in (split, n, seed)."""
+        rng = random.Random(f"{self.name}:{seed}")
+        seen: set[str] = set()
+        items: list[Item] = []
+        attempts = 0
+        while len(items) < n:
+            attempts += 1
+            if attempts > 50 * n + 1000:
+                raise ValueError(f"domain {self.name!r} cannot produce {n} distinct {split} items")
+            item = self.sample(rng)
+            key = item.split_key or item.prompt
+            if key in seen or split_of(key) != split:
+                continue
+            seen.add(key)
+            items.append(replace(item, id=f"{self.name}-{split}-{len(items)}"))
+        return items

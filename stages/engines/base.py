@@ -1,0 +1,49 @@
+"""The rollout interface every engine implements (HF in-process, vLLM server, external pool).
+
+Prompts go in as token ids that already carry the chat template, so the trainer and the engine can never
+disagree on tokenization. Each completion comes back with the engine's own per-token logprob of the sampled
+token (pi_inf): the raw model's log-softmax at temperature 1, before top-p truncation, which is what MOPD's
+importance weight and the `logprob_mismatch` metric compare against the trainer's forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0.0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]  # sampled tokens; ends with the stop token when finish_reason == "stop"
+    logprobs: list[float]  # log pi_inf(y_t | s_t), one per token in token_ids
+    text: str  # decoded without special tokens
+    finish_reason: Literal["stop", "length"]
+
+
+class RolloutEngine(Protocol):
+    """What a stage needs from an inference engine."""
+
+    name: str  # "hf" | "vllm"; recorded in stage metrics
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[list[Completion]]:
+        """n completions for each prompt; result[i][j] is sample j of prompt i."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from `model`'s current weights (on-policy after each update)."""
+        ...
+
+    def close(self) -> None:
+        ...

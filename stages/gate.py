@@ -1,0 +1,36 @@
+"""Regression gate (DESIGN.md): after every stage, compare each domain with its best score so far in the run.
+
+A domain fires when best - now > tolerance (absolute score points, per domain in the recipe). The policy says
+what the flow does: `warn` records and continues, `fail` stops the run, `recover` runs MOPD with the best
+checkpoint per domain as teachers. This module only decides; the flow acts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+Policy = Literal["recover", "warn", "fail"]
+
+
+def best_so_far(evals: list[dict[str, Any]], domain: str) -> tuple[float, str] | None:
+    """(best score, stage that holds it) over earlier evals, or None if the domain was never scored."""
+    scored = [(e["scores"][domain], e["after_stage"]) for e in evals if domain in e["scores"]]
+    return max(scored, key=lambda s: s[0]) if scored else None
+
+
+def decide(
+    stage: str, evals: list[dict[str, Any]], now: dict[str, float], tolerances: dict[str, float], policy: Policy
+) -> list[dict[str, Any]]:
+    """One decision per regressed domain; `evals` are the evals before this stage's."""
+    decisions = []
+    for domain, score in sorted(now.items()):
+        best = best_so_far(evals, domain)
+        if best is None:
+            continue
+        drop = best[0] - score
+        if drop > tolerances[domain]:
+            decisions.append({
+                "stage": stage, "domain": domain, "best": best[0], "best_stage": best[1], "now": score,
+                "drop": round(drop, 4), "tolerance": tolerances[domain], "action": policy, "after_recovery": None,
+            })
+    return decisions

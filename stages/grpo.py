@@ -1,0 +1,157 @@
+"""GRPO, strictly on-policy, as in every Nemotron-Cascade RL stage (arXiv 2512.13607 sec. 4, 2603.19220 sec. 3).
+
+For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i with the domain's grader, and
+
+    A_i = (r_i - mean(r)) / (std(r) + eps)
+    L(theta) = -(1 / sum_i |o_i|) * sum_i sum_t A_i * pi_theta(o_it) / sg[pi_theta(o_it)]
+
+One gradient step per rollout batch, so the importance ratio is exactly 1 and PPO clipping never engages; no KL
+term and no reference model. Groups whose G rewards are all equal carry no signal and are dropped (dynamic
+filtering). Deviation: the paper refills dropped groups by over-sampling prompts; we keep the step smaller
+instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
+so a resumed stage replays exactly the rollouts it would have drawn.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from artifacts.checkpoint import CheckpointRef
+from stages.context import StageContext, StageResult
+from stages.domains import Item, get_domain
+from stages.engines import Completion, SamplingParams, make_engine
+from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
+from stages.model import prompt_ids
+from stages.recipe import GRPOConfig
+from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
+
+
+def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) -> StageResult:
+    started = time.time()
+    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
+    engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
+    pool = prompt_pool(ctx, cfg)
+    history: list[dict[str, float]] = run.extra.get("history", [])
+    try:
+        while run.step < cfg.steps:
+            # rollout: P prompts x G samples from the current policy
+            items = sample_prompts(pool, cfg, ctx.recipe.seed, run.step)
+            prompts = [prompt_ids(run.tokenizer, it.prompt) for it in items]
+            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx, cfg),
+                                      seed=step_seed(ctx.recipe.seed, cfg.name, run.step))
+            groups = engine.generate(prompts, cfg.group_size, sampling)
+
+            # score: one grader per domain, the same one the eval uses
+            rewards = score_groups(items, groups)  # [P, G]
+
+            # advantages: group-normalized; zero-variance groups dropped
+            keep = groups_with_signal(rewards)
+            advantages = grpo_advantages(rewards, cfg.std_eps)
+
+            # update: one on-policy step, token-level loss over the kept groups
+            update = policy_update(run, cfg, ctx, prompts, groups, advantages, keep)
+            run.step += 1
+            engine.sync_weights(run.model)
+
+            # log
+            metrics = step_metrics(items, groups, rewards, keep, update)
+            history.append(metrics)
+            ctx.log.log(run.step, metrics)
+            ctx.progress(run.step, cfg.steps)
+            run.maybe_checkpoint(cfg.checkpoint_every, extra={"history": history})
+    finally:
+        engine.close()
+    summary = summarize(history, engine.name, time.time() - started)
+    return StageResult(run.finish(summary), summary)
+
+
+def prompt_pool(ctx: StageContext, cfg: GRPOConfig) -> list[Item]:
+    pool = []
+    for name in cfg.domains:
+        pool += get_domain(name).generate("train", ctx.recipe.domains[name].train_size, ctx.recipe.seed)
+    return pool
+
+
+def sample_prompts(pool: list[Item], cfg: GRPOConfig, seed: int, step: int) -> list[Item]:
+    return random.Random(f"grpo:{seed}:{cfg.name}:{step}").sample(pool, cfg.prompts_per_step)
+
+
+def step_seed(seed: int, stage: str, step: int) -> int:
+    return random.Random(f"sample:{seed}:{stage}:{step}").getrandbits(31)
+
+
+def max_new_tokens(ctx: StageContext, cfg: GRPOConfig) -> int:
+    return max(ctx.recipe.domains[d].max_new_tokens for d in cfg.domains)
+
+
+def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
+    rows = [get_domain(it.domain).grade_batch([it] * len(g), [c.text for c in g]) for it, g in zip(items, groups)]
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep) -> dict[str, float]:
+    """One optimizer step on the kept groups. Returns loss, grad norm, entropy and train/inference mismatch."""
+    seqs = [(prompts[p], c, float(advantages[p, j])) for p in range(len(prompts)) if keep[p]
+            for j, c in enumerate(groups[p])]
+    if not seqs:
+        return {}
+    ids, mask, adv, inf_logp = rollout_batch(seqs, run.tokenizer.pad_token_id)
+    num_tokens = int(mask.sum())
+    stats = {"entropy": 0.0, "mismatch": 0.0}
+
+    def micro_loss(part: slice) -> torch.Tensor:
+        with autocast(ctx.recipe.model.bf16_autocast):
+            logits = run.model(input_ids=ids[part]).logits[:, :-1]
+        logp = token_logprobs(logits, ids[part, 1:])  # [n, T-1]
+        m = mask[part]
+        with torch.no_grad():
+            stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
+            stats["mismatch"] += float(((logp - inf_logp[part]).abs() * m).sum()) / num_tokens
+        return grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
+
+    loss = backward_micro_batches(len(seqs), cfg.micro_batch_size, micro_loss)
+    grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
+    return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"], "logprob_mismatch": stats["mismatch"]}
+
+
+def rollout_batch(seqs: list[tuple[list[int], Completion, float]], pad: int):
+    """ids [N, T]; mask, inf_logp [N, T-1] aligned with the targets ids[:, 1:]; adv [N]."""
+    width = max(len(p) + len(c.token_ids) for p, c, _ in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width - 1))
+    inf_logp = torch.zeros((len(seqs), width - 1))
+    for row, (prompt, comp, _) in enumerate(seqs):
+        n_p, n_c = len(prompt), len(comp.token_ids)
+        ids[row, : n_p + n_c] = torch.tensor(prompt + comp.token_ids)
+        mask[row, n_p - 1 : n_p - 1 + n_c] = 1.0
+        inf_logp[row, n_p - 1 : n_p - 1 + n_c] = torch.tensor(comp.logprobs)
+    adv = torch.tensor([a for _, _, a in seqs])
+    return ids, mask, adv, inf_logp
+
+
+def step_metrics(items, groups, rewards, keep, update) -> dict[str, float]:
+    metrics = {
+        "reward": float(rewards.mean()),
+        "kept_groups": float(keep.float().mean()),
+        "response_length": sum(len(c.token_ids) for g in groups for c in g) / sum(len(g) for g in groups),
+        **update,
+    }
+    for domain in sorted({it.domain for it in items}):
+        rows = [i for i, it in enumerate(items) if it.domain == domain]
+        metrics[f"reward/{domain}"] = float(rewards[rows].mean())
+    return metrics
+
+
+def summarize(history: list[dict[str, float]], engine: str, seconds: float) -> dict[str, Any]:
+    def mean(key: str, rows: list[dict[str, float]]) -> float | None:
+        vals = [h[key] for h in rows if key in h]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    k = max(1, len(history) // 4)
+    return {"engine": engine, "steps": len(history), "seconds": round(seconds, 1),
+            "reward_first": mean("reward", history[:k]), "reward_last": mean("reward", history[-k:]),
+            "logprob_mismatch": mean("logprob_mismatch", history), "kept_groups": mean("kept_groups", history)}

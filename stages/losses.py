@@ -1,0 +1,65 @@
+"""Losses and advantage estimators: pure functions of tensors.
+
+Normalization is explicit: every loss takes the global count of tokens it averages over, so the sum of
+micro-batch losses equals the loss of the full batch (tested), whatever the micro-batch split.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] per position.
+
+    logits: [B, T, V] (position t predicts targets[:, t]); targets: [B, T] -> [B, T], float32.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+
+
+def token_entropy(logits: Tensor) -> Tensor:
+    """Entropy of the predictive distribution per position. logits: [B, T, V] -> [B, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def sft_loss(logp: Tensor, mask: Tensor, num_tokens: int) -> Tensor:
+    """Negative log-likelihood of the assistant tokens: -sum_{b,t} mask * logp / num_tokens.
+
+    logp: [B, T] log pi(y_t); mask: [B, T] 1 on assistant tokens; num_tokens: global count of mask == 1
+    over the whole optimizer batch (not this micro-batch).
+    """
+    return -(logp * mask).sum() / num_tokens
+
+
+def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """Group-normalized advantage A_ij = (r_ij - mean_j r_i) / (std_j r_i + eps).
+
+    rewards: [P, G] (P prompts, G rollouts each) -> [P, G]. std is the sample std (Bessel-corrected), as in
+    DeepSeekMath's GRPO and TRL. A group whose rewards are all equal gets A = 0 (and is dropped upstream).
+    """
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True, unbiased=True)
+    return (rewards - mean) / (std + eps)
+
+
+def groups_with_signal(rewards: Tensor) -> Tensor:
+    """Dynamic filtering: True for groups whose rewards are not all the same. rewards: [P, G] -> [P] bool."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, num_tokens: int) -> Tensor:
+    """Token-level GRPO policy-gradient loss without KL.
+
+        L = -sum_{i,t} mask_it * rho_it * A_i / num_tokens,   rho_it = exp(logp_it - old_logp_it)
+
+    logp: [N, T] log pi_theta of the sampled tokens (with grad); old_logp: [N, T] the same under the policy
+    that sampled (no grad); advantages: [N] one per sequence; mask: [N, T] 1 on completion tokens;
+    num_tokens: global count of completion tokens in the optimizer batch. Strictly on-policy, old_logp is
+    logp.detach(), so rho == 1 in value and grad L = -sum mask * A * grad logp / num_tokens (REINFORCE).
+    One update per rollout batch makes PPO clipping a no-op, so it is not applied.
+    """
+    ratio = torch.exp(logp - old_logp)
+    return -(ratio * advantages.unsqueeze(-1) * mask).sum() / num_tokens

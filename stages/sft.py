@@ -1,0 +1,94 @@
+"""Supervised fine-tuning on the sft_data stage's chat rows, loss on assistant tokens only.
+
+Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher's response tokens,
+
+    L = -(1 / N_resp) * sum_{b,t} 1[t in response_b] * log pi(y_t | y_<t),
+
+with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
+Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
+(MEASURED.md); batches are sampled from a per-epoch seeded permutation, so the data position is just the
+step number and a resumed stage sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import torch
+
+from artifacts.checkpoint import CheckpointRef, materialize
+from stages.context import StageContext, StageResult
+from stages.losses import sft_loss, token_logprobs
+from stages.model import completion_ids, prompt_ids
+from stages.recipe import SFTConfig
+from stages.sft_data import DATA_FILE
+from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, warmup_cosine
+
+Example = tuple[list[int], int]  # token ids, index of the first response token
+
+
+def run_sft(cfg: SFTConfig, ctx: StageContext, start: CheckpointRef | None, data: CheckpointRef) -> StageResult:
+    started = time.time()
+    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
+    examples = load_examples(ctx, data, run.tokenizer)
+    pad = run.tokenizer.pad_token_id
+    tokens_seen = 0
+    loss = 0.0
+    while run.step < cfg.steps:
+        # batch: this step's slice of the epoch permutation
+        batch = batch_for_step(examples, run.step, cfg.batch_size, ctx.recipe.seed)
+        ids, mask = pad_batch(batch, pad)
+        num_tokens = int(mask[:, 1:].sum())
+
+        # update: global-token-normalized NLL, accumulated over micro-batches
+        def micro_loss(part: slice) -> torch.Tensor:
+            with autocast(ctx.recipe.model.bf16_autocast):
+                logits = run.model(input_ids=ids[part]).logits[:, :-1]
+            return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
+
+        loss = backward_micro_batches(len(batch), cfg.micro_batch_size, micro_loss)
+        lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+        run.step += 1
+        tokens_seen += int(ids.numel())
+
+        # log
+        ctx.log.log(run.step, {"loss": loss, "lr": lr, "grad_norm": grad_norm})
+        ctx.progress(run.step, cfg.steps)
+        run.maybe_checkpoint(cfg.checkpoint_every, extra={})
+    seconds = time.time() - started
+    metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
+               "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}
+    return StageResult(run.finish(metrics), metrics)
+
+
+def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:
+    local = materialize(ctx.store, data, ctx.workdir / f"data-{data.digest[:12]}")
+    examples = []
+    with open(local / DATA_FILE) as f:
+        for line in f:
+            messages = json.loads(line)["messages"]
+            prompt = prompt_ids(tokenizer, messages[0]["content"])
+            examples.append((prompt + completion_ids(tokenizer, messages[1]["content"]), len(prompt)))
+    return examples
+
+
+def batch_for_step(examples: list[Example], step: int, batch_size: int, seed: int) -> list[Example]:
+    per_epoch = max(1, len(examples) // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    order = list(range(len(examples)))
+    random.Random(f"sft:{seed}:{epoch}").shuffle(order)
+    return [examples[i] for i in order[offset * batch_size : (offset + 1) * batch_size]]
+
+
+def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, T] and a response mask [B, T] (1 where the token is a response token)."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width))
+    for row, (tokens, first) in enumerate(batch):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, first : len(tokens)] = 1.0
+    return ids, mask

@@ -1,0 +1,133 @@
+"""Thin Prefect tasks around the stages: skip what is committed, track, record. No ML logic here."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import artifacts as ui_artifacts
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from artifacts.checkpoint import CheckpointRef, committed
+from artifacts.report import RunReport
+from artifacts.store import Store
+from artifacts.tracking import Tracker
+from stages.context import ListSink, StageContext
+from stages.dispatch import run_stage, stage_key
+from stages.evaluate import run_evaluate
+from stages.gate import decide
+from stages.recipe import Recipe, config_hash
+from tasks.progress import progress_for
+
+
+def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
+    store = Store.from_config(recipe.storage)
+    return store, RunReport.load(store, run_id) or RunReport(run_id=run_id, recipe=recipe.name)
+
+
+@task(name="stage", cache_policy=NO_CACHE)
+def stage_task(
+    recipe: Recipe, run_id: str, index: int, model: CheckpointRef | None, data: dict[str, CheckpointRef]
+) -> CheckpointRef:
+    cfg = recipe.stages[index]
+    store, report = open_report(recipe, run_id)
+    key = stage_key(run_id, index, cfg.name)
+    done = committed(store, key)
+    if done is not None and done.config_hash == config_hash(cfg):
+        entry = next((s for s in report.stages if s["name"] == cfg.name), {})
+        report.record_stage({**entry, "name": cfg.name, "kind": cfg.kind, "status": "skipped", "checkpoint": done.uri})
+        report.save(store)
+        return done
+    tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
+    sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
+    ctx = StageContext(recipe, store, run_id, key, sink, progress=progress_for(f"{index:02d} {cfg.kind}:{cfg.name}"))
+    started = time.time()
+    try:
+        result = run_stage(cfg, ctx, model, data)
+    except BaseException:
+        _record(store, report, cfg, "failed", None, time.time() - started, {})
+        if tracker:
+            tracker.end_stage(sink, {}, "FAILED")
+        raise
+    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics)
+    if tracker:
+        tracker.end_stage(sink, result.metrics, "FINISHED")
+    return result.checkpoint
+
+
+def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict) -> None:
+    report.record_stage({"name": cfg.name, "kind": cfg.kind, "status": status, "checkpoint": uri,
+                         "seconds": round(seconds, 1), "metrics": metrics})
+    report.save(store)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def eval_task(recipe: Recipe, run_id: str, index: int, model: CheckpointRef | None) -> dict[str, float]:
+    """Scores of every domain after stage `index`; reused from the store when already computed."""
+    cfg = recipe.stages[index]
+    store, report = open_report(recipe, run_id)
+    key = f"runs/{run_id}/evals/{index:02d}-{cfg.name}.json"
+    if store.exists(key):
+        scores = json.loads(store.read_bytes(key))["scores"]
+    else:
+        ctx = StageContext(recipe, store, run_id, stage_key(run_id, index, cfg.name), ListSink())
+        scores, rows = run_evaluate(ctx, model)
+        store.write_bytes(key, json.dumps({"model": model.uri if model else None, "scores": scores, "items": rows}).encode())
+        if recipe.tracking.enabled:
+            Tracker(recipe, run_id).log_scores(index, scores)
+    report.record_eval(cfg.name, scores)
+    report.save(store)
+    return scores
+
+
+@task(name="gate", cache_policy=NO_CACHE)
+def gate_task(recipe: Recipe, run_id: str, index: int, scores: dict[str, float]) -> list[dict[str, Any]]:
+    """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
+    cfg = recipe.stages[index]
+    store, report = open_report(recipe, run_id)
+    earlier = [e for e in report.evals if e["after_stage"] != cfg.name]
+    tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
+    decisions = decide(cfg.name, earlier, scores, tolerances, recipe.gate.policy)
+    report.gate = [g for g in report.gate if g["stage"] != cfg.name] + decisions
+    report.save(store)
+    if decisions:
+        ui_artifacts.create_table_artifact(decisions, key=_artifact_key(run_id, "gate"),
+                                           description=f"Regression gate after stage {cfg.name}")
+        if recipe.tracking.enabled:
+            Tracker(recipe, run_id).set_tags({f"gate.{cfg.name}.{d['domain']}": d["action"] for d in decisions})
+    if decisions and recipe.gate.policy == "fail":
+        worst = max(decisions, key=lambda d: d["drop"])
+        raise GateFailed(f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {cfg.name} "
+                         f"(tolerance {worst['tolerance']})")
+    return decisions
+
+
+class GateFailed(RuntimeError):
+    pass
+
+
+def _artifact_key(run_id: str, what: str) -> str:
+    """Prefect artifact keys allow only lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{what}".lower())
+
+
+@task(name="finish", cache_policy=NO_CACHE)
+def finish_task(recipe: Recipe, run_id: str, status: str) -> RunReport:
+    store, report = open_report(recipe, run_id)
+    domains, rows = report.forgetting_matrix()
+    if rows:
+        table = [{"after_stage": stage, **{d: s for d, s in zip(domains, scores)}} for stage, scores in rows]
+        ui_artifacts.create_table_artifact(table, key=_artifact_key(run_id, "forgetting-matrix"),
+                                           description=f"Held-out score per domain after each stage of {run_id}")
+    if recipe.tracking.enabled:
+        tracker = Tracker(recipe, run_id)
+        local = Path(tempfile.mkdtemp()) / "report.json"
+        local.write_text(report.model_dump_json(indent=1))
+        tracker.log_artifact(local)
+        tracker.finish(status)
+    return report

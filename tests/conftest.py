@@ -1,0 +1,38 @@
+"""Shared fixtures. Every test gets its own CASCADE_HOME, so nothing touches the user's ~/.cascade."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(autouse=True)
+def cascade_home(tmp_path, monkeypatch):
+    home = tmp_path / "cascade-home"
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    monkeypatch.delenv("CASCADE_STORE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One temporary Prefect server (sqlite) for the whole session: flows run against it as in production."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def micro_recipe(tmp_path, *overrides: str):
+    """The micro recipe with its store and MLflow db under tmp_path."""
+    from stages.recipe import load_recipe
+
+    return load_recipe(
+        "micro",
+        [f"storage.root=file://{tmp_path}/store", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides],
+    )

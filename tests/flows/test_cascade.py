@@ -1,0 +1,78 @@
+"""The cascade flow end to end on the micro recipe, under a real (temporary) Prefect server."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import stages.dispatch
+from artifacts.report import RunReport
+from artifacts.store import Store
+from flows.cascade import cascade_flow
+from tests.conftest import micro_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+
+
+def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
+    last = report.stages[-1]["checkpoint"]
+    key = last.split(f"{store.root}/", 1)[1]
+    return load_file(store.path(f"{key}/model/model.safetensors"))
+
+
+def test_micro_cascade_runs_end_to_end(tmp_path):
+    recipe = micro_recipe(tmp_path)
+    report = cascade_flow(recipe, "e2e")
+    store = Store.from_config(recipe.storage)
+    on_disk = json.loads(store.read_bytes("runs/e2e/report.json"))
+    assert [s["name"] for s in on_disk["stages"]] == ["sft_data", "sft", "if_rl", "math_rl"]
+    assert all(s["status"] == "completed" for s in on_disk["stages"])
+    assert [e["after_stage"] for e in on_disk["evals"]] == ["sft", "if_rl", "math_rl"]
+    for e in on_disk["evals"]:
+        assert set(e["scores"]) == {"math", "instruct"}
+        assert all(0.0 <= v <= 1.0 for v in e["scores"].values())
+    grpo = on_disk["stages"][2]["metrics"]
+    assert grpo["engine"] == "hf" and grpo["steps"] == 2
+    assert on_disk["stages"][1]["metrics"]["steps"] == 6
+    assert report.forgetting_matrix()[0] == ["instruct", "math"]
+    # every stage's checkpoint is an ordinary HF checkpoint transformers loads
+    from transformers import AutoModelForCausalLM
+
+    model_dir = store.path("runs/e2e/03-math_rl/model")
+    assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
+
+
+def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch):
+    straight = micro_recipe(tmp_path / "a")
+    cascade_flow(straight, "straight")
+
+    recipe = micro_recipe(tmp_path / "b")
+    real_grpo = stages.dispatch.run_grpo
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("simulated preemption")
+
+    monkeypatch.setattr(stages.dispatch, "run_grpo", killed)
+    with pytest.raises(RuntimeError, match="simulated preemption"):
+        cascade_flow(recipe, "cut")
+    store = Store.from_config(recipe.storage)
+    cut = RunReport.load(store, "cut")
+    assert [(s["name"], s["status"]) for s in cut.stages] == [
+        ("sft_data", "completed"), ("sft", "completed"), ("if_rl", "failed")]
+
+    calls = []
+    monkeypatch.setattr(stages.dispatch, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
+    monkeypatch.setattr(stages.dispatch, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
+    resumed = cascade_flow(recipe, "cut")
+    assert calls == ["if_rl", "math_rl"]
+    assert [(s["name"], s["status"]) for s in resumed.stages] == [
+        ("sft_data", "skipped"), ("sft", "skipped"), ("if_rl", "completed"), ("math_rl", "completed")]
+
+    reference = RunReport.load(Store.from_config(straight.storage), "straight")
+    assert resumed.evals == reference.evals
+    a = final_weights(Store.from_config(straight.storage), reference)
+    b = final_weights(store, resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=1e-6), name

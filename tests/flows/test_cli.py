@@ -1,0 +1,64 @@
+"""Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASCADE = [sys.executable, "-m", "flows.cli"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def cascade(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CASCADE_HOME=str(home))
+    return subprocess.run([*CASCADE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "tiny", "nonsense.key=1"], "nonsense: Extra inputs are not permitted"),
+        (["run", "tiny", "stages.sft.stepz=1"], "stages.1.sft.stepz: Extra inputs are not permitted"),
+        (["run", "/no/such/recipe.yaml"], "recipe file not found: /no/such/recipe.yaml"),
+        (["run", "nope"], "unknown recipe 'nope'"),
+        (["run", "tiny", "stages.sft.steps"], "bad override 'stages.sft.steps': expected key=value"),
+        (["run", "tiny", "stages.sft.steps=lots"], "Input should be a valid integer"),
+        (["run", "tiny", "--run-id", "Bad ID!"], "bad run id 'Bad ID!'"),
+        (["resume", "no-such-run"], "unknown run id 'no-such-run'"),
+        (["status", "no-such-run"], "unknown run id 'no-such-run'"),
+        (["report", "no-such-run"], "unknown run id 'no-such-run'"),
+        (["eval", "/no/such/model"], "no such model or checkpoint: /no/such/model"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
+    home = tmp_path / "home"
+    result = cascade(*args, home=home)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("cascade: error: ") and message in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert files_under(home) == []
+
+
+def test_existing_run_id_is_refused_without_touching_it(tmp_path):
+    home = tmp_path / "home"
+    recipe_file = home / "runs" / "taken" / "recipe.json"
+    recipe_file.parent.mkdir(parents=True)
+    recipe_file.write_text("{}")
+    result = cascade("run", "micro", "--run-id", "taken", home=home)
+    assert result.returncode == 2
+    assert "run 'taken' already exists; continue it with `cascade resume taken`" in result.stderr
+    assert recipe_file.read_text() == "{}"
+    assert files_under(home) == [recipe_file]
+
+
+def test_status_lists_nothing_on_an_empty_store(tmp_path):
+    result = cascade("status", "--json", home=tmp_path / "home")
+    assert result.returncode == 0 and result.stdout.strip() == "[]"

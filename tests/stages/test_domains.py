@@ -1,0 +1,56 @@
+"""Synthetic domains: oracle answers pass their grader, wrong answers fail, splits never overlap."""
+
+import pytest
+
+from stages.domains import DOMAINS, get_domain
+from stages.domains.instruct import check
+from stages.domains.math import boxed_answer
+
+
+@pytest.mark.parametrize("name", sorted(DOMAINS))
+def test_oracle_passes_and_splits_are_disjoint(name):
+    domain = get_domain(name)
+    train = domain.generate("train", 1000, seed=0)
+    heldout = domain.generate("heldout", 300, seed=0)
+    assert all(domain.grade(it, it.reference) == 1.0 for it in train + heldout)
+    key = lambda it: it.split_key or it.prompt  # noqa: E731
+    assert not {key(i) for i in train} & {key(i) for i in heldout}
+    assert len({key(i) for i in heldout}) == 300
+    assert domain.generate("heldout", 300, seed=0) == heldout  # deterministic
+
+
+def test_math_grader_rejects_wrong_and_unboxed_answers():
+    item = get_domain("math").generate("heldout", 1, seed=0)[0]
+    right = int(item.meta["answer"])
+    grade = get_domain("math").grade
+    assert grade(item, f"\\boxed{{{right}}}") == 1.0
+    assert grade(item, f"\\boxed{{{right + 1}}}") == 0.0
+    assert grade(item, str(right)) == 0.0
+    assert boxed_answer("\\boxed{1} then \\boxed{-7}") == "-7"
+
+
+@pytest.mark.parametrize(
+    "kind, n, word, text, ok",
+    [
+        ("lowercase", 3, "", "one two three", True),
+        ("lowercase", 3, "", "one Two three", False),
+        ("lowercase", 3, "", "one two", False),
+        ("capitals", 2, "", "SUN LIGHT", True),
+        ("capitals", 2, "", "SUN light", False),
+        ("end_with", 4, "rain", "cold wet grey rain.", True),
+        ("end_with", 4, "rain", "rain cold wet grey", False),
+        ("start_with", 2, "sea", "sea blue", True),
+        ("include", 3, "salt", "blue salt sea", True),
+        ("include", 3, "salt", "blue salty sea", False),
+        ("bullets", 2, "", "- a\n- b", True),
+        ("bullets", 2, "", "- a\n* b", False),
+        ("bullets", 2, "", "- a\n- b\n- c", False),
+    ],
+)
+def test_instruct_checks(kind, n, word, text, ok):
+    assert check(kind, n, word, text) is ok
+
+
+def test_unknown_domain_is_a_clear_error():
+    with pytest.raises(KeyError, match="unknown domain 'chess'"):
+        get_domain("chess")

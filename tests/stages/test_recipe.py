@@ -1,0 +1,62 @@
+"""Every shipped recipe validates; bad input is a one-line RecipeError."""
+
+import pytest
+
+from stages.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_recipe_validates(path):
+    recipe = load_recipe(str(path))
+    assert isinstance(recipe, Recipe)
+    assert recipe.stages, "a recipe without stages does nothing"
+
+
+def test_tiny_is_the_paper_shape_in_miniature():
+    recipe = load_recipe("tiny")
+    assert [s.kind for s in recipe.stages] == ["sft_data", "sft", "grpo", "grpo"]
+    assert set(recipe.domains) == {"math", "instruct"}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["stages.sft.stepz=3"], "stages.1.sft.stepz: Extra inputs are not permitted"),
+        (["nonsense=1"], "nonsense: Extra inputs are not permitted"),
+        (["stages.nope.steps=3"], "no stage named 'nope'"),
+        (["stages.sft.steps"], "expected key=value"),
+        (["stages.sft.steps=many"], "stages.1.sft.steps: Input should be a valid integer"),
+        (["engine.kind=tpu"], "engine.kind: Input should be 'hf' or 'vllm'"),
+        (["domains.chess.train_size=3"], "unknown domain(s) ['chess']"),
+    ],
+)
+def test_bad_overrides_are_one_line_errors(overrides, message):
+    with pytest.raises(RecipeError) as err:
+        load_recipe("tiny", overrides)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_override_sets_nested_stage_field():
+    recipe = load_recipe("tiny", ["stages.if_rl.lr=1e-4", "seed=7", "domains.math.tolerance=0.1"])
+    assert recipe.stage("if_rl").lr == 1e-4 and recipe.seed == 7 and recipe.domains["math"].tolerance == 0.1
+
+
+def test_unknown_recipe_and_missing_file():
+    with pytest.raises(RecipeError, match="unknown recipe 'nope'; shipped recipes: "):
+        load_recipe("nope")
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe("/no/such/recipe.yaml")
+
+
+def test_stage_must_read_an_earlier_dataset():
+    raw = {"domains": {"math": {}}, "stages": [{"kind": "sft", "data": "missing"}]}
+    with pytest.raises(RecipeError, match="which no earlier sft_data stage writes"):
+        from stages.recipe import validate_recipe
+
+        validate_recipe(raw)
+
+
+def test_replacing_the_stage_list_with_a_scalar_is_rejected():
+    with pytest.raises(RecipeError, match="stages: Input should be a valid list"):
+        load_recipe("tiny", ["stages=3"])
