@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install vllm run test bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -15,10 +15,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# vLLM lives in its own venv (it pins fastapi below what Prefect needs); the vLLM engine tests need it.
+vllm:
+	bash infra/vllm-venv.sh
+
 run: $(STAMP)
 	$(BIN)/cascade run tiny
 
-test: $(STAMP)
+test: $(STAMP) vllm
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(STAMP)

@@ -11,3 +11,15 @@ if ! [ -x /usr/bin/python3 ] || ! command -v unshare >/dev/null 2>&1; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq python3-minimal util-linux >/dev/null
 fi
+
+# tests/faults/test_fault_s3_outage.py needs an S3 server that keeps its objects across a restart: npm's
+# s3rver (persists to a directory), installed project-locally into .ci/node_modules.
+CI_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if ! [ -x "$CI_DIR/node_modules/.bin/s3rver" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    npm install --prefix "$CI_DIR" --no-save --no-audit --no-fund --loglevel=error s3rver@3.7.1 >/dev/null
+fi

@@ -33,14 +33,26 @@ class RunReport(BaseModel):
         store.write_bytes(f"{run_prefix(self.run_id)}/report.json", json.dumps(self.model_dump(), indent=1).encode())
 
     def record_stage(self, entry: dict[str, Any]) -> None:
-        self.stages = [s for s in self.stages if s["name"] != entry["name"]] + [entry]
+        _upsert(self.stages, "name", entry)
 
     def record_eval(self, after_stage: str, scores: dict[str, float]) -> None:
-        self.evals = [e for e in self.evals if e["after_stage"] != after_stage] + [
-            {"after_stage": after_stage, "scores": scores}
-        ]
+        _upsert(self.evals, "after_stage", {"after_stage": after_stage, "scores": scores})
+
+    def evals_through(self, stage: str) -> list[dict[str, Any]]:
+        """The evals up to and including the one after `stage` (a resumed run may have later ones)."""
+        names = [e["after_stage"] for e in self.evals]
+        return self.evals[: names.index(stage) + 1] if stage in names else list(self.evals)
 
     def forgetting_matrix(self) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
         """Domains, and one row per eval: (after_stage, score per domain)."""
         domains = sorted({d for e in self.evals for d in e["scores"]})
         return domains, [(e["after_stage"], [e["scores"].get(d) for d in domains]) for e in self.evals]
+
+
+def _upsert(rows: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:
+    """Replace the row with the same key in place (a resumed run keeps the order), else append."""
+    for i, row in enumerate(rows):
+        if row[key] == entry[key]:
+            rows[i] = entry
+            return
+    rows.append(entry)

@@ -2,44 +2,181 @@
 
 Keys are '/'-separated paths relative to the store root. Nothing here knows about checkpoints; it moves bytes
 and files. Credentials are never accepted as arguments: s3fs reads them from the environment or the standard
-AWS config, so they cannot leak into recipes, logs or MLflow params.
+AWS config, so they cannot leak into recipes, logs or MLflow params. The endpoint, region and profile come from
+the recipe, else from the standard AWS variables (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, AWS_REGION /
+AWS_DEFAULT_REGION, AWS_PROFILE).
+
+Every operation retries transient failures (throttling, 5xx, connection errors) with exponential backoff and
+jitter. botocore's own retry budget is cut to two attempts so that an outage reaches this layer within seconds
+instead of ~8 s per call, and the total wait is bounded by `RetryPolicy`. What arrives on failure is not always
+an OSError: a stopped S3 server surfaces as botocore's EndpointConnectionError, and s3fs wraps ClientErrors in
+OSError with the ClientError as `__cause__`, so `is_transient` walks the whole exception chain.
+
+Listing caches are off for s3: another process (a resumed run, a lease holder, gc) writes the same prefix, and
+a stale listing would hide its objects.
 """
 
 from __future__ import annotations
 
+import base64
+import errno
+import hashlib
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import fsspec
 
 from stages.recipe import StorageConfig
 
+log = logging.getLogger("cascade.store")
+T = TypeVar("T")
+
+# Error codes S3 and S3-compatible servers send for throttling and server-side trouble.
+TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
+    "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
+}
+AIOHTTP_TRANSIENT = {"ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError", "ServerTimeoutError"}
+TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
+                    errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """attempts in all; delay before retry n (1-based) is min(cap, base * 2**(n-1)) * uniform(0.5, 1)."""
+
+    attempts: int = 5
+    base: float = 0.5
+    cap: float = 8.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        # An operator knob (and the fault tests'): how long a run rides out a storage outage before failing.
+        attempts = int(os.environ.get("CASCADE_STORE_ATTEMPTS", cls.attempts))
+        base = float(os.environ.get("CASCADE_STORE_BACKOFF", cls.base))
+        return cls(attempts=max(1, attempts), base=base)
+
+    def delay(self, attempt: int) -> float:
+        return min(self.cap, self.base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Throttling, 5xx and connection trouble anywhere in the exception chain; not 4xx, not a missing key."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            return False
+        if isinstance(exc, ConnectionError | TimeoutError):  # builtin: refused, reset, aborted, broken pipe
+            return True
+        if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
+            return True
+        module = type(exc).__module__
+        if module.startswith("botocore") and type(exc).__name__ in {
+            "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
+            "ResponseStreamingError", "IncompleteReadError", "ProxyConnectionError", "HTTPClientError",
+        }:
+            return True
+        if module.startswith("aiohttp") and {c.__name__ for c in type(exc).__mro__} & AIOHTTP_TRANSIENT:
+            return True
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            code = str(response["Error"].get("Code", ""))
+            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+            return code in TRANSIENT_CODES or status >= 500 or status == 429
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def retrying(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
+    """fn(), retried on transient errors; the last error is re-raised with a note saying how often it was tried."""
+    for attempt in range(1, policy.attempts + 1):
+        try:
+            return fn()
+        except Exception as e:
+            if not is_transient(e) or attempt == policy.attempts:
+                if attempt > 1:
+                    e.add_note(f"cascade: {what} failed after {attempt} attempts")
+                raise
+            wait = policy.delay(attempt)
+            log.warning("%s: transient %s (%s); retry %d/%d in %.1fs", what, type(e).__name__,
+                        str(e).splitlines()[0][:200] if str(e) else "", attempt, policy.attempts - 1, wait)
+            time.sleep(wait)
+    raise AssertionError("unreachable")
+
 
 def storage_options(cfg: StorageConfig) -> dict[str, Any]:
+    """s3fs options from the recipe, else the standard AWS environment. Never credentials."""
     if not cfg.resolved_root().startswith("s3://"):
         return {}
-    opts: dict[str, Any] = {}
-    client_kwargs: dict[str, Any] = {}
-    if cfg.endpoint_url:
-        client_kwargs["endpoint_url"] = cfg.endpoint_url
-    if cfg.region:
-        client_kwargs["region_name"] = cfg.region
-    if client_kwargs:
-        opts["client_kwargs"] = client_kwargs
-    if cfg.profile:
-        opts["profile"] = cfg.profile
+    opts: dict[str, Any] = {"use_listings_cache": False}
+    endpoint = cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["client_kwargs"] = {"endpoint_url": endpoint}
+    config_kwargs: dict[str, Any] = {}
+    # Region goes to botocore's Config, not client_kwargs: s3fs turns client_kwargs' region_name into a
+    # LocationConstraint when it creates a bucket, which us-east-1 servers (and moto) reject.
+    region = cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        config_kwargs["region_name"] = region
+    if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
+        config_kwargs["retries"] = {"max_attempts": 2, "mode": "standard"}  # the outer layer does the waiting
+    opts["config_kwargs"] = config_kwargs
+    profile = cfg.profile or os.environ.get("AWS_PROFILE")
+    if profile:
+        opts["profile"] = profile
     return opts
 
 
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _copy_hashing(src: Path, dst: Path, atomic: bool) -> str:
+    """Copy src to dst in one pass that also hashes; with atomic, via a temp name renamed into place."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    target = dst.with_name(f".{dst.name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}") if atomic else dst
+    h = hashlib.sha256()
+    try:
+        with open(src, "rb") as fin, open(target, "wb") as fout:
+            for block in iter(lambda: fin.read(4 << 20), b""):
+                h.update(block)
+                fout.write(block)
+        if atomic:
+            os.replace(target, dst)
+    finally:
+        if atomic and target.exists():
+            target.unlink()
+    return h.hexdigest()
+
+
 class Store:
-    def __init__(self, root: str, options: dict[str, Any] | None = None):
+    def __init__(self, root: str, options: dict[str, Any] | None = None, retry: RetryPolicy | None = None):
+        if options is None and root.startswith("s3://"):
+            options = storage_options(StorageConfig(root=root))  # endpoint etc. from the environment
         self.fs, path = fsspec.core.url_to_fs(root, **(options or {}))
         self.root = path.rstrip("/")
         self.protocol = root.split("://", 1)[0] if "://" in root else "file"
+        self.retry = retry or RetryPolicy.from_env()
+        # moto (and any server that does not validate checksums) stores the ChecksumSHA256 header it is sent
+        # without checking it; CASCADE_VERIFY_UPLOADS=reread makes the check after upload read the bytes back.
+        self.verify_by_reread = os.environ.get("CASCADE_VERIFY_UPLOADS", "").lower() == "reread"
 
     @classmethod
     def from_config(cls, cfg: StorageConfig) -> Store:
         return cls(cfg.resolved_root(), storage_options(cfg))
+
+    def _do(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        return retrying(self.retry, f"{what} {self.uri(key)}", fn)
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key.strip('/')}" if key else self.root
@@ -48,46 +185,128 @@ class Store:
         return f"{self.protocol}://{self.path(key)}"
 
     def exists(self, key: str) -> bool:
-        return self.fs.exists(self.path(key))
+        return self._do("exists", key, lambda: self.fs.exists(self.path(key)))
 
     def read_bytes(self, key: str) -> bytes:
-        return self.fs.cat_file(self.path(key))
+        return self._do("read", key, lambda: self.fs.cat_file(self.path(key)))
 
     def write_bytes(self, key: str, data: bytes) -> None:
         if self.protocol == "file":
-            self.fs.makedirs(str(Path(self.path(key)).parent), exist_ok=True)
-        self.fs.pipe_file(self.path(key), data)
+            # Write-then-rename: a process killed mid-write leaves a stray temp file, never a torn manifest,
+            # report or lease. (An S3 PUT is atomic per object already.)
+            target = Path(self.path(key))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+            return
+        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data))
 
-    def put_file(self, local: str | Path, key: str) -> None:
+    def put_file(self, local: str | Path, key: str) -> str | None:
+        """Upload a file; return the sha256 (hex) of the bytes sent, hashed on the way (None when not hashed).
+
+        file://: copied in one pass that hashes, to a temp name then renamed (a kill leaves no torn file).
+        s3 below MULTIPART_THRESHOLD: one PUT carrying ChecksumSHA256, so a server that validates checksums (AWS
+        S3, MinIO) rejects bytes that arrive damaged, and keeps the hash for `stat_sha256`. Larger files go
+        through s3fs's multipart upload, whose checksum is a composite: those are verified by re-reading."""
+        local = Path(local)
         if self.protocol == "file":
-            self.fs.makedirs(str(Path(self.path(key)).parent), exist_ok=True)
-        self.fs.put_file(str(local), self.path(key))
+            return self._do("upload", key, lambda: _copy_hashing(local, Path(self.path(key)), atomic=True))
+        if self.protocol == "s3" and local.stat().st_size < MULTIPART_THRESHOLD:
+            data = local.read_bytes()
+            digest = hashlib.sha256(data)
+            bucket, obj = self.path(key).split("/", 1)
+            self._do("upload", key, lambda: self.fs.call_s3(
+                "put_object", Bucket=bucket, Key=obj, Body=data, ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=base64.b64encode(digest.digest()).decode()))
+            return digest.hexdigest()
+        self._do("upload", key, lambda: self.fs.put_file(str(local), self.path(key)))
+        return None
 
-    def get_file(self, key: str, local: str | Path) -> None:
-        Path(local).parent.mkdir(parents=True, exist_ok=True)
-        self.fs.get_file(self.path(key), str(local))
+    def get_file(self, key: str, local: str | Path) -> str | None:
+        """Download to local; return the sha256 (hex) of the bytes received, hashed on the way (file:// and s3:
+        a streamed read in large ranged GETs, measured as fast as s3fs's get_file here, saving a re-read of the
+        local copy), else None."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if self.protocol == "file":
+            return self._do("download", key, lambda: _copy_hashing(Path(self.path(key)), local, atomic=False))
+        if self.protocol == "s3":
+            return self._do("download", key, lambda: self._stream_hashing(key, local))
+        self._do("download", key, lambda: self.fs.get_file(self.path(key), str(local)))
+        return None
+
+    def _stream_hashing(self, key: str, local: Path) -> str:
+        h = hashlib.sha256()
+        with self.fs.open(self.path(key), "rb", block_size=READ_BLOCK, cache_type="none") as src, \
+                open(local, "wb") as out:
+            for block in iter(lambda: src.read(READ_BLOCK), b""):
+                h.update(block)
+                out.write(block)
+        return h.hexdigest()
 
     def size(self, key: str) -> int:
-        return int(self.fs.info(self.path(key))["size"])
+        return int(self._do("stat", key, lambda: self.fs.info(self.path(key)))["size"])
+
+    def stat_sha256(self, key: str) -> tuple[int, str | None]:
+        """(size, the server's SHA-256 of the object in hex or None) in one request. The hash is there when the
+        object was PUT with a ChecksumSHA256 (whole object; a multipart composite does not count), and never on
+        file:// or with CASCADE_VERIFY_UPLOADS=reread."""
+        if self.protocol != "s3":
+            return self.size(key), None
+        bucket, obj = self.path(key).split("/", 1)
+        head = self._do("head", key, lambda: self.fs.call_s3("head_object", Bucket=bucket, Key=obj,
+                                                             ChecksumMode="ENABLED"))
+        value = head.get("ChecksumSHA256")
+        if self.verify_by_reread or not value or "-" in value:
+            return int(head["ContentLength"]), None
+        return int(head["ContentLength"]), base64.b64decode(value).hex()
+
+    def sha256(self, key: str, block: int = 8 << 20) -> str:
+        """Hash the stored bytes by reading them back (what the server or disk really holds)."""
+
+        def read() -> str:
+            h = hashlib.sha256()
+            with self.fs.open(self.path(key), "rb", block_size=block) as f:
+                for chunk in iter(lambda: f.read(block), b""):
+                    h.update(chunk)
+            return h.hexdigest()
+
+        return self._do("re-read", key, read)
 
     def list(self, prefix: str) -> list[str]:
         """Keys of every file under prefix (recursive), relative to the root."""
         base = self.path(prefix)
-        if not self.fs.exists(base):
+        if not self.exists(prefix):
             return []
-        found = self.fs.find(base)
-        return sorted(p[len(self.root) + 1 :] for p in found)
+        found = self._do("list", prefix, lambda: self.fs.find(base))
+        return sorted(p[len(self.root) + 1:] for p in found)
+
+    def sizes(self, prefix: str) -> dict[str, int]:
+        """Size of every file under prefix, keyed relative to prefix: one listing instead of a HEAD per file."""
+        if not self.exists(prefix):
+            return {}
+        base = self.path(prefix)
+        found = self._do("list", prefix, lambda: self.fs.find(base, detail=True))
+        return {name[len(base) + 1:]: int(info["size"]) for name, info in found.items() if info["type"] == "file"}
 
     def list_dirs(self, prefix: str) -> list[str]:
         base = self.path(prefix)
-        if not self.fs.exists(base):
+        if not self.exists(prefix):
             return []
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(base, detail=False) if self.fs.isdir(p))
+        entries = self._do("list", prefix, lambda: self.fs.ls(base, detail=True))
+        return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
 
     def delete(self, key: str) -> None:
-        if self.fs.exists(self.path(key)):
-            self.fs.rm(self.path(key), recursive=True)
+        if self.exists(key):
+            self._do("delete", key, lambda: self.fs.rm(self.path(key), recursive=True))
 
     def invalidate(self) -> None:
         """Forget cached listings (s3fs caches them) so another writer's objects become visible."""
         self.fs.invalidate_cache()
+
+
+# s3fs uploads a file in one PUT below 2 x its 50 MiB part size; larger files go multipart, whose checksums
+# are composite (a hash of part hashes), so those are verified by reading them back instead.
+MULTIPART_THRESHOLD = 100 * 2**20
+READ_BLOCK = 16 * 2**20  # one ranged GET per block when streaming a download

@@ -1,23 +1,35 @@
 """MLflow tracking: one parent run per cascade run, one nested run per stage, per-step metrics.
 
-Metrics are buffered and sent with asynchronous `log_batch` (a synchronous `log_metric` costs ~50 ms here,
+Metrics are buffered and sent as `log_batch` calls from a background thread (a `log_metric` costs ~50 ms here,
 which would dominate a tiny stage). Runs are found again by tag, so a resumed cascade keeps logging into the
 same parent run. Params are the flattened recipe with anything secret-looking removed; credentials never
-reach MLflow because the recipe never holds them.
+reach MLflow because the recipe never holds them, and as a second line of defence every param, tag and
+artifact text is passed through `redact`, which blanks the values of secret-looking environment variables.
+
+The tracking URI is a local sqlite file by default; `tracking.uri: http://host:port` talks to an MLflow server
+(credentials, if any, from MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN, read by MLflow itself). With a server
+started with `--artifacts-destination s3://...`, artifacts are proxied through it, so this process needs no
+S3 credentials for them.
+
+Registry: `register_stage` makes a stage's model directory (in the cascade store) a version of the registered
+model `cascade-<recipe>`, with the alias `stage-<name>`, and `best-<domain>` for each domain on which the stage
+holds the best score so far. Re-registering the same checkpoint (a resumed run) reuses its version.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
-
 from stages.recipe import Recipe, cascade_home
 
+log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"
 STAGE_TAG = "cascade.stage"
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api_?key|access_?key)", re.I)
@@ -40,19 +52,43 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
 
 
 def scrub(params: dict[str, str]) -> dict[str, str]:
-    """Drop secret-looking keys and strip user:password@ from URLs."""
-    return {k: URL_USERINFO.sub("", v) for k, v in params.items() if not SECRET_KEY.search(k)}
+    """Drop secret-looking keys, strip user:password@ from URLs, blank secret values from the environment."""
+    return {k: redact(URL_USERINFO.sub("", v)) for k, v in params.items() if not SECRET_KEY.search(k)}
+
+
+# Environment variables that hold credentials without a secret-looking name.
+SECRET_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_USERNAME"}
+
+
+def secret_values() -> list[str]:
+    """Values of credential-like environment variables (longest first), at least 4 characters long."""
+    found = {v for k, v in os.environ.items() if (SECRET_KEY.search(k) or k in SECRET_ENV) and len(v) >= 4}
+    return sorted(found, key=len, reverse=True)
+
+
+def redact(text: str) -> str:
+    """text with any credential value from the environment replaced by '***' and URL userinfo removed."""
+    for value in secret_values():
+        text = text.replace(value, "***")
+    return URL_USERINFO.sub("", text)
 
 
 class MLflowSink:
-    """A MetricSink into one MLflow run, buffered and asynchronous."""
+    """A MetricSink into one MLflow run, buffered; batches are sent by one background thread of this sink.
 
-    def __init__(self, client: MlflowClient, run_id: str, prefix: str = ""):
+    Not MLflow's own asynchronous logging: ending a run (`set_terminated`) shuts MLflow's async queue down,
+    which waits out its 1 s polling interval, a second per stage. Here the batches are synchronous calls in our
+    own worker thread, so the training loop never waits on the tracking server, and MLflow's queue stays idle."""
+
+    def __init__(self, client: Any, run_id: str, prefix: str = ""):
         self.client, self.run_id, self.prefix = client, run_id, prefix
-        self.buffer: list[Metric] = []
-        self.pending: list[Any] = []
+        self.buffer: list[Any] = []  # mlflow.entities.Metric
+        self.pending: list[Future] = []
+        self._pool: ThreadPoolExecutor | None = None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         self.buffer += [Metric(self.prefix + k, float(v), now, step) for k, v in metrics.items()
                         if isinstance(v, (int, float)) and v == v]
@@ -61,19 +97,32 @@ class MLflowSink:
 
     def flush(self) -> None:
         if self.buffer:
-            self.pending.append(self.client.log_batch(self.run_id, metrics=self.buffer, synchronous=False))
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="mlflow-sink")
+            self.pending.append(self._pool.submit(self.client.log_batch, self.run_id, metrics=self.buffer))
             self.buffer = []
 
     def close(self) -> None:
+        """Send what is buffered and wait for every batch. A failed batch is logged, not raised: losing
+        metrics must not fail a stage whose checkpoint is already committed."""
         self.flush()
         for op in self.pending:
-            if op is not None:
-                op.wait()
+            try:
+                op.result()
+            except Exception as e:
+                log.warning("MLflow run %s: a metrics batch was not logged (%s)", self.run_id, redact(str(e))[:300])
         self.pending = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 class Tracker:
     def __init__(self, recipe: Recipe, run_id: str):
+        # Imported here, not at module level: a run without tracking, and every other `cascade` command,
+        # need not pay MLflow's ~3 s import.
+        from mlflow.tracking import MlflowClient
+
         self.recipe, self.run_id = recipe, run_id
         uri = recipe.tracking.resolved_uri()
         if uri.startswith("sqlite:///"):
@@ -102,6 +151,8 @@ class Tracker:
         all_tags = dict(tags, **({"mlflow.parentRunId": parent} if parent else {}))
         run = self.client.create_run(self.experiment_id, tags=all_tags, run_name=name)
         if parent is None:
+            from mlflow.entities import Param
+
             params = scrub(flatten(self.recipe.model_dump(mode="json")))
             self.client.log_batch(run.info.run_id, params=[Param(k, v[:6000]) for k, v in params.items()])
         return run.info.run_id
@@ -122,13 +173,75 @@ class Tracker:
         sink.close()
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        self.client.log_batch(self.parent_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        from mlflow.entities import RunTag
 
-    def log_artifact(self, local_path: str | Path) -> None:
-        self.client.log_artifact(self.parent_id, str(local_path))
+        self.client.log_batch(self.parent_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+
+    def log_artifact(self, local_path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.parent_id, str(local_path), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str, run_id: str | None = None) -> None:
+        """A text artifact (redacted) on the parent run, or on run_id."""
+        self.client.log_text(run_id or self.parent_id, redact(text), artifact_file)
+
+    def log_eval(self, stage: str, index: int, scores: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        """The eval after a stage: scores as JSON, per-item rows as a table (evals/NN-stage.*) on the parent run."""
+        self.log_text(json.dumps({"stage": stage, "scores": scores}, indent=1), f"evals/{index:02d}-{stage}.json")
+        if rows:
+            self.log_text("\n".join(json.dumps(r, default=str) for r in rows), f"evals/{index:02d}-{stage}.jsonl")
+
+    def log_report(self, report: Any) -> None:
+        """report.json, the forgetting matrix (a table the MLflow UI shows) and gate decisions, on the parent run."""
+        self.log_text(report.model_dump_json(indent=1), "report.json")
+        domains, rows = report.forgetting_matrix()
+        matrix = {"after_stage": [stage for stage, _ in rows]}
+        matrix.update({d: [scores[i] for _, scores in rows] for i, d in enumerate(domains)})
+        self.log_text(json.dumps(matrix), "forgetting_matrix.json")
+        if report.gate:
+            self.log_text(json.dumps(report.gate, indent=1, default=str), "gate.json")
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.parent_id, status=status)
 
     def run_url(self) -> str:
-        return f"{self.recipe.tracking.resolved_uri()}#/experiments/{self.experiment_id}/runs/{self.parent_id}"
+        base = URL_USERINFO.sub("", self.recipe.tracking.resolved_uri())
+        return f"{base}#/experiments/{self.experiment_id}/runs/{self.parent_id}"
+
+    def stage_run_id(self, stage: str) -> str | None:
+        query = f"tags.`{RUN_TAG}` = '{self.run_id}' and tags.`{STAGE_TAG}` = '{stage}'"
+        found = self.client.search_runs([self.experiment_id], query, max_results=1)
+        return found[0].info.run_id if found else None
+
+
+ALIAS_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def alias_for(prefix: str, name: str) -> str:
+    return f"{prefix}-{ALIAS_CHARS.sub('-', name)}".lower()
+
+
+def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domains: list[str]) -> Any:
+    """Register the stage's model dir (`<checkpoint_uri>/model`) as a version of `cascade-<recipe>`.
+
+    Aliases: `stage-<stage>`, and `best-<domain>` for each of best_domains (moved from an earlier version if
+    one held them). Idempotent: a version with the same source is reused. Returns the ModelVersion."""
+    from mlflow.exceptions import MlflowException
+
+    client, name = tracker.client, f"cascade-{ALIAS_CHARS.sub('-', tracker.recipe.name)}"
+    try:
+        client.create_registered_model(name, description=f"Cascade recipe {tracker.recipe.name}: one version "
+                                                          "per stage checkpoint")
+    except MlflowException as e:
+        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
+            raise
+    source = f"{checkpoint_uri.rstrip('/')}/model"
+    existing = [v for v in client.search_model_versions(f"name = '{name}'") if v.source == source]
+    if existing:
+        version = existing[0]
+    else:
+        tags = {RUN_TAG: tracker.run_id, STAGE_TAG: stage, "cascade.checkpoint": checkpoint_uri}
+        version = client.create_model_version(name, source, run_id=tracker.stage_run_id(stage), tags=tags,
+                                              description=f"{tracker.run_id}: after stage {stage}")
+    for alias in [alias_for("stage", stage), *(alias_for("best", d) for d in best_domains)]:
+        client.set_registered_model_alias(name, alias, version.version)
+    return version

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from stages.domains import DOMAINS  # noqa: E402
+from stages.domains import get_domain  # noqa: E402
 from stages.engines.base import SamplingParams  # noqa: E402
 from stages.engines.hf import HFEngine  # noqa: E402
 from stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
@@ -76,21 +76,23 @@ def bench_sync(engine: VLLMEngine, model, steps: int) -> dict[str, float]:
 
 def logprob_mismatch(engine: VLLMEngine, model, prompts: list[list[int]]) -> float:
     """Mean |pi_inf - pi_train| over sampled tokens of a few prompts: what MOPD's importance weight sees."""
-    out = engine.generate(prompts[:8], 2, SamplingParams(temperature=1.0, max_new_tokens=32, seed=0))
+    few = prompts[:8]
+    out = engine.generate(few, 2, SamplingParams(temperature=1.0, max_new_tokens=32, seed=0))
     diffs = []
-    for prompt, row in zip(prompts, out):
+    for prompt, row in zip(few, out, strict=True):
         for c in row:
             train = trainer_logprobs(model, prompt + c.token_ids)[len(prompt) - 1 :]
-            diffs += [abs(a - b) for a, b in zip(c.logprobs, train)]
+            diffs += [abs(a - b) for a, b in zip(c.logprobs, train, strict=True)]
     return statistics.mean(diffs)
 
 
 def run(args: argparse.Namespace) -> list[tuple[str, str]]:
     tokenizer = load_tokenizer()
     model = build_tiny_model(ModelConfig(), len(tokenizer), seed=0).eval()
-    items = DOMAINS["math"].generate("train", args.prompts, seed=0)
+    items = get_domain("math").generate("train", args.prompts, seed=0)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=0)
+    # Seeded requests go to vLLM one prompt each (see stages/engines/vllm.py); --unseeded batches 64 per request.
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         save_hf(model, tokenizer, tmp)
@@ -103,7 +105,8 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
             rows.append(("vLLM mean |pi_inf - pi_train|", f"{logprob_mismatch(engine, model, prompts):.2e}"))
             sync = bench_sync(engine, model, args.sync_steps)
             rows.append((f"weight sync s/step (mean of {args.sync_steps})", f"{sync['total_s']:.3f}"))
-            rows.append(("  write / reload / probe (s)", f"{sync['write_s']:.3f} / {sync['reload_s']:.3f} / {sync['probe_s']:.3f}"))
+            parts = " / ".join(f"{sync[k]:.3f}" for k in ("write_s", "reload_s", "probe_s"))
+            rows.append(("  write / reload / probe (s)", parts))
             rows.append(("  probe max |diff|", f"{sync['probe_max_abs_diff']:.1e}"))
     hf = HFEngine(model, tokenizer)
     n_tok, secs = timed_tokens(lambda: hf.generate(prompts, args.samples, sampling))
@@ -122,10 +125,13 @@ def main() -> None:
     parser.add_argument("--sync-steps", type=int, default=5)
     parser.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for the server, e.g. 0-1")
     parser.add_argument("--skip-plain", action="store_true", help="skip plain model.generate")
+    parser.add_argument("--unseeded", action="store_true", help="sample without a seed")
     args = parser.parse_args()
     rows = run(args)
     width = max(len(k) for k, _ in rows)
-    print(f"\nrollout: {args.prompts} prompts x {args.samples} samples x {args.tokens} tokens, torch threads {torch.get_num_threads()}")
+    shape = f"{args.prompts} prompts x {args.samples} samples x {args.tokens} tokens"
+    seeded = "unseeded" if args.unseeded else "seeded"
+    print(f"\nrollout: {shape}, {seeded}, torch threads {torch.get_num_threads()}")
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
 

@@ -6,7 +6,9 @@ or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in tests).
 
 from __future__ import annotations
 
+import logging
 import random
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +17,13 @@ from typing import Any, Callable, Protocol
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from artifacts.checkpoint import CheckpointRef, committed, materialize, write_checkpoint
+from artifacts.checkpoint import CheckpointError, CheckpointRef, committed, materialize, write_checkpoint
 from artifacts.store import Store
 from stages.model import initial_model, load_hf, save_hf
 from stages.recipe import Recipe, config_hash
+
+
+log = logging.getLogger("cascade.checkpoint")
 
 
 class MetricSink(Protocol):
@@ -98,16 +103,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def latest_step_checkpoint(ctx: StageContext, cfg: Any) -> CheckpointRef | None:
-    """The newest committed step checkpoint of this stage written under the same config, if any."""
+    """The newest step checkpoint of this stage, written under the same config, that verifies.
+
+    Committed (manifest + sizes) is not enough: each candidate is downloaded and sha256-checked (into a cache
+    dir that load_step_state reuses, so this costs no second download). One that fails is skipped with a warning
+    naming the bad file, and the previous step is tried: resume loses a few steps instead of the run."""
     steps = sorted((int(s) for s in ctx.store.list_dirs(f"{ctx.key}/steps") if s.isdigit()), reverse=True)
     for step in steps:
         ref = committed(ctx.store, f"{ctx.key}/steps/{step}")
-        if ref is not None and ref.config_hash == config_hash(cfg):
-            return ref
+        if ref is None or ref.config_hash != config_hash(cfg):
+            continue
+        try:
+            _verified_copy(ctx, ref)
+        except CheckpointError as e:
+            log.warning("step checkpoint %s is not usable (%s); falling back to the previous step", ref.uri, e)
+            continue
+        return ref
     return None
 
 
+def _verified_copy(ctx: StageContext, ref: CheckpointRef) -> Path:
+    """A local, sha256-verified copy of ref under ctx.workdir, downloaded once per digest."""
+    local = ctx.workdir / "verified" / ref.digest[:32]
+    if not (local / ".verified").exists():
+        shutil.rmtree(local, ignore_errors=True)  # a copy cut off mid-download
+        materialize(ctx.store, ref, local)
+        (local / ".verified").touch()
+    return local
+
+
 def load_step_state(ctx: StageContext, ref: CheckpointRef) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any]]:
-    local = materialize(ctx.store, ref, Path(tempfile.mkdtemp(dir=ctx.workdir)))
+    local = _verified_copy(ctx, ref)
     model, tok = load_hf(local / "model")
     return model, tok, torch.load(local / "state" / "trainer.pt", weights_only=False)

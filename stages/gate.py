@@ -34,3 +34,9 @@ def decide(
                 "drop": round(drop, 4), "tolerance": tolerances[domain], "action": policy, "after_recovery": None,
             })
     return decisions
+
+
+def best_stages(evals: list[dict[str, Any]], domains: list[str]) -> dict[str, str]:
+    """domain -> the stage whose checkpoint holds the best score on it (the MOPD teacher for that domain)."""
+    found = {d: best_so_far(evals, d) for d in domains}
+    return {d: best[1] for d, best in found.items() if best is not None}

@@ -14,7 +14,6 @@ so a resumed stage replays exactly the rollouts it would have drawn.
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
@@ -22,11 +21,11 @@ import torch
 
 from artifacts.checkpoint import CheckpointRef
 from stages.context import StageContext, StageResult
-from stages.domains import Item, get_domain
-from stages.engines import Completion, SamplingParams, make_engine
+from stages.engines import SamplingParams, make_engine
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
 from stages.model import prompt_ids
 from stages.recipe import GRPOConfig
+from stages.rollout import max_new_tokens, prompt_pool, rollout_batch, sample_prompts, score_groups, step_seed
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
 
 
@@ -34,14 +33,14 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) ->
     started = time.time()
     run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
-    pool = prompt_pool(ctx, cfg)
+    pool = prompt_pool(ctx.recipe, cfg.domains)
     history: list[dict[str, float]] = run.extra.get("history", [])
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy
-            items = sample_prompts(pool, cfg, ctx.recipe.seed, run.step)
+            items = sample_prompts(pool, cfg.prompts_per_step, ctx.recipe.seed, cfg.name, run.step)
             prompts = [prompt_ids(run.tokenizer, it.prompt) for it in items]
-            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx, cfg),
+            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx.recipe, cfg.domains),
                                       seed=step_seed(ctx.recipe.seed, cfg.name, run.step))
             groups = engine.generate(prompts, cfg.group_size, sampling)
 
@@ -69,37 +68,13 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) ->
     return StageResult(run.finish(summary), summary)
 
 
-def prompt_pool(ctx: StageContext, cfg: GRPOConfig) -> list[Item]:
-    pool = []
-    for name in cfg.domains:
-        pool += get_domain(name).generate("train", ctx.recipe.domains[name].train_size, ctx.recipe.seed)
-    return pool
-
-
-def sample_prompts(pool: list[Item], cfg: GRPOConfig, seed: int, step: int) -> list[Item]:
-    return random.Random(f"grpo:{seed}:{cfg.name}:{step}").sample(pool, cfg.prompts_per_step)
-
-
-def step_seed(seed: int, stage: str, step: int) -> int:
-    return random.Random(f"sample:{seed}:{stage}:{step}").getrandbits(31)
-
-
-def max_new_tokens(ctx: StageContext, cfg: GRPOConfig) -> int:
-    return max(ctx.recipe.domains[d].max_new_tokens for d in cfg.domains)
-
-
-def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
-    rows = [get_domain(it.domain).grade_batch([it] * len(g), [c.text for c in g]) for it, g in zip(items, groups)]
-    return torch.tensor(rows, dtype=torch.float32)
-
-
 def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy and train/inference mismatch."""
-    seqs = [(prompts[p], c, float(advantages[p, j])) for p in range(len(prompts)) if keep[p]
-            for j, c in enumerate(groups[p])]
-    if not seqs:
+    kept = [(p, j) for p in range(len(prompts)) if keep[p] for j in range(len(groups[p]))]
+    if not kept:
         return {}
-    ids, mask, adv, inf_logp = rollout_batch(seqs, run.tokenizer.pad_token_id)
+    ids, mask, inf_logp = rollout_batch([(prompts[p], groups[p][j]) for p, j in kept], run.tokenizer.pad_token_id)
+    adv = torch.tensor([float(advantages[p, j]) for p, j in kept])
     num_tokens = int(mask.sum())
     stats = {"entropy": 0.0, "mismatch": 0.0}
 
@@ -113,24 +88,9 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
             stats["mismatch"] += float(((logp - inf_logp[part]).abs() * m).sum()) / num_tokens
         return grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
 
-    loss = backward_micro_batches(len(seqs), cfg.micro_batch_size, micro_loss)
+    loss = backward_micro_batches(len(kept), cfg.micro_batch_size, micro_loss)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"], "logprob_mismatch": stats["mismatch"]}
-
-
-def rollout_batch(seqs: list[tuple[list[int], Completion, float]], pad: int):
-    """ids [N, T]; mask, inf_logp [N, T-1] aligned with the targets ids[:, 1:]; adv [N]."""
-    width = max(len(p) + len(c.token_ids) for p, c, _ in seqs)
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width - 1))
-    inf_logp = torch.zeros((len(seqs), width - 1))
-    for row, (prompt, comp, _) in enumerate(seqs):
-        n_p, n_c = len(prompt), len(comp.token_ids)
-        ids[row, : n_p + n_c] = torch.tensor(prompt + comp.token_ids)
-        mask[row, n_p - 1 : n_p - 1 + n_c] = 1.0
-        inf_logp[row, n_p - 1 : n_p - 1 + n_c] = torch.tensor(comp.logprobs)
-    adv = torch.tensor([a for _, _, a in seqs])
-    return ids, mask, adv, inf_logp
 
 
 def step_metrics(items, groups, rewards, keep, update) -> dict[str, float]:

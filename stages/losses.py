@@ -63,3 +63,31 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
     """
     ratio = torch.exp(logp - old_logp)
     return -(ratio * advantages.unsqueeze(-1) * mask).sum() / num_tokens
+
+
+def mopd_loss(
+    logp: Tensor, teacher_logp: Tensor, inf_logp: Tensor, mask: Tensor, num_tokens: int,
+    eps_low: float = 0.5, eps_high: float = 2.0,
+) -> Tensor:
+    """Multi-domain on-policy distillation loss (Nemotron-Cascade 2), on the sampled token only.
+
+        a_t = sg[log pi_teacher(y_t) - log pi_train(y_t)]          token advantage (reverse KL)
+        r_t = sg[pi_train(y_t) / pi_inf(y_t)]                      train/inference importance ratio
+        w_t = r_t * 1[eps_low <= r_t <= eps_high]                  truncated: outside the band -> 0, not clipped
+        L   = -sum_t mask_t * w_t * a_t * log pi_train(y_t) / num_tokens
+
+    logp: [N, T] log pi_train of the sampled tokens (with grad); teacher_logp, inf_logp: [N, T] (no grad);
+    mask: [N, T] 1 on completion tokens; num_tokens: global count of completion tokens in the optimizer batch.
+    With r = 1 the gradient is the per-token policy gradient of -KL(pi_train || pi_teacher).
+    """
+    advantage = (teacher_logp - logp).detach()
+    ratio = torch.exp(logp.detach() - inf_logp)
+    weight = ratio * ((ratio >= eps_low) & (ratio <= eps_high))
+    return -(mask * weight * advantage * logp).sum() / num_tokens
+
+
+def truncated_fraction(logp: Tensor, inf_logp: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """Share of completion tokens whose importance ratio falls outside [eps_low, eps_high]. [N, T] -> scalar."""
+    ratio = torch.exp(logp.detach() - inf_logp)
+    outside = ((ratio < eps_low) | (ratio > eps_high)).float()
+    return (outside * mask).sum() / mask.sum().clamp(min=1)

@@ -112,8 +112,28 @@ class GRPOConfig(Strict):
     checkpoint_every: int = 20
 
 
-StageConfig = Annotated[Union[SFTDataConfig, SFTConfig, GRPOConfig], Field(discriminator="kind")]
-MODEL_STAGE_KINDS = ("sft", "grpo")
+class MOPDConfig(Strict):
+    kind: Literal["mopd"] = "mopd"
+    name: str = "mopd"
+    domains: list[str] | None = None  # None: every recipe domain
+    teachers: dict[str, str] = {}  # domain -> earlier stage whose checkpoint teaches it; the gate fills it on recovery
+    steps: int = 40
+    prompts_per_step: int = 16
+    group_size: int = 4
+    micro_batch_size: int = 64
+    lr: float = 5e-5
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eps_low: float = 0.5
+    eps_high: float = 2.0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
+    checkpoint_every: int = 20
+
+
+StageConfig = Annotated[Union[SFTDataConfig, SFTConfig, GRPOConfig, MOPDConfig], Field(discriminator="kind")]
+MODEL_STAGE_KINDS = ("sft", "grpo", "mopd")
 
 
 class EvalConfig(Strict):
@@ -123,7 +143,8 @@ class EvalConfig(Strict):
 
 class GateConfig(Strict):
     policy: Literal["recover", "warn", "fail"] = "warn"
-    max_recoveries: int = 1
+    max_recoveries: int = 1  # MOPD recoveries per run; past it the gate only warns
+    recovery: MOPDConfig = MOPDConfig(name="recovery")  # teachers come from the eval history
 
 
 class Recipe(Strict):
@@ -140,11 +161,11 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
-        from stages.domains import DOMAINS
+        from stages.domains import domain_names
 
-        unknown = sorted(set(self.domains) - set(DOMAINS))
+        unknown = sorted(set(self.domains) - set(domain_names()))
         if unknown:
-            raise ValueError(f"unknown domain(s) {unknown}; known: {sorted(DOMAINS)}")
+            raise ValueError(f"unknown domain(s) {unknown}; known: {domain_names()}")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
@@ -166,6 +187,14 @@ def _check_stage(stage: BaseModel, earlier: list[BaseModel], domains: set[str]) 
         raise ValueError(f"stage {stage.name!r} names domain(s) {missing} not declared in `domains`")
     if isinstance(stage, SFTConfig) and stage.data not in {s.name for s in earlier if s.kind == "sft_data"}:
         raise ValueError(f"stage {stage.name!r} reads data {stage.data!r}, which no earlier sft_data stage writes")
+    if isinstance(stage, MOPDConfig):
+        models = {s.name for s in earlier if s.kind in MODEL_STAGE_KINDS}
+        bad = sorted(t for t in stage.teachers.values() if t not in models)
+        if bad:
+            raise ValueError(f"stage {stage.name!r}: teacher stage(s) {bad} are not earlier model stages")
+        missing = sorted(set(stage.teachers) - domains)
+        if missing:
+            raise ValueError(f"stage {stage.name!r} names teacher domain(s) {missing} not declared in `domains`")
 
 
 class RecipeError(ValueError):

@@ -31,11 +31,11 @@ Answer: (A) (B) (C) (D) The answer is B. true false null [1, 2, 3]
 
 
 def corpus_lines() -> list[str]:
-    from stages.domains import DOMAINS
+    from stages.domains import get_domain
 
     lines = EXTRA_CORPUS.splitlines() * 50
-    for domain in DOMAINS.values():
-        for item in domain.generate("train", 2000, seed=12345):
+    for name in ("math", "instruct"):  # the tokenizer was trained before later domains existed; keep it stable
+        for item in get_domain(name).generate("train", 2000, seed=12345):
             lines += [item.prompt, item.reference]
     return lines
 

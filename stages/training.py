@@ -21,7 +21,8 @@ from stages.context import (
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    # fused: one kernel for all parameters; the per-tensor loop cost a third of a tiny-model step on CPU
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, fused=True)
 
 
 def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:

@@ -20,8 +20,8 @@ from artifacts.tracking import Tracker
 from stages.context import ListSink, StageContext
 from stages.dispatch import run_stage, stage_key
 from stages.evaluate import run_evaluate
-from stages.gate import decide
-from stages.recipe import Recipe, config_hash
+from stages.gate import best_stages, decide
+from stages.recipe import MOPDConfig, Recipe, StageConfig, config_hash
 from tasks.progress import progress_for
 
 
@@ -32,9 +32,10 @@ def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
 
 @task(name="stage", cache_policy=NO_CACHE)
 def stage_task(
-    recipe: Recipe, run_id: str, index: int, model: CheckpointRef | None, data: dict[str, CheckpointRef]
+    recipe: Recipe, run_id: str, cfg: StageConfig, index: int, model: CheckpointRef | None,
+    data: dict[str, CheckpointRef], teachers: dict[str, CheckpointRef],
 ) -> CheckpointRef:
-    cfg = recipe.stages[index]
+    """Run one stage (a recipe stage, or a gate's recovery stage at the index of the stage it recovers)."""
     store, report = open_report(recipe, run_id)
     key = stage_key(run_id, index, cfg.name)
     done = committed(store, key)
@@ -48,7 +49,7 @@ def stage_task(
     ctx = StageContext(recipe, store, run_id, key, sink, progress=progress_for(f"{index:02d} {cfg.kind}:{cfg.name}"))
     started = time.time()
     try:
-        result = run_stage(cfg, ctx, model, data)
+        result = run_stage(cfg, ctx, model, data, teachers)
     except BaseException:
         _record(store, report, cfg, "failed", None, time.time() - started, {})
         if tracker:
@@ -67,44 +68,66 @@ def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, 
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def eval_task(recipe: Recipe, run_id: str, index: int, model: CheckpointRef | None) -> dict[str, float]:
-    """Scores of every domain after stage `index`; reused from the store when already computed."""
-    cfg = recipe.stages[index]
+def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: CheckpointRef | None) -> dict[str, float]:
+    """Scores of every domain after a stage; reused from the store when already computed."""
     store, report = open_report(recipe, run_id)
-    key = f"runs/{run_id}/evals/{index:02d}-{cfg.name}.json"
+    key = f"runs/{run_id}/evals/{index:02d}-{stage}.json"
     if store.exists(key):
         scores = json.loads(store.read_bytes(key))["scores"]
     else:
-        ctx = StageContext(recipe, store, run_id, stage_key(run_id, index, cfg.name), ListSink())
+        ctx = StageContext(recipe, store, run_id, stage_key(run_id, index, stage), ListSink())
         scores, rows = run_evaluate(ctx, model)
         store.write_bytes(key, json.dumps({"model": model.uri if model else None, "scores": scores, "items": rows}).encode())
         if recipe.tracking.enabled:
-            Tracker(recipe, run_id).log_scores(index, scores)
-    report.record_eval(cfg.name, scores)
+            Tracker(recipe, run_id).log_scores(len(report.evals), scores)
+    report.record_eval(stage, scores)
     report.save(store)
     return scores
 
 
 @task(name="gate", cache_policy=NO_CACHE)
-def gate_task(recipe: Recipe, run_id: str, index: int, scores: dict[str, float]) -> list[dict[str, Any]]:
+def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float], policy: str) -> list[dict[str, Any]]:
     """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
-    cfg = recipe.stages[index]
     store, report = open_report(recipe, run_id)
-    earlier = [e for e in report.evals if e["after_stage"] != cfg.name]
+    earlier = [e for e in report.evals_through(stage) if e["after_stage"] != stage]
     tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
-    decisions = decide(cfg.name, earlier, scores, tolerances, recipe.gate.policy)
-    report.gate = [g for g in report.gate if g["stage"] != cfg.name] + decisions
+    decisions = decide(stage, earlier, scores, tolerances, policy)
+    report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
     report.save(store)
     if decisions:
         ui_artifacts.create_table_artifact(decisions, key=_artifact_key(run_id, "gate"),
-                                           description=f"Regression gate after stage {cfg.name}")
+                                           description=f"Regression gate after stage {stage}")
         if recipe.tracking.enabled:
-            Tracker(recipe, run_id).set_tags({f"gate.{cfg.name}.{d['domain']}": d["action"] for d in decisions})
-    if decisions and recipe.gate.policy == "fail":
+            Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d['domain']}": d["action"] for d in decisions})
+    if decisions and policy == "fail":
         worst = max(decisions, key=lambda d: d["drop"])
-        raise GateFailed(f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {cfg.name} "
+        raise GateFailed(f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {stage} "
                          f"(tolerance {worst['tolerance']})")
     return decisions
+
+
+@task(name="plan-recovery", cache_policy=NO_CACHE)
+def plan_recovery_task(recipe: Recipe, run_id: str, stage: str) -> MOPDConfig:
+    """The recovery MOPD stage: teacher per domain = the stage holding that domain's best score so far."""
+    _, report = open_report(recipe, run_id)
+    teachers = best_stages(report.evals_through(stage), list(recipe.domains))
+    return recipe.gate.recovery.model_copy(update={"name": f"recover-{stage}", "teachers": teachers})
+
+
+@task(name="record-recovery", cache_policy=NO_CACHE)
+def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> list[dict[str, Any]]:
+    store, report = open_report(recipe, run_id)
+    for decision in report.gate:
+        if decision["stage"] == stage:
+            decision["after_recovery"] = scores[decision["domain"]]
+    report.save(store)
+    fired = [g for g in report.gate if g["stage"] == stage]
+    ui_artifacts.create_table_artifact(fired, key=_artifact_key(run_id, "gate"),
+                                       description=f"Regression gate after {stage}, with MOPD recovery scores")
+    if recipe.tracking.enabled:
+        Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"]
+                                          for g in fired})
+    return fired
 
 
 class GateFailed(RuntimeError):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Callable, Literal
 
 Split = Literal["train", "heldout"]
 HELDOUT_BUCKETS = 10  # one prompt hash bucket in ten is held out
@@ -44,6 +45,10 @@ class Domain:
 
     def grade_batch(self, items: list[Item], completions: list[str]) -> list[float]:
         return [self.grade(item, c) for item, c in zip(items, completions, strict=True)]
+
+    def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
+        """Real benchmark loaders this domain grades: name -> loader(data_root) -> items."""
+        return {}
 
     def generate(self, split: Split, n: int, seed: int) -> list[Item]:
         """n distinct items of one split, deterministic in (split, n, seed)."""

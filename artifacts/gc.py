@@ -1,0 +1,135 @@
+"""Store garbage collection: orphaned partial uploads, and step checkpoints beyond the last K per stage.
+
+A checkpoint directory without a manifest that verifies (present, valid JSON, every listed file present with its
+size) is an orphan: a writer died mid-upload, and nothing will ever adopt it. Committed step checkpoints
+(`<stage>/steps/<n>/`) are pruned to the newest `keep_last` per stage; the stage's own checkpoint, the run's
+recipe, report, evals and lease are never touched. Runs whose lease is live are skipped entirely: their
+"orphans" may be uploads in progress.
+
+`plan_gc` only looks; `gc(..., delete=True)` deletes what the plan lists. The CLI prints `GCPlan.render()`.
+
+Verification here is by size (as `committed`), not sha256, so a same-size corrupted step counts as valid and is
+kept: that is why `keep_last` defaults to 2, which leaves resume a fallback (stages.context falls back to the
+previous step when the newest fails its sha256).
+
+Remaining race: a run that acquires its lease after gc checked it and before gc deleted could lose a step
+directory it is uploading into. gc re-reads the lease just before deleting each run's items, which narrows the
+window to one run's deletions; run gc when no run of that id is starting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from artifacts.checkpoint import MANIFEST, committed
+from artifacts.lease import describe, is_live, read_lease
+from artifacts.store import Store
+
+STAGE_DIR = re.compile(r"^\d{2}-.+$")
+
+
+@dataclass
+class GCItem:
+    key: str  # a directory, or a single file, relative to the store root
+    reason: str
+    bytes: int
+
+
+@dataclass
+class GCPlan:
+    store: str
+    keep_last: int
+    orphans: list[GCItem] = field(default_factory=list)
+    pruned: list[GCItem] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # committed step checkpoints kept
+    skipped: list[str] = field(default_factory=list)  # "run: why", for leased runs
+    deleted: bool = False
+
+    @property
+    def items(self) -> list[GCItem]:
+        return self.orphans + self.pruned
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    def render(self) -> str:
+        """Plain text for the CLI: one line per item, then a summary."""
+        verb = "deleted" if self.deleted else "would delete"
+        lines = [f"{verb}  {i.key}  ({_size(i.bytes)}; {i.reason})" for i in self.items]
+        lines += [f"skipped run {s}" for s in self.skipped]
+        lines.append(f"{self.store}: {len(self.orphans)} orphaned partial upload(s), {len(self.pruned)} old step "
+                     f"checkpoint(s) beyond the last {self.keep_last} per stage, {_size(self.total_bytes)} "
+                     f"{verb.replace('would delete', 'to free')}; {len(self.kept)} step checkpoint(s) kept")
+        if not self.deleted and self.items:
+            lines.append("run again with --delete to delete them")
+        return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def plan_gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2) -> GCPlan:
+    """What gc would delete in the given runs (default: every run in the store)."""
+    if keep_last < 1:
+        raise ValueError("keep_last must be >= 1: resume needs the newest step checkpoint")
+    plan = GCPlan(store=store.uri("runs"), keep_last=keep_last)
+    for run_id in run_ids if run_ids is not None else store.list_dirs("runs"):
+        lease = read_lease(store, run_id)
+        if is_live(lease):
+            plan.skipped.append(f"{run_id}: leased by {describe(lease)}")
+            continue
+        for stage in store.list_dirs(f"runs/{run_id}"):
+            if STAGE_DIR.match(stage):
+                _plan_stage(store, f"runs/{run_id}/{stage}", keep_last, plan)
+    return plan
+
+
+def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
+    sizes = store.sizes(key)
+    top = {p: n for p, n in sizes.items() if not p.startswith("steps/")}
+    if top and committed(store, key) is None:
+        # The stage's own checkpoint is partial: its files go, its steps/ stay (resume needs them).
+        for name in sorted({p.split("/", 1)[0] for p in top}):
+            nbytes = sum(n for p, n in top.items() if p == name or p.startswith(name + "/"))
+            plan.orphans.append(GCItem(f"{key}/{name}", f"stage checkpoint without a valid {MANIFEST}", nbytes))
+    steps = sorted({int(p.split("/")[1]) for p in sizes if p.startswith("steps/") and p.split("/")[1].isdigit()})
+    valid: list[int] = []
+    for step in steps:
+        nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
+        if committed(store, f"{key}/steps/{step}") is None:
+            plan.orphans.append(GCItem(f"{key}/steps/{step}", f"step checkpoint without a valid {MANIFEST}", nbytes))
+        else:
+            valid.append(step)
+    for step in valid[:-keep_last]:
+        nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
+        plan.pruned.append(GCItem(f"{key}/steps/{step}", f"older than the last {keep_last} step checkpoints", nbytes))
+    plan.kept += [f"{key}/steps/{s}" for s in valid[-keep_last:]]
+
+
+def gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2, delete: bool = False) -> GCPlan:
+    """Plan, and with delete=True delete, orphans and old step checkpoints. Returns the plan (`.deleted` set)."""
+    plan = plan_gc(store, run_ids, keep_last)
+    if not delete:
+        return plan
+    done: list[GCItem] = []
+    for run_id in sorted({i.key.split("/")[1] for i in plan.items}):
+        lease = read_lease(store, run_id)
+        if is_live(lease):  # a run started since we planned: leave it alone
+            plan.skipped.append(f"{run_id}: leased by {describe(lease)} (since the plan)")
+            continue
+        for item in [i for i in plan.items if i.key.split("/")[1] == run_id]:
+            # A step dir loses its manifest first, so a crash mid-delete leaves an orphan, never a torn commit.
+            store.delete(f"{item.key}/{MANIFEST}")
+            store.delete(item.key)
+            done.append(item)
+    plan.orphans = [i for i in plan.orphans if i in done]
+    plan.pruned = [i for i in plan.pruned if i in done]
+    plan.deleted = True
+    return plan

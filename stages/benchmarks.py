@@ -1,0 +1,323 @@
+"""Real benchmarks: one registry over every domain's `benchmarks()`, pass@k, and the eval and grade loops.
+
+A benchmark is graded by its domain's own `grade()`, the same function that gives the RL reward, so a benchmark
+score and a training reward measure one thing. A sample counts as correct when its grade is 1.0.
+
+- `evaluate_benchmark` generates `samples` completions per item (greedy when samples == 1, else sampled at
+  `temperature`) and reports pass@1 and, with samples k > 1, the unbiased pass@k of Chen et al. (2021):
+  1 - C(n-c, k) / C(n, k) per item, averaged over items. Domains may add their own metrics through two optional
+  hooks: `grade_details(item, completion) -> dict` (JSON-able, with a "score") and `summarize_details(details)
+  -> dict[str, float]` (IFEval's prompt- and instruction-level strict/loose accuracy).
+- `grade_rows` scores completions made elsewhere: each row is a benchmark item plus a `completion`. A bad row
+  gets an error with its row number and the rest are still graded.
+
+Item files: each benchmark's loader reads its file under the data root (benchdata.DEFAULT_DATA_ROOT,
+`<repo>/../shared/data`, unless given). A user's own JSONL is accepted in two formats: the benchmark's native row format (the loader's
+`parse_row`), or the domain-neutral item format `{"prompt": str, "meta": {...}, "reference": str, "id": str}`
+where `meta` holds what the domain's grader reads.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from stages.domains import DOMAIN_CLASSES, domain_names, get_domain
+from stages.domains.base import Domain, Item
+from stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+SAMPLED_TEMPERATURE = 0.8  # Chen et al. sample at T=0.8 for pass@k with k > 1; greedy for a single sample
+Progress = Callable[[int, int], None]
+
+
+class BenchmarkError(ValueError):
+    """Bad benchmark input (unknown name, unreadable file): a one-line message for the user."""
+
+
+def read_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(1-based line number, row or the error that line raised) for each non-blank line; .gz is read as text."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:  # a bad byte fails its row, not the file
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+                continue
+            yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every row of a JSONL (or .jsonl.gz) file; the first bad line is an error naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise BenchmarkError(f"data file not found: {path}")
+    rows = []
+    for number, row in read_jsonl_lines(path):
+        if isinstance(row, Exception):
+            raise BenchmarkError(f"{path}:{number}: {row}")
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class JsonlBenchmark:
+    """Loader of one benchmark file: `loader(data_root)` reads `data_root/relpath` and parses every row.
+
+    `parse_row(row, index) -> Item` is exposed so a user's own file in the same format loads the same way.
+    """
+
+    name: str
+    relpath: str
+    parse_row: Callable[[dict[str, Any], int], Item]
+
+    def __call__(self, data_root: str | Path) -> list[Item]:
+        path = Path(data_root) / self.relpath
+        rows = read_jsonl(path)
+        items = []
+        for index, row in enumerate(rows):
+            try:
+                items.append(self.parse_row(row, index))
+            except (KeyError, TypeError, ValueError) as e:
+                raise BenchmarkError(f"{path}: row {index + 1}: {describe(e)}") from e
+        return items
+
+
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    name: str
+    domain: str
+    loader: Callable[[Path], list[Item]] | None  # None: a domain named directly, for the user's own item file
+
+    def parse_row(self, row: dict[str, Any], index: int) -> Item:
+        """One row of a user file: the domain-neutral item format, else the benchmark's native format."""
+        if "meta" in row and "prompt" in row:
+            if not isinstance(row["meta"], dict) or not isinstance(row["prompt"], str):
+                raise ValueError("item rows need 'prompt' (a string) and 'meta' (an object)")
+            item_id = str(row.get("id", f"{self.name}-{index}"))
+            return Item(self.domain, item_id, row["prompt"], str(row.get("reference", "")), row["meta"])
+        native = getattr(self.loader, "parse_row", None)
+        if native is None:
+            raise ValueError(f"{self.name!r} reads only item rows: {{\"prompt\": ..., \"meta\": {{...}}}}")
+        return native(row, index)
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    domain: str
+    metrics: dict[str, float]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)  # grade_rows: {"row": n, "error": reason}
+    seconds: float = 0.0
+
+
+def describe(error: BaseException) -> str:
+    """A one-line reason: a KeyError says which field is missing."""
+    if isinstance(error, KeyError):
+        return f"missing field {error.args[0]!r}"
+    return str(error) or type(error).__name__
+
+
+def benchmark_registry() -> dict[str, BenchmarkSpec]:
+    """name -> spec for every benchmark of every domain whose module exists."""
+    specs: dict[str, BenchmarkSpec] = {}
+    for domain_name in domain_names():
+        try:
+            domain = get_domain(domain_name)
+        except ModuleNotFoundError as e:
+            module = DOMAIN_CLASSES.get(domain_name, ":").split(":")[0]
+            if e.name != module:
+                raise
+            continue  # a registered domain whose module has not landed yet has no benchmarks to offer
+        for name, loader in domain.benchmarks().items():
+            if name in specs:
+                raise ValueError(f"benchmark {name!r} is declared by both {specs[name].domain!r} and {domain_name!r}")
+            specs[name] = BenchmarkSpec(name, domain_name, loader)
+    return specs
+
+
+def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) -> list[BenchmarkSpec]:
+    """Specs for the given names, checked before any work. With a user file, a domain name is accepted too."""
+    if not names:
+        raise BenchmarkError("no benchmark given")
+    if data_file is not None and len(names) != 1:
+        raise BenchmarkError("--data needs exactly one --benchmark (it says which format and grader the file uses)")
+    if data_file is not None and not Path(data_file).is_file():
+        raise BenchmarkError(f"data file not found: {data_file}")
+    registry = benchmark_registry()
+    specs = []
+    for name in names:
+        if name in registry:
+            specs.append(registry[name])
+        elif data_file is not None and name in domain_names():
+            specs.append(BenchmarkSpec(name, name, None))
+        else:
+            raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(sorted(registry))}")
+    return specs
+
+
+def load_items(spec: BenchmarkSpec, data_root: str | Path | None = None, data_file: str | Path | None = None,
+               limit: int | None = None) -> list[Item]:
+    """The benchmark's items (the first `limit`), from its own file or the user's `data_file`."""
+    if data_file is not None:
+        items = []
+        for index, row in enumerate(read_jsonl(data_file)):
+            try:
+                items.append(spec.parse_row(row, index))
+            except (KeyError, TypeError, ValueError) as e:
+                raise BenchmarkError(f"{data_file}: row {index + 1}: {describe(e)}") from e
+    elif spec.loader is None:
+        raise BenchmarkError(f"{spec.name!r} is a domain, not a benchmark: give its items with --data")
+    else:
+        root = Path(data_root) if data_root is not None else DEFAULT_DATA_ROOT
+        try:
+            items = spec.loader(root)
+        except (OSError, ValueError) as e:  # a missing or corrupt shared file: one line for the user
+            raise BenchmarkError(f"benchmark {spec.name!r}: {describe(e)}") from e
+    return items[:limit] if limit is not None else items
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)  # exact integers: no cancellation for large n
+
+
+def is_correct(score: float) -> bool:
+    return score >= 1.0 - 1e-9
+
+
+def score_items(domain: Domain, items: list[Item], completions: list[list[str]]) -> tuple[list[list[float]], list[list[dict]]]:
+    """Scores and per-sample details (empty dicts when the domain has no `grade_details`)."""
+    details_fn = getattr(domain, "grade_details", None)
+    if details_fn is None:  # one grade_batch call: a domain may grade in parallel (e.g. code in sandboxes)
+        flat = domain.grade_batch([it for it, g in zip(items, completions, strict=True) for _ in g],
+                                  [c for g in completions for c in g])
+        scores, start = [], 0
+        for group in completions:
+            scores.append([float(x) for x in flat[start : start + len(group)]])
+            start += len(group)
+        return scores, [[{} for _ in group] for group in completions]
+    details = [[details_fn(item, c) for c in group] for item, group in zip(items, completions, strict=True)]
+    return [[float(d["score"]) for d in group] for group in details], details
+
+
+def summarize(domain: Domain, scores: list[list[float]], details: list[list[dict]], samples: int) -> dict[str, float]:
+    """pass@1, pass@k (k = samples > 1), mean score, and the domain's own metrics."""
+    if not scores:
+        return {"items": 0, "samples": samples}
+    metrics: dict[str, float] = {"items": len(scores), "samples": samples}
+    ks = [1] + ([samples] if samples > 1 else [])
+    for k in ks:
+        per_item = [pass_at_k(len(s), sum(map(is_correct, s)), k) for s in scores]
+        metrics[f"pass@{k}"] = sum(per_item) / len(per_item)
+    flat = [x for s in scores for x in s]
+    metrics["mean_score"] = sum(flat) / len(flat)
+    summary_fn = getattr(domain, "summarize_details", None)
+    if summary_fn is not None:
+        metrics.update(summary_fn([d for group in details for d in group]))
+    return metrics
+
+
+def _length_order(prompts: list[list[int]]) -> list[int]:
+    """Indices longest prompt first: batches of similar length waste less padding (and OOM early, if at all)."""
+    return sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+
+
+def generate_all(engine, prompts: list[list[int]], samples: int, sampling, progress: Progress | None) -> list[list[Any]]:
+    """Completions for every prompt, in chunks of about one engine batch so progress moves as work is done."""
+    chunk = max(1, getattr(engine, "batch_size", 64) // samples)
+    order = _length_order(prompts)
+    out: list[list[Any] | None] = [None] * len(prompts)
+    for start in range(0, len(order), chunk):
+        idx = order[start : start + chunk]
+        for i, group in zip(idx, engine.generate([prompts[i] for i in idx], samples, sampling)):
+            out[i] = group
+        if progress is not None:
+            progress(min(start + chunk, len(order)), len(order))
+    return out  # type: ignore[return-value]
+
+
+def evaluate_benchmark(
+    engine,
+    tokenizer,
+    name: str,
+    limit: int | None = None,
+    samples: int = 1,
+    data_root: str | Path | None = None,
+    *,
+    data_file: str | Path | None = None,
+    max_new_tokens: int = 512,
+    temperature: float | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> BenchmarkResult:
+    """Generate and grade: pass@1 (and pass@k with samples > 1) plus one row per (item, sample)."""
+    from stages.engines.base import SamplingParams
+    from stages.model import prompt_ids
+
+    if samples < 1:
+        raise BenchmarkError(f"samples must be >= 1, got {samples}")
+    started = time.monotonic()
+    spec = resolve_benchmarks([name], data_file)[0]
+    domain = get_domain(spec.domain)
+    items = load_items(spec, data_root, data_file, limit)
+    temp = temperature if temperature is not None else (0.0 if samples == 1 else SAMPLED_TEMPERATURE)
+    sampling = SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=seed)
+    prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
+    groups = generate_all(engine, prompts, samples, sampling, progress)
+    texts = [[c.text for c in g] for g in groups]
+    scores, details = score_items(domain, items, texts)
+    rows = []
+    for item, group, sc, det in zip(items, groups, scores, details):
+        for j, (comp, s, d) in enumerate(zip(group, sc, det)):
+            rows.append(_row(spec, item, j, comp.text, s, d, finish_reason=comp.finish_reason))
+    metrics = summarize(domain, scores, details, samples)
+    return BenchmarkResult(spec.name, spec.domain, metrics, rows, seconds=time.monotonic() - started)
+
+
+def _row(spec: BenchmarkSpec, item: Item, sample: int, completion: str, score: float, details: dict, **extra) -> dict:
+    row = {"benchmark": spec.name, "id": item.id, "sample": sample, "prompt": item.prompt, "completion": completion,
+           "score": score, "verdict": "pass" if is_correct(score) else "fail", **extra}
+    if details:
+        row["details"] = {k: v for k, v in details.items() if k != "score"}
+    return row
+
+
+def grade_rows(name: str, data_file: str | Path, progress: Progress | None = None) -> BenchmarkResult:
+    """Score completions made elsewhere: rows of the benchmark's item format plus a `completion` string."""
+    started = time.monotonic()
+    spec = resolve_benchmarks([name], data_file)[0]
+    domain = get_domain(spec.domain)
+    lines = list(read_jsonl_lines(Path(data_file)))
+    scores, details, rows, errors = [], [], [], []
+    for done, (number, row) in enumerate(lines, 1):
+        try:
+            if isinstance(row, Exception):
+                raise row
+            completion = row.get("completion")
+            if not isinstance(completion, str):
+                raise ValueError("missing 'completion' (a string)" if completion is None else "'completion' is not a string")
+            item = spec.parse_row(row, number - 1)
+            item_scores, item_details = score_items(domain, [item], [[completion]])
+            s, d = item_scores[0][0], item_details[0][0]
+        except Exception as e:  # noqa: BLE001 - any failure is this row's problem; the others still get graded
+            errors.append({"row": number, "error": describe(e)})
+        else:
+            scores.append([s])
+            details.append([d])
+            rows.append(_row(spec, item, 0, completion, s, d, row=number))
+        if progress is not None:
+            progress(done, len(lines))
+    metrics = summarize(domain, scores, details, 1)
+    metrics["errors"] = len(errors)
+    return BenchmarkResult(spec.name, spec.domain, metrics, rows, errors, time.monotonic() - started)

@@ -1,0 +1,148 @@
+"""Multi-domain on-policy distillation (MOPD), Nemotron-Cascade 2 (arXiv 2603.19220 sec. 4).
+
+The student samples its own responses; for each prompt the teacher of that prompt's domain (the checkpoint
+that scored best on that domain's held-out set) scores the sampled tokens with one forward pass. Per token,
+
+    a_t = sg[log pi_teacher(y_t) - log pi_train(y_t)],   r_t = pi_train(y_t) / pi_inf(y_t)
+    w_t = sg[r_t] * 1[eps_low <= r_t <= eps_high]
+    L   = -(1 / N_tokens) * sum_t w_t * a_t * log pi_train(y_t)
+
+Tokens whose ratio leaves the band are zeroed, not clipped. Teachers are frozen. Deviations: teachers are
+whole earlier checkpoints of this run (as in the paper) but loaded on CPU, either all resident (default; a
+tiny model costs ~14 MB each) or one at a time (`teacher_residency: one_at_a_time`), trading a reload per
+domain per step for memory; the step's peak RSS is logged either way. Rewards are computed only as metrics.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import torch
+
+from artifacts.checkpoint import CheckpointRef
+from stages.context import StageContext, StageResult, load_policy
+from stages.engines import SamplingParams, make_engine
+from stages.losses import mopd_loss, token_logprobs, truncated_fraction
+from stages.model import prompt_ids
+from stages.recipe import MOPDConfig
+from stages.rollout import max_new_tokens, prompt_pool, rollout_batch, sample_prompts, score_groups, step_seed
+from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
+
+
+def run_mopd(cfg: MOPDConfig, ctx: StageContext, start: CheckpointRef | None,
+             teachers: dict[str, CheckpointRef]) -> StageResult:
+    started = time.time()
+    domains = cfg.domains or sorted(teachers)
+    missing = sorted(set(domains) - set(teachers))
+    if missing:
+        raise ValueError(f"MOPD stage {cfg.name!r} has no teacher for domain(s) {missing}")
+    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
+    engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
+    pool = prompt_pool(ctx.recipe, domains)
+    teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident")
+    history: list[dict[str, float]] = run.extra.get("history", [])
+    try:
+        while run.step < cfg.steps:
+            # rollout: the student samples; the engine reports pi_inf per token
+            items = sample_prompts(pool, cfg.prompts_per_step, ctx.recipe.seed, cfg.name, run.step)
+            prompts = [prompt_ids(run.tokenizer, it.prompt) for it in items]
+            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx.recipe, domains),
+                                      seed=step_seed(ctx.recipe.seed, cfg.name, run.step))
+            groups = engine.generate(prompts, cfg.group_size, sampling)
+            pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
+            row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
+            ids, mask, inf_logp = rollout_batch(pairs, run.tokenizer.pad_token_id)
+
+            # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
+            teacher_logp = teacher_pool.logprobs(ids, row_domains)
+
+            # update: truncated-importance-weighted reverse-KL policy gradient
+            update = distill_update(run, cfg, ctx, ids, mask, inf_logp, teacher_logp, row_domains)
+            run.step += 1
+            engine.sync_weights(run.model)
+
+            # log: per-domain reverse KL and reward, truncation, memory
+            rewards = score_groups(items, groups)
+            metrics = {**update, "peak_rss_mb": peak_rss_mb(), "reward": float(rewards.mean())}
+            for domain in sorted(set(row_domains)):
+                rows = [p for p, it in enumerate(items) if it.domain == domain]
+                metrics[f"reward/{domain}"] = float(rewards[rows].mean())
+            history.append(metrics)
+            ctx.log.log(run.step, metrics)
+            ctx.progress(run.step, cfg.steps)
+            run.maybe_checkpoint(cfg.checkpoint_every, extra={"history": history})
+    finally:
+        engine.close()
+    summary = summarize(history, engine.name, teachers, time.time() - started)
+    return StageResult(run.finish(summary), summary)
+
+
+def distill_update(run: TrainRun, cfg: MOPDConfig, ctx: StageContext, ids, mask, inf_logp, teacher_logp,
+                   row_domains: list[str]) -> dict[str, float]:
+    """One optimizer step on the MOPD loss; returns loss, grad norm, truncation, mismatch and KL per domain."""
+    num_tokens = int(mask.sum())
+    student_logp = torch.zeros_like(mask)
+
+    def micro_loss(part: slice) -> torch.Tensor:
+        with autocast(ctx.recipe.model.bf16_autocast):
+            logits = run.model(input_ids=ids[part]).logits[:, :-1]
+        logp = token_logprobs(logits, ids[part, 1:])
+        student_logp[part] = logp.detach()
+        return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
+
+    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss)
+    grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
+    metrics = {
+        "loss": loss, "grad_norm": grad_norm,
+        "truncated_fraction": float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)),
+        "logprob_mismatch": float(((student_logp - inf_logp).abs() * mask).sum() / num_tokens),
+    }
+    for domain in sorted(set(row_domains)):
+        rows = [i for i, d in enumerate(row_domains) if d == domain]
+        gap = ((student_logp[rows] - teacher_logp[rows]) * mask[rows]).sum() / mask[rows].sum().clamp(min=1)
+        metrics[f"reverse_kl/{domain}"] = float(gap)
+    return metrics
+
+
+class TeacherPool:
+    """Frozen teachers by domain. Domains sharing a checkpoint share one loaded model."""
+
+    def __init__(self, ctx: StageContext, refs: dict[str, CheckpointRef], resident: bool):
+        self.ctx, self.refs, self.resident = ctx, refs, resident
+        self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
+
+    @torch.no_grad()
+    def logprobs(self, ids: torch.Tensor, row_domains: list[str]) -> torch.Tensor:
+        """[N, T] ids -> [N, T-1] log pi_teacher(ids[:, 1:]) with each row's own domain teacher."""
+        out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+        by_digest: dict[str, list[int]] = {}
+        for row, domain in enumerate(row_domains):
+            by_digest.setdefault(self.refs[domain].digest, []).append(row)
+        for digest, rows in by_digest.items():
+            model = self._model(digest)
+            out[rows] = token_logprobs(model(input_ids=ids[rows]).logits[:, :-1], ids[rows, 1:])
+            if not self.resident:
+                self.loaded.pop(digest)
+        return out
+
+    def _model(self, digest: str) -> torch.nn.Module:
+        if digest not in self.loaded:
+            ref = next(r for r in self.refs.values() if r.digest == digest)
+            model, _ = load_policy(self.ctx, ref)
+            self.loaded[digest] = model.eval().requires_grad_(False)
+        return self.loaded[digest]
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def summarize(history: list[dict[str, float]], engine: str, teachers: dict[str, CheckpointRef],
+              seconds: float) -> dict[str, Any]:
+    last = history[-1] if history else {}
+    return {"engine": engine, "steps": len(history), "seconds": round(seconds, 1),
+            "teachers": {d: r.stage for d, r in sorted(teachers.items())},
+            "truncated_fraction": last.get("truncated_fraction"), "peak_rss_mb": last.get("peak_rss_mb"),
+            **{k: round(v, 4) for k, v in last.items() if k.startswith("reverse_kl/")}}

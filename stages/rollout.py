@@ -1,0 +1,62 @@
+"""Rollout plumbing shared by the on-policy stages (GRPO, MOPD): prompts, seeds, scoring, batch tensors.
+
+Prompt choice and sampling seeds are functions of (recipe seed, stage name, step), so a stage resumed from a
+step checkpoint draws exactly the prompts and samples it would have drawn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+
+import torch
+
+from stages.domains import Item, get_domain
+from stages.engines import Completion
+from stages.recipe import Recipe
+
+
+def prompt_pool(recipe: Recipe, domains: list[str]) -> list[Item]:
+    pool: list[Item] = []
+    for name in domains:
+        pool += get_domain(name).generate("train", recipe.domains[name].train_size, recipe.seed)
+    return pool
+
+
+def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int) -> list[Item]:
+    return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
+
+
+def step_seed(seed: int, stage: str, step: int) -> int:
+    return random.Random(f"sample:{seed}:{stage}:{step}").getrandbits(31)
+
+
+def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
+    return max(recipe.domains[d].max_new_tokens for d in domains)
+
+
+def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
+    """Rewards [P, G] from each item's domain grader, one grade_batch call per domain (sandboxes run in parallel)."""
+    by_domain: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for p, (item, group) in enumerate(zip(items, groups)):
+        by_domain[item.domain] += [(p, j) for j in range(len(group))]
+    rewards = torch.zeros(len(items), max(len(g) for g in groups))
+    for domain, cells in by_domain.items():
+        scores = get_domain(domain).grade_batch([items[p] for p, _ in cells], [groups[p][j].text for p, j in cells])
+        for (p, j), score in zip(cells, scores):
+            rewards[p, j] = score
+    return rewards
+
+
+def rollout_batch(pairs: list[tuple[list[int], Completion]], pad: int) -> tuple[torch.Tensor, ...]:
+    """ids [N, T]; completion mask and engine logprobs [N, T-1], aligned with the targets ids[:, 1:]."""
+    width = max(len(p) + len(c.token_ids) for p, c in pairs)
+    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(pairs), width - 1))
+    inf_logp = torch.zeros((len(pairs), width - 1))
+    for row, (prompt, comp) in enumerate(pairs):
+        n_p, n_c = len(prompt), len(comp.token_ids)
+        ids[row, : n_p + n_c] = torch.tensor(prompt + comp.token_ids)
+        mask[row, n_p - 1 : n_p - 1 + n_c] = 1.0
+        inf_logp[row, n_p - 1 : n_p - 1 + n_c] = torch.tensor(comp.logprobs)
+    return ids, mask, inf_logp

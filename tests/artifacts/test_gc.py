@@ -1,0 +1,75 @@
+"""gc: orphaned partial uploads go, the last K step checkpoints per stage stay, leased runs are left alone."""
+
+import pytest
+
+from artifacts.checkpoint import MANIFEST, committed, write_checkpoint
+from artifacts.gc import gc, plan_gc
+from artifacts.lease import Lease
+
+
+@pytest.fixture
+def store(any_store):
+    return any_store
+
+
+def ckpt(store, tmp_path, key, step=None):
+    d = tmp_path / f"src-{key.replace('/', '_')}"
+    (d / "model").mkdir(parents=True)
+    (d / "model" / "w.bin").write_bytes(b"w" * 100)
+    return write_checkpoint(store, key, d, stage="sft", step=step, parent=None, config_hash="h")
+
+
+def build_run(store, tmp_path, run="r"):
+    """Steps 1-4 committed, step 5 cut off mid-upload, the stage checkpoint itself cut off too."""
+    for step in (1, 2, 3, 4):
+        ckpt(store, tmp_path, f"runs/{run}/01-sft/steps/{step}", step)
+    store.write_bytes(f"runs/{run}/01-sft/steps/5/model/w.bin", b"w" * 40)  # no manifest
+    store.write_bytes(f"runs/{run}/01-sft/model/w.bin", b"w" * 40)
+    ckpt(store, tmp_path, f"runs/{run}/00-sft_data")
+    store.write_bytes(f"runs/{run}/recipe.json", b"{}")
+    store.write_bytes(f"runs/{run}/report.json", b"{}")
+
+
+def test_plan_lists_orphans_and_old_steps_and_deletes_nothing(store, tmp_path):
+    build_run(store, tmp_path)
+    plan = plan_gc(store, keep_last=2)
+    assert {i.key for i in plan.orphans} == {"runs/r/01-sft/steps/5", "runs/r/01-sft/model"}
+    assert {i.key for i in plan.pruned} == {"runs/r/01-sft/steps/1", "runs/r/01-sft/steps/2"}
+    assert plan.kept == ["runs/r/01-sft/steps/3", "runs/r/01-sft/steps/4"]
+    assert plan.total_bytes == sum(sum(store.sizes(i.key).values()) for i in plan.items) > 40 + 40 + 2 * 100
+    text = plan.render()
+    assert "would delete  runs/r/01-sft/steps/5" in text and "--delete" in text
+    assert store.exists("runs/r/01-sft/steps/5/model/w.bin") and store.exists("runs/r/01-sft/steps/1/model/w.bin")
+
+
+def test_delete_removes_exactly_the_plan(store, tmp_path):
+    build_run(store, tmp_path)
+    plan = gc(store, keep_last=2, delete=True)
+    assert plan.deleted and "deleted  runs/r/01-sft/steps/1" in plan.render()
+    assert store.list_dirs("runs/r/01-sft/steps") == ["3", "4"]
+    assert committed(store, "runs/r/01-sft/steps/4") and committed(store, "runs/r/00-sft_data")
+    assert not store.exists("runs/r/01-sft/model/w.bin")
+    assert store.exists("runs/r/recipe.json") and store.exists("runs/r/report.json")
+    assert plan_gc(store, keep_last=2).items == []  # idempotent
+
+
+def test_leased_runs_are_skipped(store, tmp_path):
+    build_run(store, tmp_path, "busy")
+    build_run(store, tmp_path / "idle", "idle")
+    with Lease(store, "busy", settle=0.01):
+        plan = gc(store, keep_last=1, delete=True)
+    assert all(i.key.startswith("runs/idle/") for i in plan.items)
+    assert plan.skipped and plan.skipped[0].startswith("busy: leased by host")
+    assert store.exists("runs/busy/01-sft/steps/5/model/w.bin")
+    assert store.list_dirs("runs/idle/01-sft/steps") == ["4"]
+
+
+def test_a_torn_manifest_is_an_orphan(store, tmp_path):
+    ckpt(store, tmp_path, "runs/r/01-sft/steps/7", 7)
+    store.write_bytes(f"runs/r/01-sft/steps/7/{MANIFEST}", b'{"files": [')
+    assert [i.key for i in plan_gc(store).orphans] == ["runs/r/01-sft/steps/7"]
+
+
+def test_keep_last_must_leave_resume_something(store):
+    with pytest.raises(ValueError):
+        plan_gc(store, keep_last=0)

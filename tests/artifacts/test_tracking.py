@@ -1,0 +1,51 @@
+"""Tracking: secrets never reach MLflow; stages register as model versions with stage and best-domain aliases."""
+
+import json
+
+import pytest
+
+from artifacts.tracking import Tracker, redact, register_stage, scrub
+from tests.conftest import micro_recipe
+
+
+def test_scrub_and_redact(monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKEKEYID")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
+    params = {"tracking.uri": "http://bob:hunter22@mlflow:5000", "storage.api_key": "x",
+              "note": "key AKIAFAKEKEYID and s3cr3t-value", "seed": "0"}
+    assert scrub(params) == {"tracking.uri": "http://mlflow:5000", "note": "key *** and ***", "seed": "0"}
+    assert redact("pw=hunter22") == "pw=***"
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    return Tracker(micro_recipe(tmp_path), "run-1")
+
+
+def test_register_stage_versions_and_aliases(tracker):
+    client = tracker.client
+    tracker.stage_sink("sft").close()
+    v1 = register_stage(tracker, "sft", "s3://bucket/runs/run-1/01-sft", ["math", "instruct"])
+    assert v1.source == "s3://bucket/runs/run-1/01-sft/model" and v1.run_id == tracker.stage_run_id("sft")
+    v2 = register_stage(tracker, "if_rl", "s3://bucket/runs/run-1/02-if_rl", ["instruct"])
+    name = "cascade-micro"
+    alias = {a: client.get_model_version_by_alias(name, a).version
+             for a in ("stage-sft", "stage-if_rl", "best-math", "best-instruct")}
+    assert alias == {"stage-sft": v1.version, "stage-if_rl": v2.version, "best-math": v1.version,
+                     "best-instruct": v2.version}
+    again = register_stage(tracker, "sft", "s3://bucket/runs/run-1/01-sft", ["math"])  # resumed run
+    assert again.version == v1.version and len(client.search_model_versions(f"name = '{name}'")) == 2
+
+
+def test_eval_and_report_artifacts_on_the_parent_run(tracker, tmp_path):
+    from artifacts.report import RunReport
+
+    report = RunReport(run_id="run-1", recipe="micro")
+    report.record_eval("sft", {"math": 0.5, "instruct": 0.25})
+    tracker.log_eval("sft", 1, {"math": 0.5}, [{"id": "a", "score": 1.0}])
+    tracker.log_report(report)
+    paths = {a.path for a in tracker.client.list_artifacts(tracker.parent_id)}
+    assert {"report.json", "forgetting_matrix.json", "evals"} <= paths
+    local = tracker.client.download_artifacts(tracker.parent_id, "forgetting_matrix.json", str(tmp_path))
+    assert json.loads(open(local).read()) == {"after_stage": ["sft"], "instruct": [0.25], "math": [0.5]}

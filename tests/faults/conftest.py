@@ -1,0 +1,117 @@
+"""Fault-injection fixtures: real S3 servers (moto; s3rver where data must survive a restart), a shared Prefect
+server for CLI subprocesses (one ~5 s start instead of ~7 s of ephemeral start-up per subprocess), and helpers
+to run the `cascade` CLI and check a store."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from artifacts.checkpoint import MANIFEST, verify
+from artifacts.store import Store
+from tests.artifacts.servers import FAKE_KEYS, ROOT, make_bucket, mlflow_server, moto_server
+
+KILL_RECIPE = Path(__file__).with_name("kill.yaml")
+# Subprocesses share 2 cores: one torch thread each keeps them from oversubscribing (and results bitwise stable).
+QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+         "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A moto S3 server for the session."""
+    os.environ.update({k: os.environ.get(k, v) for k, v in FAKE_KEYS.items()})
+    server = moto_server(tmp_path_factory.mktemp("moto")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_harness):
+    """The API URL of the session's Prefect test server (tests/conftest.py), for CLI subprocesses to share."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="session")
+def mlflow_url(s3, tmp_path_factory):
+    """An MLflow tracking server (sqlite backend) whose artifacts go to the moto S3 server, bucket mlflow-art."""
+    make_bucket(s3.url, "mlflow-art")
+    server = mlflow_server(tmp_path_factory.mktemp("mlflow"), s3.url, "mlflow-art").start()
+    yield server.url
+    server.stop()
+
+
+def new_bucket(endpoint: str) -> str:
+    bucket = f"fault-{secrets.token_hex(5)}"
+    make_bucket(endpoint, bucket)
+    return bucket
+
+
+def cli_env(home: Path, endpoint: str, prefect_api: str | None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, **QUIET, **FAKE_KEYS, CASCADE_HOME=str(home), AWS_ENDPOINT_URL=endpoint, **extra)
+    if prefect_api:
+        env["PREFECT_API_URL"] = prefect_api
+    return env
+
+
+def cascade(args: list[str], env: dict[str, str], module: str = "flows.cli") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def manifests(store: Store, prefix: str) -> list[str]:
+    """Keys of every checkpoint (a directory holding a MANIFEST.json) under prefix."""
+    return sorted(k[: -len(MANIFEST) - 1] for k in store.list(prefix) if k.endswith(f"/{MANIFEST}"))
+
+
+def unverified(store: Store, prefix: str) -> dict[str, list[str]]:
+    """Checkpoint -> problems, for every manifest under prefix that does not verify by sha256."""
+    return {k: p for k in manifests(store, prefix) if (p := verify(store, k))}
+
+
+def s3_recipe(tmp_path: Path, endpoint: str, bucket: str, *overrides: str):
+    """The fault recipe (kill.yaml) with its store in bucket on endpoint."""
+    from stages.recipe import load_recipe
+
+    return load_recipe(str(KILL_RECIPE), [f"storage.root=s3://{bucket}/cascade", f"storage.endpoint_url={endpoint}",
+                                          f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides])
+
+
+def stage_ctx(recipe, workdir: Path, name: str, run_id: str = "r", sink=None):
+    from stages.context import ListSink, StageContext
+
+    store = Store.from_config(recipe.storage)
+    index = [s.name for s in recipe.stages].index(name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return StageContext(recipe, store, run_id, f"runs/{run_id}/{index:02d}-{name}", sink or ListSink(),
+                        workdir=workdir)
+
+
+class Preempted(RuntimeError):
+    pass
+
+
+def preempt_at(monkeypatch, owner, attr: str, call: int) -> None:
+    """Make the call-th call of owner.attr raise Preempted (an in-process stand-in for a kill at that point)."""
+    real, calls = getattr(owner, attr), []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            raise Preempted(f"preempted at call {call} of {attr}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, wrapper)
+
+
+def stage_weights(ctx) -> dict:
+    from safetensors.torch import load
+
+    return load(ctx.store.read_bytes(f"{ctx.key}/model/model.safetensors"))

