@@ -117,8 +117,11 @@ def _upload(store: Store, key: str, local_dir: Path, path: Path) -> dict[str, An
     size, digest, stored = path.stat().st_size, None, None
     for _ in range(VERIFY_ATTEMPTS):
         sent = store.put_file(path, f"{key}/{rel}")  # the hash of the bytes sent, when it hashed them on the way
-        digest = digest or sent or sha256_file(path)
-        stored = _stored_digest(store, f"{key}/{rel}", size)
+        digest = digest or (sent.sha256 if sent else sha256_file(path))
+        if sent is not None and sent.verified and sent.sha256 == digest:  # the server's checksum matched already
+            stored = digest if store.size(f"{key}/{rel}") == size else None
+        else:
+            stored = _stored_digest(store, f"{key}/{rel}", size)
         if stored == digest:
             return {"path": rel, "size": size, "sha256": digest}
     raise CheckpointError(f"upload of {rel} to {store.uri(key)} does not verify: the store holds "
@@ -127,7 +130,7 @@ def _upload(store: Store, key: str, local_dir: Path, path: Path) -> dict[str, An
 
 def _stored_digest(store: Store, key: str, size: int) -> str | None:
     """The sha256 of what the store holds at key (None when even the size is wrong): the server's checksum when
-    it keeps one (one HEAD), else the bytes read back."""
+    it keeps a whole-object one (one HEAD), else the bytes read back."""
     stored_size, server_hash = store.stat_sha256(key)
     if stored_size != size:
         return None

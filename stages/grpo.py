@@ -25,8 +25,16 @@ from stages.engines import SamplingParams, make_engine
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
 from stages.model import prompt_ids
 from stages.recipe import GRPOConfig
-from stages.rollout import max_new_tokens, prompt_pool, rollout_batch, sample_prompts, score_groups, step_seed
-from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
+from stages.rollout import (
+    max_new_tokens,
+    prompt_pool,
+    reward_metrics,
+    rollout_batch,
+    sample_prompts,
+    score_groups,
+    step_seed,
+)
+from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) -> StageResult:
@@ -34,7 +42,6 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) ->
     run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
     pool = prompt_pool(ctx.recipe, cfg.domains)
-    history: list[dict[str, float]] = run.extra.get("history", [])
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy
@@ -57,26 +64,26 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) ->
             engine.sync_weights(run.model)
 
             # log
-            metrics = step_metrics(items, groups, rewards, keep, update)
-            history.append(metrics)
-            ctx.log.log(run.step, metrics)
-            ctx.progress(run.step, cfg.steps)
-            run.maybe_checkpoint(cfg.checkpoint_every, extra={"history": history})
+            run.record_step(step_metrics(items, groups, rewards, keep, update))
     finally:
         engine.close()
-    summary = summarize(history, engine.name, time.time() - started)
+    summary = summarize(run.history, engine.name, time.time() - started)
     return StageResult(run.finish(summary), summary)
 
 
 def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep) -> dict[str, float]:
-    """One optimizer step on the kept groups. Returns loss, grad norm, entropy and train/inference mismatch."""
-    kept = [(p, j) for p in range(len(prompts)) if keep[p] for j in range(len(groups[p]))]
-    if not kept:
-        return {}
-    ids, mask, inf_logp = rollout_batch([(prompts[p], groups[p][j]) for p, j in kept], run.tokenizer.pad_token_id)
-    adv = torch.tensor([float(advantages[p, j]) for p, j in kept])
+    """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
+    logprob mismatch over every sampled token (dropped groups get a no-grad forward for it)."""
+    rows = [(p, j) for p in range(len(prompts)) for j in range(len(groups[p]))]
+    ids, mask, inf_logp = rollout_batch([(prompts[p], groups[p][j]) for p, j in rows], run.tokenizer.pad_token_id)
+    kept = torch.tensor([bool(keep[p]) for p, _ in rows])
+    all_tokens = float(mask.sum())
+    stats = {"entropy": 0.0, "gap": mismatch_sum(run, cfg, ctx, ids[~kept], mask[~kept], inf_logp[~kept])}
+    if not kept.any():
+        return {"logprob_mismatch": stats["gap"] / all_tokens}
+    ids, mask, inf_logp = ids[kept], mask[kept], inf_logp[kept]
+    adv = torch.tensor([float(advantages[p, j]) for p, j in rows])[kept]
     num_tokens = int(mask.sum())
-    stats = {"entropy": 0.0, "mismatch": 0.0}
 
     def micro_loss(part: slice) -> torch.Tensor:
         with autocast(ctx.recipe.model.bf16_autocast):
@@ -85,25 +92,33 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
         m = mask[part]
         with torch.no_grad():
             stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
-            stats["mismatch"] += float(((logp - inf_logp[part]).abs() * m).sum()) / num_tokens
+            stats["gap"] += float(((logp - inf_logp[part]).abs() * m).sum())
         return grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
 
-    loss = backward_micro_batches(len(kept), cfg.micro_batch_size, micro_loss)
+    loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"], "logprob_mismatch": stats["mismatch"]}
+    return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"],
+            "logprob_mismatch": stats["gap"] / all_tokens}
+
+
+@torch.no_grad()
+def mismatch_sum(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, ids, mask, inf_logp) -> float:
+    """sum |log pi_train - log pi_inf| over the masked tokens of rows that take no gradient."""
+    total = 0.0
+    for part in micro_batches(len(ids), cfg.micro_batch_size):
+        with autocast(ctx.recipe.model.bf16_autocast):
+            logits = run.model(input_ids=ids[part]).logits[:, :-1]
+        total += float(((token_logprobs(logits, ids[part, 1:]) - inf_logp[part]).abs() * mask[part]).sum())
+    return total
 
 
 def step_metrics(items, groups, rewards, keep, update) -> dict[str, float]:
-    metrics = {
-        "reward": float(rewards.mean()),
+    return {
         "kept_groups": float(keep.float().mean()),
         "response_length": sum(len(c.token_ids) for g in groups for c in g) / sum(len(g) for g in groups),
         **update,
+        **reward_metrics(items, rewards),
     }
-    for domain in sorted({it.domain for it in items}):
-        rows = [i for i, it in enumerate(items) if it.domain == domain]
-        metrics[f"reward/{domain}"] = float(rewards[rows].mean())
-    return metrics
 
 
 def summarize(history: list[dict[str, float]], engine: str, seconds: float) -> dict[str, Any]:

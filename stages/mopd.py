@@ -27,7 +27,15 @@ from stages.engines import SamplingParams, make_engine
 from stages.losses import mopd_loss, token_logprobs, truncated_fraction
 from stages.model import prompt_ids
 from stages.recipe import MOPDConfig
-from stages.rollout import max_new_tokens, prompt_pool, rollout_batch, sample_prompts, score_groups, step_seed
+from stages.rollout import (
+    max_new_tokens,
+    prompt_pool,
+    reward_metrics,
+    rollout_batch,
+    sample_prompts,
+    score_groups,
+    step_seed,
+)
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
 
 
@@ -42,7 +50,6 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, start: CheckpointRef | None,
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
     pool = prompt_pool(ctx.recipe, domains)
     teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident")
-    history: list[dict[str, float]] = run.extra.get("history", [])
     try:
         while run.step < cfg.steps:
             # rollout: the student samples; the engine reports pi_inf per token
@@ -65,17 +72,10 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, start: CheckpointRef | None,
 
             # log: per-domain reverse KL and reward, truncation, memory
             rewards = score_groups(items, groups)
-            metrics = {**update, "peak_rss_mb": peak_rss_mb(), "reward": float(rewards.mean())}
-            for domain in sorted(set(row_domains)):
-                rows = [p for p, it in enumerate(items) if it.domain == domain]
-                metrics[f"reward/{domain}"] = float(rewards[rows].mean())
-            history.append(metrics)
-            ctx.log.log(run.step, metrics)
-            ctx.progress(run.step, cfg.steps)
-            run.maybe_checkpoint(cfg.checkpoint_every, extra={"history": history})
+            run.record_step({**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards)})
     finally:
         engine.close()
-    summary = summarize(history, engine.name, teachers, time.time() - started)
+    summary = summarize(run.history, engine.name, teachers, time.time() - started)
     return StageResult(run.finish(summary), summary)
 
 

@@ -95,41 +95,38 @@ class SFTConfig(Strict):
     checkpoint_every: int = 200
 
 
-class GRPOConfig(Strict):
-    kind: Literal["grpo"] = "grpo"
-    name: str
-    domains: list[str]
+class OnPolicyConfig(Strict):
+    """What every on-policy stage (GRPO, MOPD) shares: sample from the current policy, one update per batch."""
+
     steps: int = 60
     prompts_per_step: int = 16
-    group_size: int = 8
+    group_size: int = 8  # samples per prompt
     micro_batch_size: int = 64  # sequences per forward/backward; the loss is normalized globally
     lr: float = 5e-5
     temperature: float = 1.0
     top_p: float = 1.0
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    std_eps: float = 1e-6
     checkpoint_every: int = 20
 
 
-class MOPDConfig(Strict):
+class GRPOConfig(OnPolicyConfig):
+    kind: Literal["grpo"] = "grpo"
+    name: str
+    domains: list[str]
+    std_eps: float = 1e-6
+
+
+class MOPDConfig(OnPolicyConfig):
     kind: Literal["mopd"] = "mopd"
     name: str = "mopd"
-    domains: list[str] | None = None  # None: every recipe domain
+    domains: list[str] | None = None  # None: every domain that has a teacher
     teachers: dict[str, str] = {}  # domain -> earlier stage whose checkpoint teaches it; the gate fills it on recovery
-    steps: int = 40
-    prompts_per_step: int = 16
-    group_size: int = 4
-    micro_batch_size: int = 64
-    lr: float = 5e-5
-    temperature: float = 1.0
-    top_p: float = 1.0
+    steps: int = 40  # the paper converges in ~30-50 steps
+    group_size: int = 4  # token-level teacher signal needs fewer samples per prompt than a group baseline
     eps_low: float = 0.5
     eps_high: float = 2.0
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
-    checkpoint_every: int = 20
 
 
 StageConfig = Annotated[Union[SFTDataConfig, SFTConfig, GRPOConfig, MOPDConfig], Field(discriminator="kind")]

@@ -48,6 +48,15 @@ def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Ten
     return rewards
 
 
+def reward_metrics(items: list[Item], rewards: torch.Tensor) -> dict[str, float]:
+    """Mean reward overall and per domain. rewards: [P, G], row p belongs to items[p]."""
+    metrics = {"reward": float(rewards.mean())}
+    for domain in sorted({it.domain for it in items}):
+        rows = [p for p, it in enumerate(items) if it.domain == domain]
+        metrics[f"reward/{domain}"] = float(rewards[rows].mean())
+    return metrics
+
+
 def rollout_batch(pairs: list[tuple[list[int], Completion]], pad: int) -> tuple[torch.Tensor, ...]:
     """ids [N, T]; completion mask and engine logprobs [N, T-1], aligned with the targets ids[:, 1:]."""
     width = max(len(p) + len(c.token_ids) for p, c in pairs)

@@ -55,9 +55,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, start: CheckpointRef | None, data
         tokens_seen += int(ids.numel())
 
         # log
-        ctx.log.log(run.step, {"loss": loss, "lr": lr, "grad_norm": grad_norm})
-        ctx.progress(run.step, cfg.steps)
-        run.maybe_checkpoint(cfg.checkpoint_every, extra={})
+        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm})
     seconds = time.time() - started
     metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
                "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}

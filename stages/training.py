@@ -69,22 +69,27 @@ class TrainRun:
         if resume is None:
             self.model, self.tokenizer = load_policy(ctx, start)
             self.optimizer = make_optimizer(self.model, lr, weight_decay)
-            self.step, self.extra = 0, {}
+            self.step, self.history = 0, []
             torch.manual_seed(ctx.recipe.seed)
         else:
             self.model, self.tokenizer, state = load_step_state(ctx, resume)
             self.optimizer = make_optimizer(self.model, lr, weight_decay)
             self.optimizer.load_state_dict(state["optimizer"])
-            self.step, self.extra = state["step"], state["extra"]
+            self.step, self.history = state["step"], state["history"]
             set_rng_state(state["rng"])
         self.resumed_from = resume
         self.model.train()
 
-    def maybe_checkpoint(self, every: int, extra: dict[str, Any]) -> None:
-        """After finishing step self.step (1-based count of completed steps), commit a step checkpoint."""
+    def record_step(self, metrics: dict[str, float]) -> None:
+        """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint."""
+        self.history.append(metrics)
+        self.ctx.log.log(self.step, metrics)
+        self.ctx.progress(self.step, self.cfg.steps)
+        every = self.cfg.checkpoint_every
         if every <= 0 or self.step % every or self.step >= self.cfg.steps:
             return
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rng": rng_state(), "extra": extra}
+        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rng": rng_state(),
+                 "history": self.history}
         save_model_checkpoint(
             self.ctx, f"{self.ctx.key}/steps/{self.step}", self.model, self.tokenizer,
             cfg=self.cfg, step=self.step, parent=self.start, metrics={}, state=state,

@@ -18,9 +18,16 @@ def test_scrub_and_redact(monkeypatch):
     assert redact("pw=hunter22") == "pw=***"
 
 
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory):
+    """One sqlite tracking db for the module: creating its schema takes seconds, once."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
 @pytest.fixture
-def tracker(tmp_path):
-    return Tracker(micro_recipe(tmp_path), "run-1")
+def tracker(tmp_path, mlflow_db, request):
+    recipe = micro_recipe(tmp_path, f"tracking.uri={mlflow_db}", f"tracking.experiment={request.node.name[:40]}")
+    return Tracker(recipe, "run-1")
 
 
 def test_register_stage_versions_and_aliases(tracker):
