@@ -100,7 +100,7 @@ def _upload_all(store: Store, key: str, local_dir: Path, paths: list[Path]) -> l
     pool = ThreadPoolExecutor(min(UPLOAD_THREADS, len(paths)))
     try:
         futures = [pool.submit(_upload, store, key, local_dir, p) for p in paths]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        wait(futures, return_when=FIRST_EXCEPTION)
         for fut, path in zip(futures, paths):
             if fut.done() and fut.exception() is not None:
                 err = fut.exception()

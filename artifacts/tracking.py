@@ -184,19 +184,28 @@ class Tracker:
         """A text artifact (redacted) on the parent run, or on run_id."""
         self.client.log_text(run_id or self.parent_id, redact(text), artifact_file)
 
+    def log_table(self, columns: dict[str, list[Any]], artifact_file: str) -> None:
+        """A table artifact (MLflow's table JSON, shown as a table in the UI) on the parent run; string cells are
+        redacted like every other text."""
+        clean = {k: [redact(v) if isinstance(v, str) else v for v in col] for k, col in columns.items()}
+        self.client.log_table(self.parent_id, data=clean, artifact_file=artifact_file)
+
     def log_eval(self, stage: str, index: int, scores: dict[str, float], rows: list[dict[str, Any]]) -> None:
-        """The eval after a stage: scores as JSON, per-item rows as a table (evals/NN-stage.*) on the parent run."""
+        """The eval after a stage, on the parent run: scores (evals/NN-stage.json) and one table row per item
+        (evals/NN-stage-items.json; nested values as JSON text)."""
         self.log_text(json.dumps({"stage": stage, "scores": scores}, indent=1), f"evals/{index:02d}-{stage}.json")
         if rows:
-            self.log_text("\n".join(json.dumps(r, default=str) for r in rows), f"evals/{index:02d}-{stage}.jsonl")
+            keys = sorted({k for r in rows for k in r})
+            self.log_table({k: [_cell(r.get(k)) for r in rows] for k in keys}, f"evals/{index:02d}-{stage}-items.json")
 
     def log_report(self, report: Any) -> None:
-        """report.json, the forgetting matrix (a table the MLflow UI shows) and gate decisions, on the parent run."""
+        """report.json, the forgetting matrix (as a table) and gate decisions, on the parent run."""
         self.log_text(report.model_dump_json(indent=1), "report.json")
         domains, rows = report.forgetting_matrix()
-        matrix = {"after_stage": [stage for stage, _ in rows]}
-        matrix.update({d: [scores[i] for _, scores in rows] for i, d in enumerate(domains)})
-        self.log_text(json.dumps(matrix), "forgetting_matrix.json")
+        if rows:
+            matrix = {"after_stage": [stage for stage, _ in rows]}
+            matrix.update({d: [scores[i] for _, scores in rows] for i, d in enumerate(domains)})
+            self.log_table(matrix, "forgetting_matrix.json")
         if report.gate:
             self.log_text(json.dumps(report.gate, indent=1, default=str), "gate.json")
 
@@ -211,6 +220,11 @@ class Tracker:
         query = f"tags.`{RUN_TAG}` = '{self.run_id}' and tags.`{STAGE_TAG}` = '{stage}'"
         found = self.client.search_runs([self.experiment_id], query, max_results=1)
         return found[0].info.run_id if found else None
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: scalars as they are, anything nested as JSON text."""
+    return value if value is None or isinstance(value, (str, int, float, bool)) else json.dumps(value, default=str)
 
 
 ALIAS_CHARS = re.compile(r"[^A-Za-z0-9_-]+")

@@ -55,4 +55,7 @@ def test_eval_and_report_artifacts_on_the_parent_run(tracker, tmp_path):
     paths = {a.path for a in tracker.client.list_artifacts(tracker.parent_id)}
     assert {"report.json", "forgetting_matrix.json", "evals"} <= paths
     local = tracker.client.download_artifacts(tracker.parent_id, "forgetting_matrix.json", str(tmp_path))
-    assert json.loads(open(local).read()) == {"after_stage": ["sft"], "instruct": [0.25], "math": [0.5]}
+    table = json.loads(open(local).read())  # MLflow's table format: columns + rows
+    assert table["columns"] == ["after_stage", "instruct", "math"] and table["data"] == [["sft", 0.25, 0.5]]
+    evals = {a.path for a in tracker.client.list_artifacts(tracker.parent_id, "evals")}
+    assert evals == {"evals/01-sft.json", "evals/01-sft-items.json"}

@@ -6,11 +6,12 @@ import logging
 import pytest
 import torch
 
+import stages.context
+
 from artifacts.checkpoint import CheckpointError, committed, materialize
 from stages.context import latest_step_checkpoint
 from stages.sft import run_sft
 from stages.sft_data import run_sft_data
-from stages.training import TrainRun
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypa
     run_sft(cfg, straight, None, data)
 
     ctx = stage_ctx(recipe, tmp_path / "b", "sft")
-    preempt_at(monkeypatch, TrainRun, "maybe_checkpoint", 5)  # steps 1-4 committed
+    preempt_at(monkeypatch, stages.context, "write_checkpoint", 5)  # steps 1-4 committed
     with pytest.raises(Preempted):
         run_sft(cfg, ctx, None, data)
     monkeypatch.undo()
@@ -61,7 +62,7 @@ def test_every_step_corrupted_means_a_fresh_start_not_a_bad_load(s3, tmp_path, m
     cfg = recipe.stage("sft")
     data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data")).checkpoint
     ctx = stage_ctx(recipe, tmp_path, "sft")
-    preempt_at(monkeypatch, TrainRun, "maybe_checkpoint", 3)
+    preempt_at(monkeypatch, stages.context, "write_checkpoint", 3)
     with pytest.raises(Preempted):
         run_sft(cfg, ctx, None, data)
     monkeypatch.undo()

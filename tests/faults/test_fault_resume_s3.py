@@ -5,6 +5,7 @@ RNG, step) makes the round trip through S3 and the manifest/sha256 machinery."""
 import pytest
 import torch
 
+import stages.context
 import stages.domains
 from stages.context import ListSink
 from stages.domains.base import Domain, Item
@@ -12,7 +13,6 @@ from stages.grpo import run_grpo
 from stages.recipe import validate_recipe
 from stages.sft import run_sft
 from stages.sft_data import run_sft_data
-from stages.training import TrainRun
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -64,7 +64,7 @@ def test_resume_parity_through_s3(s3, tmp_path, monkeypatch, stage, series):
         half = cfg.steps // 2
         if name == "resumed":
             with monkeypatch.context() as mp:
-                preempt_at(mp, TrainRun, "maybe_checkpoint", half + 1)  # after step half+1, before its save
+                preempt_at(mp, stages.context, "write_checkpoint", half + 1)  # after step half+1, before its save
                 with pytest.raises(Preempted):
                     run()
             assert ctx.store.list_dirs(f"{ctx.key}/steps") == [str(s) for s in range(1, half + 1)]
