@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,8 +36,18 @@ def started(proc, run_id: str) -> float:
     """Read output until the CLI says it started the run (recipe stored, flow about to start); return the time."""
     for line in proc.stdout:
         if line.startswith(f"run {run_id}:"):
+            proc.output = [line]  # keep draining (a full pipe would block the CLI), and keep it for messages
+            threading.Thread(target=lambda: proc.output.extend(proc.stdout), daemon=True).start()
             return time.time()
     raise AssertionError(f"{run_id}: the CLI exited before starting the run")
+
+
+def working(proc, store: Store, run_id: str) -> float:
+    """Wait until the run writes its first object after recipe.json (imports and Prefect start-up are over, the
+    stages are running); return the time. The kill window covers the stages' work, not the start-up."""
+    while proc.poll() is None and len(store.list(f"runs/{run_id}")) < 2:
+        time.sleep(0.05)
+    return time.time()
 
 
 def finish(proc, timeout: float = 600) -> str:
@@ -52,7 +63,8 @@ def final_weights(store: Store, run_id: str) -> dict[str, torch.Tensor]:
     return load_safetensors(store.read_bytes(f"{key}/model/model.safetensors"))
 
 
-def kill_somewhere(index: int, seed: int, root: str, env: dict, window: float, uploads: int) -> tuple[str, bool]:
+def kill_somewhere(index: int, seed: int, root: str, env: dict, window: float, uploads: int,
+                   store: Store) -> tuple[str, bool]:
     """Start the run and SIGKILL it at a random point: (how, whether it had finished before the kill)."""
     rng = random.Random(seed)
     run_id = f"kill-{index}"
@@ -61,21 +73,22 @@ def kill_somewhere(index: int, seed: int, root: str, env: dict, window: float, u
         at = rng.randint(1, uploads)
         proc = cascade(args, dict(env, CASCADE_KILL_AT_UPLOAD=str(at)), module="tests.faults.killer")
         started(proc, run_id)
-        proc.communicate(timeout=600)
+        proc.wait(timeout=600)
         return f"SIGKILL right after upload {at} of {uploads}", proc.returncode == 0
     delay = rng.uniform(0.0, window)
     proc = cascade(args, env)
-    t0 = started(proc, run_id)
+    started(proc, run_id)
+    t0 = working(proc, store, run_id)
     time.sleep(max(0.0, t0 + delay - time.time()))
     finished = proc.poll() is not None
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
-    return f"SIGKILL {delay:.2f}s into the run", finished
+    proc.wait()
+    return f"SIGKILL {delay:.2f}s into the stages' work", finished
 
 
 def trial(index: int, root: str, env: dict, window: float, uploads: int, store: Store, reference: dict) -> str:
     seed, run_id = BASE_SEED + index, f"kill-{index}"
-    how, finished_first = kill_somewhere(index, seed, root, env, window, uploads)
+    how, finished_first = kill_somewhere(index, seed, root, env, window, uploads, store)
     store.invalidate()
     partial = [i.key for i in plan_gc(store, [run_id], keep_last=10**6).orphans]
     what = f"trial {index} seed {seed}: {how}; partial uploads left: {partial or 'none'}"
@@ -102,12 +115,13 @@ def test_kill_9_at_random_points_then_resume(s3, prefect_api, tmp_path):
     env = cli_env(tmp_path / "home", s3.url, prefect_api)
     store = Store(root, {"client_kwargs": {"endpoint_url": s3.url}, "use_listings_cache": False})
     straight = cascade(["run", str(KILL_RECIPE), "--run-id", "straight", f"storage.root={root}"], env)
-    t0 = started(straight, "straight")
-    finish(straight)
-    window = time.time() - t0  # the kill points span the whole cascade
+    started(straight, "straight")
+    t0 = working(straight, store, "straight")
+    assert straight.wait(timeout=600) == 0, "".join(straight.output)[-4000:]
+    window = time.time() - t0  # the kill points span the stages' work
     reference = final_weights(store, "straight")
     uploads = len([k for k in store.list("runs/straight") if "/MANIFEST.json" not in k and k.count("/") > 2])
-    print(f"straight run: {window:.1f}s after start-up, {uploads} file uploads; base seed {BASE_SEED}")
+    print(f"straight run: {window:.1f}s of stage work after start-up, {uploads} file uploads; base seed {BASE_SEED}")
     with ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(trial, i, root, env, window, uploads, store, reference) for i in range(TRIALS)]
         for f in futures:

@@ -75,12 +75,24 @@ def _proc_table() -> list[tuple[int, int, int, str, str]]:
     return rows
 
 
+_children_before_test: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _remember_children():
+    """Children this process already had (e.g. servers of other test modules' session fixtures) are not leftovers."""
+    me = os.getpid()
+    _children_before_test.clear()
+    _children_before_test.update(pid for pid, ppid, *_ in _proc_table() if ppid == me)
+    yield
+
+
 def assert_host_clean(*markers: str) -> None:
-    """No child (zombie or not) of this test process, no process of a sandbox
-    uid, and no process whose command line carries one of ``markers``."""
+    """No new child (zombie or not) of this test process, no process of a
+    sandbox uid, and no process whose command line carries one of ``markers``."""
     me = os.getpid()
     for pid, ppid, uid, state, cmdline in _proc_table():
-        assert ppid != me, f"left-over child {pid} ({state}): {cmdline!r}"
+        assert ppid != me or pid in _children_before_test, f"left-over child {pid} ({state}): {cmdline!r}"
         assert not 65000 <= uid < 65512, f"sandbox-uid process {pid} survived: {cmdline!r}"
         for marker in markers:
             assert marker not in cmdline, f"process {pid} survived: {cmdline!r}"
