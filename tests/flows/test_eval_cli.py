@@ -1,22 +1,8 @@
 """`cascade eval --benchmark` and `cascade grade`, through the real console entry point."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-CASCADE = [sys.executable, "-m", "flows.cli"]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cascade(*args: str, home: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CASCADE_HOME=str(home))
-    return subprocess.run([*CASCADE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
-
-
-def files_under(path: Path) -> list[Path]:
-    return sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []
+from tests.flows.test_cli import cascade, files_under
 
 
 def test_grade_reports_the_bad_row_and_grades_the_others(tmp_path):
