@@ -1,7 +1,7 @@
 """Storage and tracking overhead: checkpoint write/read through the Store vs plain s3fs, and MLflow's share of a
 tiny stage's wall time.
 
-    .venv/bin/python bench/bench_storage.py [--mb 96] [--repeats 3] [--skip-tracking]
+    .venv/bin/python bench/bench_storage.py [--mb 96] [--repeats 3] [--tracking-recipe tiny --tracking-steps 60] [--skip-tracking]
 
 Storage: a moto S3 server on a free local port (a subprocess, stopped at the end). The checkpoint is shaped like a
 real one: model.safetensors (1/3 of --mb), state/trainer.pt (2/3: AdamW keeps two moments), and small config and
@@ -12,7 +12,7 @@ tokenizer files. "plain" is s3fs's own recursive put/get of the same directory (
 throughput ratio: goal >= 0.8). Medians of --repeats, plain and checkpoint interleaved so that load drift on a
 shared machine hits both alike.
 
-Tracking: the micro recipe's SFT stage run twice per repeat, with a list sink and with the MLflow sink of a Tracker
+Tracking: an SFT stage (default: the tiny recipe's model and batch, cut to 60 steps) run twice per repeat, with a list sink and with the MLflow sink of a Tracker
 (local sqlite, created beforehand: its one-time schema migration is not a per-stage cost). Reports the time spent
 in tracking calls on the stage's thread (sink creation, every log call, end_stage's flush and wait) as a share of
 the stage's wall time (goal < 2%), the fixed per-stage part and the per-call part separately (to project onto
@@ -110,7 +110,7 @@ class TimedSink:
         self.spent.append(time.perf_counter() - start)
 
 
-def bench_tracking(repeats: int, steps: int, tmp: Path) -> list[tuple[str, float]]:
+def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> list[tuple[str, float]]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from artifacts.tracking import Tracker
     from stages.context import ListSink, StageContext
@@ -119,8 +119,8 @@ def bench_tracking(repeats: int, steps: int, tmp: Path) -> list[tuple[str, float
     from stages.sft_data import run_sft_data
 
     tmp.mkdir(parents=True, exist_ok=True)
-    recipe = load_recipe("micro", [f"storage.root=file://{tmp}/store", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-                                   f"stages.sft.steps={steps}", "stages.sft.checkpoint_every=0"])
+    recipe = load_recipe(recipe_name, [f"storage.root=file://{tmp}/store", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+                                       f"stages.sft.steps={steps}", "stages.sft.checkpoint_every=0"])
     store = Store.from_config(recipe.storage)
     data = run_sft_data(recipe.stage("sft_data"), StageContext(recipe, store, "b", "runs/b/00-sft_data",
                                                                ListSink(), workdir=tmp)).checkpoint
@@ -156,7 +156,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tracking-steps", type=int, default=200, help="SFT steps of the tracked stage")
+    parser.add_argument("--tracking-recipe", default="tiny", help="recipe whose SFT stage is tracked (model, batch)")
+    parser.add_argument("--tracking-steps", type=int, default=60, help="SFT steps of the tracked stage")
     parser.add_argument("--skip-tracking", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix=f"bench-storage-{secrets.token_hex(2)}-"))
@@ -167,9 +168,9 @@ def main() -> None:
         for name, value, secs in rows:
             print(f"{name:34s} {value:14.2f} {secs:9.2f}" if secs else f"{name:34s} {value:14.2f}")
         if not args.skip_tracking:
-            rows = bench_tracking(args.repeats, args.tracking_steps, tmp / "tracking")
-            print(f"\nTracking: micro-model SFT stage ({args.tracking_steps} steps), local sqlite MLflow, "
-                  f"median of {args.repeats}")
+            rows = bench_tracking(args.repeats, args.tracking_steps, args.tracking_recipe, tmp / "tracking")
+            print(f"\nTracking: {args.tracking_recipe} recipe's SFT stage cut to {args.tracking_steps} steps, local "
+                  f"sqlite MLflow, median of {args.repeats}")
             for name, value in rows:
                 print(f"{name:34s} {value:10.3f}")
     finally:

@@ -72,12 +72,15 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
     """Scores of every domain after a stage; reused from the store when already computed."""
     store, report = open_report(recipe, run_id)
     key = f"runs/{run_id}/evals/{index:02d}-{stage}.json"
-    if store.exists(key):
-        scores = json.loads(store.read_bytes(key))["scores"]
+    digest = model.digest if model else None
+    stored = json.loads(store.read_bytes(key)) if store.exists(key) else None
+    if stored is not None and stored.get("digest") == digest:  # a re-trained stage must be re-evaluated
+        scores = stored["scores"]
     else:
         ctx = StageContext(recipe, store, run_id, stage_key(run_id, index, stage), ListSink())
         scores, rows = run_evaluate(ctx, model)
-        store.write_bytes(key, json.dumps({"model": model.uri if model else None, "scores": scores, "items": rows}).encode())
+        record = {"model": model.uri if model else None, "digest": digest, "scores": scores, "items": rows}
+        store.write_bytes(key, json.dumps(record).encode())
         if recipe.tracking.enabled:
             Tracker(recipe, run_id).log_scores(len(report.evals), scores)
     report.record_eval(stage, scores)
