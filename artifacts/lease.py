@@ -126,7 +126,8 @@ class Lease:
             raise LeaseHeld(f"run {self.run_id!r} is being written by another process: {describe(current)}. "
                             "Wait for it to finish or for its lease to expire, or stop that process.")
         if current is not None and current["token"] != self.token:
-            log.warning("run %s: taking over a stale lease (%s)", self.run_id, describe(current))
+            why = "its process on this host is gone" if owner_gone(current) else "it expired"
+            log.warning("run %s: taking over a stale lease, %s (%s)", self.run_id, why, describe(current))
         self.store.write_bytes(lease_key(self.run_id), json.dumps(self._record()).encode())
         time.sleep(self.settle)  # let a racing writer's PUT land before we look
         confirmed = read_lease(self.store, self.run_id)

@@ -104,6 +104,9 @@ def trial(index: int, root: str, env: dict, window: float, uploads: int, store: 
     for key in partial:  # a partial upload is either rewritten whole or still uncommitted, never adopted as is
         base = key.rsplit("/model", 1)[0] if key.endswith("/model") else key
         assert committed(store, base) is None or not unverified(store, base), f"{what}; {key}"
+    # once the flow holds the run lease (artifacts/lease.py), the killed run's lease was taken over (its pid is
+    # gone) and the finished resume released it
+    assert not store.exists(f"runs/{run_id}/LEASE.json"), f"{what}; the lease was not released"
     weights = final_weights(store, run_id)
     for name, tensor in reference.items():
         assert torch.allclose(weights[name], tensor, atol=1e-6), f"{what}; {name} differs from the straight run"
