@@ -1,7 +1,7 @@
 """Real servers for storage and tracking tests, each a subprocess on a free local port.
 
 moto's S3 server (in memory: a restart loses its objects), s3rver (npm, persists to a directory: used where a
-server must come back with its data), an MLflow tracking server with its artifacts on S3, and a Prefect server.
+server must come back with its data), and an MLflow tracking server with its artifacts on S3.
 Every server is stopped by the fixture that started it; nothing here is left running.
 """
 
@@ -115,12 +115,3 @@ def mlflow_server(tmp: Path, s3_endpoint: str, bucket: str) -> Server:
             "--backend-store-uri", f"sqlite:///{tmp / 'mlflow-server.db'}",
             "--artifacts-destination", f"s3://{bucket}/mlartifacts"]
     return Server(args, port, "/health", tmp / "mlflow-server.log", env=env, timeout=120)
-
-
-def prefect_server(tmp: Path) -> Server:
-    port = free_port()
-    env = {"PREFECT_HOME": str(tmp / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{tmp / 'prefect.db'}",
-           "PREFECT_UI_ENABLED": "false", "PREFECT_LOGGING_LEVEL": "WARNING"}
-    args = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    return Server(args, port, "/api/health", tmp / "prefect-server.log", env=env, timeout=120)

@@ -46,7 +46,7 @@ def working(proc, store: Store, run_id: str) -> float:
     """Wait until the run writes its first object after recipe.json (imports and Prefect start-up are over, the
     stages are running); return the time. The kill window covers the stages' work, not the start-up."""
     while proc.poll() is None and len(store.list(f"runs/{run_id}")) < 2:
-        time.sleep(0.05)
+        time.sleep(0.1)
     return time.time()
 
 
