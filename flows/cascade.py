@@ -12,7 +12,9 @@ from __future__ import annotations
 from prefect import flow
 
 from artifacts.checkpoint import CheckpointRef
+from artifacts.lease import Lease
 from artifacts.report import RunReport
+from artifacts.store import Store
 from stages.recipe import MODEL_STAGE_KINDS, Recipe
 from tasks.stages import (
     eval_task,
@@ -30,6 +32,7 @@ def cascade_flow(recipe: Recipe, run_id: str) -> RunReport:
     data: dict[str, CheckpointRef] = {}
     model: CheckpointRef | None = None
     recoveries = 0
+    lease = Lease(Store.from_config(recipe.storage), run_id).acquire()  # one writer per run; LeaseHeld otherwise
     try:
         for index, stage in enumerate(recipe.stages):
             teachers = {d: models[s] for d, s in getattr(stage, "teachers", {}).items()}
@@ -64,4 +67,6 @@ def cascade_flow(recipe: Recipe, run_id: str) -> RunReport:
     except BaseException:
         finish_task(recipe, run_id, "FAILED")
         raise
+    finally:
+        lease.release()
     return finish_task(recipe, run_id, "FINISHED")

@@ -50,11 +50,12 @@ def _guarded(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from artifacts.lease import LeaseHeld
         from stages.recipe import RecipeError
 
         try:
             return fn(*args, **kwargs)
-        except (CLIError, RecipeError) as e:
+        except (CLIError, RecipeError, LeaseHeld) as e:
             _fail(str(e))
 
     return wrapper
@@ -149,7 +150,13 @@ def resume(
     store: Optional[str] = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
 ) -> None:
     """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint."""
-    loaded = _stored_recipe(_store_for(store), run_id)
+    from artifacts.lease import describe, is_live, read_lease
+
+    st = _store_for(store)
+    loaded = _stored_recipe(st, run_id)
+    held = read_lease(st, run_id)
+    if is_live(held):  # refuse before paying Prefect start-up
+        raise CLIError(f"run {run_id!r} is being written by another process: {describe(held)}")
     _quiet_services()
     console.print(f"resuming [bold]{run_id}[/bold]")
     _execute(loaded, run_id)
@@ -463,6 +470,25 @@ def _resolve_model(model: str):
     if ref is None:
         raise CLIError(f"{model} is neither an HF model dir nor a committed checkpoint (no valid MANIFEST.json)")
     return ref, store, None
+
+
+@app.command("gc")
+@_guarded
+def gc_cmd(
+    run_ids: Optional[list[str]] = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
+    keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
+    delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
+    from artifacts.gc import gc
+
+    if keep < 1:
+        raise CLIError(f"--keep must be >= 1, got {keep}")
+    st = _store_for(store)
+    for r in run_ids or []:
+        _stored_recipe(st, r)
+    typer.echo(gc(st, run_ids or None, keep_last=keep, delete=delete).render())
 
 
 def main() -> None:

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import artifacts as ui_artifacts
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from artifacts.checkpoint import CheckpointRef, committed
 from artifacts.report import RunReport
 from artifacts.store import Store
-from artifacts.tracking import Tracker
+from artifacts.tracking import Tracker, register_stage
 from stages.context import ListSink, StageContext
 from stages.dispatch import run_stage, stage_key
 from stages.evaluate import run_evaluate
@@ -82,9 +80,17 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
         record = {"model": model.uri if model else None, "digest": digest, "scores": scores, "items": rows}
         store.write_bytes(key, json.dumps(record).encode())
         if recipe.tracking.enabled:
-            Tracker(recipe, run_id).log_scores(len(report.evals), scores)
+            tracker = Tracker(recipe, run_id)
+            tracker.log_scores(len(report.evals), scores)
+            tracker.log_eval(stage, index, scores, rows)
     report.record_eval(stage, scores)
     report.save(store)
+    if recipe.tracking.enabled and model is not None:
+        best = [d for d, s in best_stages(report.evals_through(stage), list(recipe.domains)).items() if s == stage]
+        try:
+            register_stage(Tracker(recipe, run_id), stage, model.uri, best)
+        except Exception as e:  # registry bookkeeping must never fail a training run
+            get_run_logger().warning(f"model registry: {stage} not registered ({e})")
     return scores
 
 
@@ -152,8 +158,6 @@ def finish_task(recipe: Recipe, run_id: str, status: str) -> RunReport:
                                            description=f"Held-out score per domain after each stage of {run_id}")
     if recipe.tracking.enabled:
         tracker = Tracker(recipe, run_id)
-        local = Path(tempfile.mkdtemp()) / "report.json"
-        local.write_text(report.model_dump_json(indent=1))
-        tracker.log_artifact(local)
+        tracker.log_report(report)
         tracker.finish(status)
     return report

@@ -62,3 +62,39 @@ def test_existing_run_id_is_refused_without_touching_it(tmp_path):
 def test_status_lists_nothing_on_an_empty_store(tmp_path):
     result = cascade("status", "--json", home=tmp_path / "home")
     assert result.returncode == 0 and result.stdout.strip() == "[]"
+
+
+def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
+    from artifacts.lease import Lease
+    from artifacts.store import Store
+
+    home = tmp_path / "home"
+    store = Store(f"file://{home}")
+    from stages.recipe import load_recipe
+
+    store.write_bytes("runs/busy/recipe.json", load_recipe("micro").model_dump_json().encode())
+    with Lease(store, "busy"):
+        before = files_under(home)
+        result = cascade("resume", "busy", home=home)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run 'busy' is being written by another process: host " in lines[0]
+        assert files_under(home) == before
+    assert not store.exists("runs/busy/LEASE.json")
+
+
+def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
+    home = tmp_path / "home"
+    from artifacts.store import Store
+    from stages.recipe import load_recipe
+
+    store = Store(f"file://{home}")
+    store.write_bytes("runs/r1/recipe.json", load_recipe("micro").model_dump_json().encode())
+    store.write_bytes("runs/r1/01-sft/model/model.safetensors", b"half a checkpoint")  # no MANIFEST.json
+    listed = cascade("gc", "r1", home=home)
+    assert listed.returncode == 0 and "01-sft" in listed.stdout
+    assert store.exists("runs/r1/01-sft/model/model.safetensors")
+    deleted = cascade("gc", "r1", "--yes", home=home)
+    assert deleted.returncode == 0
+    assert not store.exists("runs/r1/01-sft/model/model.safetensors")
+    assert store.exists("runs/r1/recipe.json")
