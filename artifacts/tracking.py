@@ -13,7 +13,8 @@ S3 credentials for them.
 
 Registry: `register_stage` makes a stage's model directory (in the cascade store) a version of the registered
 model `cascade-<recipe>`, with the alias `stage-<name>`, and `best-<domain>` for each domain on which the stage
-holds the best score so far. Re-registering the same checkpoint (a resumed run) reuses its version.
+holds the best score so far. Re-registering the same checkpoint (a resumed run) reuses its version; each version
+carries the tag `cascade.checkpoint` (the store URI), which `registered_checkpoint` reads back for an alias.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stages.recipe import Recipe, cascade_home
 log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"
 STAGE_TAG = "cascade.stage"
+CHECKPOINT_TAG = "cascade.checkpoint"  # on a model version: the store URI of the checkpoint it is
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api_?key|access_?key)", re.I)
 URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 FLUSH_EVERY = 50
@@ -234,6 +236,10 @@ def alias_for(prefix: str, name: str) -> str:
     return f"{prefix}-{ALIAS_CHARS.sub('-', name)}".lower()
 
 
+def registered_model_name(recipe_name: str) -> str:
+    return f"cascade-{ALIAS_CHARS.sub('-', recipe_name)}"
+
+
 def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domains: list[str]) -> Any:
     """Register the stage's model dir (`<checkpoint_uri>/model`) as a version of `cascade-<recipe>`.
 
@@ -241,7 +247,7 @@ def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domai
     one held them). Idempotent: a version with the same source is reused. Returns the ModelVersion."""
     from mlflow.exceptions import MlflowException
 
-    client, name = tracker.client, f"cascade-{ALIAS_CHARS.sub('-', tracker.recipe.name)}"
+    client, name = tracker.client, registered_model_name(tracker.recipe.name)
     try:
         client.create_registered_model(name, description=f"Cascade recipe {tracker.recipe.name}: one version "
                                                           "per stage checkpoint")
@@ -253,9 +259,31 @@ def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domai
     if existing:
         version = existing[0]
     else:
-        tags = {RUN_TAG: tracker.run_id, STAGE_TAG: stage, "cascade.checkpoint": checkpoint_uri}
+        tags = {RUN_TAG: tracker.run_id, STAGE_TAG: stage, CHECKPOINT_TAG: checkpoint_uri}
         version = client.create_model_version(name, source, run_id=tracker.stage_run_id(stage), tags=tags,
                                               description=f"{tracker.run_id}: after stage {stage}")
     for alias in [alias_for("stage", stage), *(alias_for("best", d) for d in best_domains)]:
         client.set_registered_model_alias(name, alias, version.version)
     return version
+
+
+MODEL_ALIAS = re.compile(r"^models:/([^@/]+)@([A-Za-z0-9_-]+)$")
+
+
+def registered_checkpoint(tracking_uri: str, reference: str) -> str:
+    """The store URI of the checkpoint a registry alias (`models:/<model>@<alias>`) points at.
+
+    Raises LookupError (one line) for a malformed reference, an unknown model or alias."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    match = MODEL_ALIAS.match(reference)
+    if match is None:
+        raise LookupError(f"bad registry reference {reference!r}: expected models:/<model>@<alias>")
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).exists():
+        raise LookupError(f"{reference}: no model registry at {tracking_uri}")  # and do not create one
+    try:
+        version = MlflowClient(tracking_uri=tracking_uri).get_model_version_by_alias(match[1], match[2])
+    except MlflowException as e:
+        raise LookupError(f"{reference}: {redact(e.message).splitlines()[0]}") from None
+    return version.tags.get(CHECKPOINT_TAG) or version.source.removesuffix("/model")

@@ -1,0 +1,62 @@
+"""The recover flow: MOPD from the best-per-domain teachers onto a regressed checkpoint, then its eval.
+
+Teachers come from a stored baseline (`<store>/baselines/<name>.json`): per domain, the checkpoint holding the
+baseline score, i.e. the best known one. The student is the regressed checkpoint. The recovery stage is the
+recipe's `gate.recovery` MOPD config, run by the same `stage_task` as the cascade's in-run recovery, as stage
+00 `recover` of a new run `recover-<time>` (checkpoint `<store>/runs/<run_id>/00-recover`). The new checkpoint
+is evaluated and compared with the same baseline (table artifact `recover-<baseline>`). Started by hand, or by
+the automation on `cascade.regression.detected` (infra/automations.py) with the event's recipe, baseline and
+checkpoint URI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from artifacts.lease import Lease
+from artifacts.store import Store
+from flows.regression_eval import new_eval_id
+from stages.recipe import load_recipe
+from tasks.regression import (
+    evaluate_checkpoint_task,
+    judge_task,
+    load_baseline_task,
+    publish_verdicts_task,
+    record_recovered_task,
+    resolve_task,
+)
+from tasks.stages import finish_task, stage_task
+
+STAGE = "recover"
+
+
+@flow(name="recover", flow_run_name="recover-{baseline}", log_prints=True)
+def recover_flow(student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None) -> dict[str, Any]:
+    """The recovered checkpoint's URI, scores and verdicts against the baseline."""
+    loaded = load_recipe(recipe)
+    run_id = run_id or f"recover-{new_eval_id()}"
+    best = load_baseline_task(loaded, baseline)
+    if best is None or not set(best.domains) & set(loaded.domains):
+        raise ValueError(f"baseline {baseline!r} has no teacher for any domain of recipe {loaded.name!r}")
+    start = resolve_task.with_options(task_run_name=f"resolve-student-{student}")(loaded, student)
+    teachers = {d: resolve_task.with_options(task_run_name=f"resolve-teacher-{d}")(loaded, entry.uri)
+                for d, entry in sorted(best.domains.items()) if d in loaded.domains}
+    cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: t.stage for d, t in teachers.items()}})
+    lease = Lease(Store.from_config(loaded.storage), run_id).acquire()  # one writer per run; LeaseHeld otherwise
+    try:
+        model = stage_task.with_options(task_run_name=f"00-mopd-{STAGE}")(loaded, run_id, cfg, 0, start, {}, teachers)
+        record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(
+            loaded, model.uri, model, f"runs/{run_id}/evals/00-{STAGE}")
+        record_recovered_task(loaded, run_id, STAGE, record["scores"])
+        rows = judge_task(loaded, best, record)
+        publish_verdicts_task(loaded, baseline, f"runs/{run_id}/verdicts", rows, STAGE)
+    except BaseException:
+        finish_task(loaded, run_id, "FAILED")
+        raise
+    finally:
+        lease.release()
+    finish_task(loaded, run_id, "FINISHED")
+    print(f"recovered {student} into {model.uri}: {record['scores']}")
+    return {"run_id": run_id, "checkpoint": model.uri, "scores": record["scores"], "verdicts": rows}

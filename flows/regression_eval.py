@@ -1,0 +1,74 @@
+"""The regression-eval flow: evaluate named checkpoints, compare each domain with a stored baseline, alert.
+
+Parameters: a recipe (shipped name or YAML path: domains, held-out sizes, tolerances, store, tracking), the
+checkpoints (registry aliases `models:/<model>@<alias>`, store URIs, or store keys), and a baseline name
+(`<store>/baselines/<name>.json`). Default checkpoint: the recipe's newest final stage, `models:/cascade-
+<recipe>@stage-<last model stage>`. Every checkpoint is compared with the baseline as it was when the run
+started; with `update_baseline`, each domain's baseline is then raised to the best score of this run where
+that is higher. The run writes `<store>/regression/<eval_id>/` (one eval record per checkpoint, verdicts.json),
+a table artifact `regression-<baseline>`, and one `cascade.regression.detected` event per regressed checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from typing import Any
+
+from prefect import flow
+
+from artifacts.tracking import alias_for, registered_model_name
+from stages.recipe import MODEL_STAGE_KINDS, Recipe, load_recipe
+from stages.regression import regressions
+from tasks.regression import (
+    emit_regression_task,
+    evaluate_checkpoint_task,
+    judge_task,
+    load_baseline_task,
+    publish_verdicts_task,
+    raise_baseline_task,
+    resolve_task,
+)
+
+
+def default_checkpoints(recipe: Recipe) -> list[str]:
+    last = [s.name for s in recipe.stages if s.kind in MODEL_STAGE_KINDS][-1]
+    return [f"models:/{registered_model_name(recipe.name)}@{alias_for('stage', last)}"]
+
+
+def new_eval_id() -> str:
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+@flow(name="regression-eval", flow_run_name="regression-eval-{baseline}", log_prints=True)
+def regression_eval_flow(
+    recipe: str = "tiny",
+    checkpoints: list[str] | None = None,
+    baseline: str = "nightly",
+    update_baseline: bool = False,
+) -> list[dict[str, Any]]:
+    """Rows of the checkpoint x domain table: score, baseline, drop, tolerance, verdict."""
+    loaded = load_recipe(recipe)
+    names = checkpoints or default_checkpoints(loaded)
+    eval_id = new_eval_id()
+    stored = load_baseline_task(loaded, baseline)
+    rows: list[dict[str, Any]] = []
+    records = []
+    for name in names:
+        ref = resolve_task.with_options(task_run_name=f"resolve-{name}")(loaded, name)
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
+        record = evaluate_checkpoint_task.with_options(task_run_name=f"evaluate-{name}")(
+            loaded, name, ref, f"regression/{eval_id}/{slug}")
+        verdicts = judge_task.with_options(task_run_name=f"judge-{name}")(loaded, stored, record)
+        if regressions(verdicts):
+            emit_regression_task(recipe, baseline, record, regressions(verdicts))
+        rows += verdicts
+        records.append(record)
+    publish_verdicts_task(loaded, baseline, f"regression/{eval_id}/verdicts", rows, "regression")
+    if update_baseline:
+        raise_baseline_task(loaded, baseline, records)
+    for row in rows:
+        print(f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {row['baseline']} "
+              f"(drop {row['drop']}, tolerance {row['tolerance']}): {row['verdict']}")
+    return rows

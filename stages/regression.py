@@ -1,0 +1,109 @@
+"""Scheduled regression evals (DESIGN.md, issue 8): compare checkpoints with a stored per-domain baseline.
+
+The in-run gate (`stages.gate`) compares a stage with the best score earlier in the same run. A regression eval
+compares any checkpoint with a baseline kept in the store across runs, `<store>/baselines/<name>.json`: per
+domain, a score and the checkpoint that earned it. A domain regresses when baseline - score > the recipe's
+tolerance for it (absolute score points, the gate's rule). The checkpoints behind the baseline are, per domain,
+the best known ones, so they are also the MOPD teachers of a recovery.
+
+Two ways to change a baseline: `replace` (all domains from one eval: `cascade baseline set`) and `raise_to`
+(a ratchet, each domain moves only up: the flow's `update_baseline`). This module only decides and records.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from artifacts.store import Store
+
+Verdict = Literal["regressed", "ok", "no baseline"]
+BASELINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,80}$")
+
+
+class BaselineEntry(BaseModel):
+    score: float
+    checkpoint: str  # the name it was given by (a registry alias or a URI)
+    uri: str  # the checkpoint itself, in the recipe's store
+    digest: str | None = None
+
+
+class Baseline(BaseModel):
+    name: str
+    domains: dict[str, BaselineEntry] = {}
+    updated: float = 0.0  # unix time of the last change
+
+
+class BaselineError(ValueError):
+    """A bad baseline name or eval record; the CLI prints it as one line and exits 2."""
+
+
+def baseline_key(name: str) -> str:
+    if not BASELINE_NAME.match(name):
+        raise BaselineError(f"bad baseline name {name!r}: use lowercase letters, digits, '.', '_' and '-'")
+    return f"baselines/{name}.json"
+
+
+def load_baseline(store: Store, name: str) -> Baseline | None:
+    key = baseline_key(name)
+    return Baseline.model_validate_json(store.read_bytes(key)) if store.exists(key) else None
+
+
+def save_baseline(store: Store, baseline: Baseline) -> None:
+    store.write_bytes(baseline_key(baseline.name), baseline.model_dump_json(indent=1).encode())
+
+
+def compare(checkpoint: str, scores: dict[str, float], baseline: Baseline | None,
+            tolerances: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per scored domain: score, baseline, drop (baseline - score), tolerance, verdict."""
+    rows = []
+    for domain, score in sorted(scores.items()):
+        entry = baseline.domains.get(domain) if baseline else None
+        drop = None if entry is None else round(entry.score - score, 4)
+        verdict: Verdict = "no baseline" if drop is None else "regressed" if drop > tolerances[domain] else "ok"
+        rows.append({"checkpoint": checkpoint, "domain": domain, "score": score,
+                     "baseline": entry.score if entry else None, "drop": drop, "tolerance": tolerances[domain],
+                     "verdict": verdict})
+    return rows
+
+
+def regressions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["verdict"] == "regressed"]
+
+
+def replace(name: str, record: dict[str, Any]) -> Baseline:
+    """A baseline holding every domain of one eval record (`checkpoint`, `model` URI, `digest`, `scores`)."""
+    return Baseline(name=name, domains=_entries(record), updated=time.time())
+
+
+def raise_to(baseline: Baseline | None, name: str, record: dict[str, Any]) -> Baseline:
+    """The baseline with each domain moved up to the record's score where that is higher (or new)."""
+    domains = dict(baseline.domains) if baseline else {}
+    for domain, entry in _entries(record).items():
+        if domain not in domains or entry.score > domains[domain].score:
+            domains[domain] = entry
+    return Baseline(name=name, domains=domains, updated=time.time())
+
+
+def _entries(record: dict[str, Any], where: str = "the eval record") -> dict[str, BaselineEntry]:
+    if not isinstance(record.get("scores"), dict) or not record.get("model"):
+        raise BaselineError(f"{where} has no `scores` and `model` (the checkpoint URI it scored)")
+    name = record.get("checkpoint") or record["model"]
+    return {d: BaselineEntry(score=float(s), checkpoint=name, uri=record["model"], digest=record.get("digest"))
+            for d, s in record["scores"].items()}
+
+
+def read_eval_record(blob: bytes, where: str) -> dict[str, Any]:
+    """An eval record as the cascade (`runs/<id>/evals/NN-stage.json`) or a regression eval writes it."""
+    try:
+        record = json.loads(blob)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise BaselineError(f"{where} is not a JSON eval record") from None
+    if not isinstance(record, dict):
+        raise BaselineError(f"{where} is not a JSON eval record")
+    _entries(record, where)
+    return record

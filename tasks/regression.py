@@ -1,0 +1,121 @@
+"""Thin Prefect tasks of the regression-eval and recover flows: resolve, evaluate, judge, record, emit.
+
+The event `cascade.regression.detected` is emitted once per regressed checkpoint (not per domain), so the
+automation starts one recovery per checkpoint: its resource is `cascade.checkpoint.<name as given>`; the payload
+holds the recipe, baseline, checkpoint URI and `regressions` (domain, score, baseline, drop, tolerance, worst
+first); one related resource per regressed domain, `cascade.domain.<domain>` with role `regressed-domain` and
+the label `cascade.drop`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prefect import artifacts as ui_artifacts
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.events import emit_event
+
+from artifacts.checkpoint import CheckpointRef, committed
+from artifacts.store import Store
+from artifacts.tracking import registered_checkpoint
+from stages.context import ListSink, StageContext
+from stages.evaluate import run_evaluate
+from stages.recipe import Recipe
+from stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
+from tasks.stages import _artifact_key, open_report
+
+REGRESSION_EVENT = "cascade.regression.detected"
+CHECKPOINT_RESOURCE = "cascade.checkpoint."
+
+
+class CheckpointNotFound(LookupError):
+    pass
+
+
+def resolve_checkpoint(recipe: Recipe, name: str) -> CheckpointRef:
+    """A committed checkpoint in the recipe's store from a registry alias (`models:/<model>@<alias>`), a store
+    URI, or a key relative to the store root (`runs/<run_id>/<NN>-<stage>`)."""
+    store = Store.from_config(recipe.storage)
+    uri = registered_checkpoint(recipe.tracking.resolved_uri(), name) if name.startswith("models:/") else name
+    root = store.uri("") + "/"
+    if "://" in uri and not uri.startswith(root):
+        raise CheckpointNotFound(f"{name}: {uri} is outside the recipe's store {store.uri('')}")
+    key = uri.removeprefix(root).strip("/")
+    ref = committed(store, key) if key else None
+    if ref is None:
+        raise CheckpointNotFound(f"{name}: no committed checkpoint at {store.uri(key)}")
+    return ref
+
+
+@task(name="resolve-checkpoint", cache_policy=NO_CACHE)
+def resolve_task(recipe: Recipe, name: str) -> CheckpointRef:
+    return resolve_checkpoint(recipe, name)
+
+
+@task(name="load-baseline", cache_policy=NO_CACHE)
+def load_baseline_task(recipe: Recipe, name: str) -> Baseline | None:
+    return load_baseline(Store.from_config(recipe.storage), name)
+
+
+@task(name="evaluate-checkpoint", cache_policy=NO_CACHE)
+def evaluate_checkpoint_task(recipe: Recipe, name: str, ref: CheckpointRef, key: str) -> dict[str, Any]:
+    """Every recipe domain's held-out score; the eval record (the cascade's format plus `checkpoint`, the name
+    it was asked by) is written to `<key>.json`, so `cascade baseline set` can take it."""
+    store = Store.from_config(recipe.storage)
+    scores, rows = run_evaluate(StageContext(recipe, store, "regression-eval", key, ListSink()), ref)
+    record = {"checkpoint": name, "model": ref.uri, "digest": ref.digest, "scores": scores, "items": rows}
+    store.write_bytes(f"{key}.json", json.dumps(record).encode())
+    return {k: v for k, v in record.items() if k != "items"}
+
+
+@task(name="judge", cache_policy=NO_CACHE)
+def judge_task(recipe: Recipe, baseline: Baseline | None, record: dict[str, Any]) -> list[dict[str, Any]]:
+    tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
+    return compare(record["checkpoint"], record["scores"], baseline, tolerances)
+
+
+@task(name="emit-regression", cache_policy=NO_CACHE)
+def emit_regression_task(recipe_source: str, baseline: str, record: dict[str, Any],
+                         regressed: list[dict[str, Any]]) -> str | None:
+    """The `cascade.regression.detected` event of one checkpoint; returns its id (None: events are off)."""
+    worst_first = sorted(regressed, key=lambda r: -r["drop"])
+    event = emit_event(
+        REGRESSION_EVENT,
+        resource={"prefect.resource.id": CHECKPOINT_RESOURCE + record["checkpoint"],
+                  "prefect.resource.name": record["checkpoint"], "cascade.checkpoint.uri": record["model"]},
+        related=[{"prefect.resource.id": f"cascade.domain.{r['domain']}", "prefect.resource.role": "regressed-domain",
+                  "cascade.drop": str(r["drop"])} for r in worst_first],
+        payload={"recipe": recipe_source, "baseline": baseline, "checkpoint": record["checkpoint"],
+                 "checkpoint_uri": record["model"], "digest": record["digest"],
+                 "regressions": [{k: r[k] for k in ("domain", "score", "baseline", "drop", "tolerance")}
+                                 for r in worst_first]},
+    )
+    return str(event.id) if event else None
+
+
+@task(name="publish-verdicts", cache_policy=NO_CACHE)
+def publish_verdicts_task(recipe: Recipe, baseline: str, key: str, rows: list[dict[str, Any]], artifact: str) -> None:
+    """The checkpoint x domain table: a Prefect table artifact (key `<artifact>-<baseline>`) and `<key>.json`."""
+    Store.from_config(recipe.storage).write_bytes(f"{key}.json", json.dumps(rows, indent=1).encode())
+    ui_artifacts.create_table_artifact(rows, key=_artifact_key(artifact, baseline),
+                                       description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain")
+
+
+@task(name="raise-baseline", cache_policy=NO_CACHE)
+def raise_baseline_task(recipe: Recipe, name: str, records: list[dict[str, Any]]) -> Baseline:
+    store = Store.from_config(recipe.storage)
+    baseline = load_baseline(store, name)
+    for record in records:
+        baseline = raise_to(baseline, name, record)
+    save_baseline(store, baseline)
+    return baseline
+
+
+@task(name="record-recovered", cache_policy=NO_CACHE)
+def record_recovered_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> None:
+    """The recovered checkpoint's scores in the run report, as an eval after its stage."""
+    store, report = open_report(recipe, run_id)
+    report.record_eval(stage, scores)
+    report.save(store)

@@ -1,0 +1,301 @@
+"""Scheduled regression evals against a real Prefect server: deployments, event, automation, recovery.
+
+The checkpoints come from a real two-stage cascade on the toy letter domains of test_gate_recovery (GRPO on
+vowels, then on consonants: the vowel score falls from 1.0 to 0.0). The micro recipe cannot serve here: every
+micro checkpoint, and the initial model, scores 0.0 on both of its domains, so no checkpoint is worse than
+another. Every score compared below is a real held-out eval.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+import stages.domains
+from artifacts.checkpoint import read_manifest
+from artifacts.store import Store
+from stages.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
+from tests.artifacts.servers import BIN, Server, free_port
+from tests.flows.test_gate_recovery import LETTERS, LetterDomain, toy_recipe
+
+pytestmark = [pytest.mark.slow]
+ALIAS = "models:/cascade-toy-regression@stage-consonant_rl"
+
+
+# --- the pure comparison ---------------------------------------------------------------------------------------
+
+
+def test_drop_tolerance_and_verdict_per_domain():
+    baseline = Baseline(name="b", domains={
+        "math": BaselineEntry(score=0.50, checkpoint="a", uri="file:///s/a"),
+        "code": BaselineEntry(score=0.30, checkpoint="a", uri="file:///s/a"),
+        "tool": BaselineEntry(score=0.40, checkpoint="a", uri="file:///s/a"),
+    })
+    scores = {"math": 0.40, "code": 0.27, "tool": 0.55, "mcqa": 0.2}
+    rows = compare("ckpt", scores, baseline, {"math": 0.05, "code": 0.05, "tool": 0.05, "mcqa": 0.05})
+    table = {r["domain"]: (r["baseline"], r["drop"], r["verdict"]) for r in rows}
+    assert table == {"math": (0.50, 0.10, "regressed"), "code": (0.30, 0.03, "ok"), "tool": (0.40, -0.15, "ok"),
+                     "mcqa": (None, None, "no baseline")}
+    assert [r["domain"] for r in regressions(rows)] == ["math"]
+    # the tolerance is per domain: 0.03 below baseline regresses under a 0.02 tolerance
+    assert compare("ckpt", {"code": 0.27}, baseline, {"code": 0.02})[0]["verdict"] == "regressed"
+    # exactly at the tolerance is not a regression (the gate's rule: drop > tolerance)
+    assert compare("ckpt", {"math": 0.45}, baseline, {"math": 0.05})[0]["verdict"] == "ok"
+
+
+def test_raising_a_baseline_only_moves_domains_up():
+    old = Baseline(name="b", domains={"math": BaselineEntry(score=0.5, checkpoint="a", uri="u-a"),
+                                      "code": BaselineEntry(score=0.3, checkpoint="a", uri="u-a")})
+    new = raise_to(old, "b", {"checkpoint": "c", "model": "u-c", "scores": {"math": 0.4, "code": 0.6, "tool": 0.1}})
+    assert {d: (e.score, e.uri) for d, e in new.domains.items()} == {
+        "math": (0.5, "u-a"), "code": (0.6, "u-c"), "tool": (0.1, "u-c")}
+
+
+# --- a real server, a real cascade -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """`prefect server start` on a free port with its own PREFECT_HOME and sqlite db; this module's flows,
+    events and deployments go to it. Stopped at the end."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
+    env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
+           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5"}
+    server = Server([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], port,
+                    "/api/health", home / "server.log", env=env, timeout=120)
+    server.start()
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: f"{server.url}/api"}):
+            yield f"{server.url}/api"
+    finally:
+        server.stop()
+
+
+def api(base: str, method: str, path: str, body: dict | None = None):
+    request = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"null")
+
+
+def poll(fn, timeout: float = 20.0):
+    """fn() until it returns something truthy; the server persists events and fires automations in batches."""
+    deadline = time.time() + timeout
+    while True:
+        found = fn()
+        if found or time.time() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def toy(prefect_api, tmp_path_factory):
+    """A recipe file, its store, and a finished two-stage cascade `toy` (vowel_rl, then consonant_rl)."""
+    from flows.cascade import cascade_flow
+
+    tmp = tmp_path_factory.mktemp("toy")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CASCADE_HOME", str(tmp / "home"))
+        patch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
+        stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
+        stages.domains.register_domain(LetterDomain("consonants", LETTERS))
+        recipe = toy_recipe(tmp, policy="warn")
+        recipe = recipe.model_copy(update={"stages": recipe.stages[:2]})
+        path = tmp / "toy.yaml"
+        path.write_text(yaml.safe_dump(recipe.model_dump(mode="json")))
+        cascade_flow(recipe, "toy")
+        yield {"path": str(path), "recipe": recipe, "store": Store.from_config(recipe.storage)}
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_api):
+    """Both deployments registered (serve-free: `.apply()`), and the automation ensured twice."""
+    from infra.automations import ensure_automations, recover_deployment, regression_eval_deployment
+
+    ids = {"regression-eval": regression_eval_deployment().apply(), "recover": recover_deployment().apply()}
+    ensure_automations()
+    ensure_automations()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def regression_run(toy, deployed, prefect_api):
+    """Baseline `nightly` set (CLI) from the cascade's own eval of vowel_rl, then one regression-eval run over
+    vowel_rl (by store key: within tolerance) and consonant_rl (by registry alias: vowels regressed)."""
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+    from flows.regression_eval import regression_eval_flow
+
+    started = time.time()
+    result = CliRunner().invoke(app, ["baseline", "set", "nightly", "runs/toy/evals/00-vowel_rl.json",
+                                      "--recipe", toy["path"]])
+    assert result.exit_code == 0, result.output
+    before = load_baseline(toy["store"], "nightly")
+    rows = regression_eval_flow(toy["path"], ["runs/toy/00-vowel_rl", ALIAS], "nightly", update_baseline=True)
+    return {"rows": rows, "before": before, "started": started}
+
+
+def regression_events(base: str, since: float, baseline: str) -> list[dict]:
+    body = {"filter": {"event": {"name": ["cascade.regression.detected"]},
+                       "occurred": {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))}},
+            "limit": 50}
+    return [e for e in api(base, "POST", "/events/filter", body)["events"] if e["payload"]["baseline"] == baseline]
+
+
+def test_regression_eval_deployment_has_its_cron_schedule(deployed, prefect_api):
+    from infra.automations import regression_eval_deployment
+
+    stored = api(prefect_api, "GET", "/deployments/name/regression-eval/nightly")
+    assert stored["id"] == str(deployed["regression-eval"])
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in stored["schedules"]] == [
+        ("0 3 * * *", "UTC", True)]
+    assert stored["parameters"]["baseline"] == "nightly"
+    custom = regression_eval_deployment(cron="30 1 * * 1-5", timezone="Europe/Paris")
+    assert [(s.schedule.cron, s.schedule.timezone) for s in custom.schedules] == [("30 1 * * 1-5", "Europe/Paris")]
+    assert api(prefect_api, "GET", "/deployments/name/recover/recover")["id"] == str(deployed["recover"])
+
+
+def test_ensure_automations_is_idempotent(deployed, prefect_api):
+    from infra.automations import AUTOMATION_NAME, ensure_automations
+
+    ensure_automations()
+    found = [a for a in api(prefect_api, "POST", "/automations/filter", {}) if a["name"] == AUTOMATION_NAME]
+    assert len(found) == 1
+    automation = found[0]
+    assert automation["trigger"]["expect"] == ["cascade.regression.detected"]
+    assert automation["trigger"]["posture"] == "Reactive" and automation["trigger"]["threshold"] == 1
+    [action] = automation["actions"]
+    assert action["type"] == "run-deployment" and action["deployment_id"] == str(deployed["recover"])
+    assert action["parameters"] == {"recipe": "{{ event.payload.recipe }}", "baseline": "{{ event.payload.baseline }}",
+                                    "student": "{{ event.payload.checkpoint_uri }}"}
+
+
+def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
+    store, rows, before = toy["store"], regression_run["rows"], regression_run["before"]
+    cascade_eval = json.loads(store.read_bytes("runs/toy/evals/00-vowel_rl.json"))
+    assert {d: e.score for d, e in before.domains.items()} == cascade_eval["scores"]
+    assert {e.uri for e in before.domains.values()} == {cascade_eval["model"]}
+    table = {(r["checkpoint"], r["domain"]): r for r in rows}
+    assert set(table) == {(c, d) for c in ("runs/toy/00-vowel_rl", ALIAS) for d in ("vowels", "consonants")}
+    # vowel_rl re-evaluated by the flow scores exactly what the cascade's eval stored: drop 0, within tolerance
+    for d in ("vowels", "consonants"):
+        assert table[("runs/toy/00-vowel_rl", d)]["score"] == cascade_eval["scores"][d]
+        assert table[("runs/toy/00-vowel_rl", d)]["drop"] == 0.0
+        assert table[("runs/toy/00-vowel_rl", d)]["verdict"] == "ok"
+    # consonant_rl (by alias) lost the vowels: the drop is the baseline minus its real score
+    cascade_consonant = json.loads(store.read_bytes("runs/toy/evals/01-consonant_rl.json"))["scores"]
+    vowels = table[(ALIAS, "vowels")]
+    assert vowels["score"] == cascade_consonant["vowels"]
+    assert vowels["drop"] == pytest.approx(cascade_eval["scores"]["vowels"] - cascade_consonant["vowels"], abs=1e-4)
+    assert vowels["drop"] > vowels["tolerance"] == 0.05 and vowels["verdict"] == "regressed"
+    assert table[(ALIAS, "consonants")]["verdict"] == "ok"
+    # the same table is in the store; update_baseline ratcheted consonants up to consonant_rl's score
+    assert rows in [json.loads(store.read_bytes(f"regression/{d}/verdicts.json")) for d in store.list_dirs("regression")]
+    after = load_baseline(store, "nightly")
+    assert after.domains["vowels"] == before.domains["vowels"]
+    assert after.domains["consonants"].score == cascade_consonant["consonants"] > before.domains["consonants"].score
+    assert after.domains["consonants"].checkpoint == ALIAS
+    assert after.domains["consonants"].uri == store.uri("runs/toy/01-consonant_rl")
+
+
+def test_table_artifact_is_on_the_server(regression_run, prefect_api):
+    found = api(prefect_api, "POST", "/artifacts/filter", {"artifacts": {"key": {"any_": ["regression-nightly"]}}})
+    assert found and found[0]["type"] == "table"
+    assert json.loads(found[0]["data"]) == regression_run["rows"]
+
+
+def test_regressed_checkpoint_emits_one_event_with_domain_and_drop(regression_run, prefect_api, toy):
+    events = poll(lambda: regression_events(prefect_api, regression_run["started"], "nightly"))
+    assert len(events) == 1, "one event per regressed checkpoint; vowel_rl is within tolerance and emits none"
+    [event] = events
+    vowels = next(r for r in regression_run["rows"] if r["checkpoint"] == ALIAS and r["domain"] == "vowels")
+    assert event["resource"]["prefect.resource.id"] == f"cascade.checkpoint.{ALIAS}"
+    assert event["resource"]["cascade.checkpoint.uri"] == toy["store"].uri("runs/toy/01-consonant_rl")
+    assert event["payload"]["regressions"] == [{k: vowels[k] for k in ("domain", "score", "baseline", "drop",
+                                                                        "tolerance")}]
+    assert event["payload"]["recipe"] == toy["path"] and event["payload"]["baseline"] == "nightly"
+    domains = [r for r in event["related"] if r["prefect.resource.role"] == "regressed-domain"]
+    assert domains == [{"prefect.resource.id": "cascade.domain.vowels", "prefect.resource.role": "regressed-domain",
+                        "cascade.drop": str(vowels["drop"])}]
+
+
+def test_automation_starts_recover_with_parameters_from_the_event(regression_run, deployed, prefect_api, toy):
+    def recover_runs():
+        body = {"deployments": {"id": {"any_": [str(deployed["recover"])]}}}
+        return [r for r in api(prefect_api, "POST", "/flow_runs/filter", body) if r["parameters"].get("baseline") == "nightly"]
+
+    [run] = poll(recover_runs, timeout=30)
+    assert run["parameters"] == {"recipe": toy["path"], "baseline": "nightly",
+                                 "student": toy["store"].uri("runs/toy/01-consonant_rl")}
+
+
+def test_recover_flow_distills_best_teachers_into_the_regressed_checkpoint(regression_run, toy):
+    from flows.recover import recover_flow
+
+    store = toy["store"]
+    student = store.uri("runs/toy/01-consonant_rl")
+    result = recover_flow(student=student, recipe=toy["path"], baseline="nightly", run_id="recover-toy")
+    manifest = read_manifest(store, "runs/recover-toy/00-recover")
+    assert result["checkpoint"] == store.uri("runs/recover-toy/00-recover")
+    assert manifest["parent"]["stage"] == "consonant_rl"
+    # teachers: per domain, the checkpoint holding the (ratcheted) baseline score
+    assert manifest["metrics"]["teachers"] == {"consonants": "consonant_rl", "vowels": "vowel_rl"}
+    before = json.loads(store.read_bytes("runs/toy/evals/01-consonant_rl.json"))["scores"]
+    stored = json.loads(store.read_bytes("runs/recover-toy/evals/00-recover.json"))
+    assert stored["scores"] == result["scores"] and stored["model"] == result["checkpoint"]
+    assert result["scores"]["vowels"] > before["vowels"] + 0.05
+    assert {r["domain"]: r["baseline"] for r in result["verdicts"]} == {
+        d: e.score for d, e in load_baseline(store, "nightly").domains.items()}
+
+
+# --- the CLI ---------------------------------------------------------------------------------------------------
+
+
+def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_regression(regression_run, toy):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    cli = CliRunner()
+    result = cli.invoke(app, ["baseline", "set", "cli", "runs/toy/00-vowel_rl", "--recipe", toy["path"]])
+    assert result.exit_code == 0, result.output
+    cascade_eval = json.loads(toy["store"].read_bytes("runs/toy/evals/00-vowel_rl.json"))["scores"]
+    assert {d: e.score for d, e in load_baseline(toy["store"], "cli").domains.items()} == cascade_eval
+    ok = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", "runs/toy/00-vowel_rl",
+                          "--baseline", "cli", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert {r["domain"]: r["verdict"] for r in json.loads(ok.stdout.splitlines()[-1])} == {
+        "vowels": "ok", "consonants": "ok"}
+    bad = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", ALIAS, "--baseline", "cli"])
+    assert bad.exit_code == 1 and "regressed" in bad.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["baseline", "set", "Bad Name!", "x.json"], "bad baseline name 'Bad Name!'"),
+    (["baseline", "set", "nightly", "runs/nope/evals/00-x.json"], "no eval record runs/nope/evals/00-x.json"),
+    (["baseline", "set", "nightly", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
+    (["baseline", "show", "missing"], "no baseline 'missing'"),
+    (["regression-eval", "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
+    (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
+    (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
+    (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
+])
+def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home, args, message):
+    from typer.testing import CliRunner
+
+    from flows.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and message in result.stderr
+    assert not Path(cascade_home).exists()
