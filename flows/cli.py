@@ -530,14 +530,15 @@ def regression_eval_cmd(
     from stages.regression import baseline_key, regressions
     from tasks.regression import resolve_checkpoint
 
+    from flows.regression_eval import default_checkpoints, regression_eval_flow
+
     loaded = load_recipe(recipe)
     baseline_key(baseline)
-    for name in checkpoints or []:
+    names = checkpoints or default_checkpoints(loaded)
+    for name in names:
         resolve_checkpoint(loaded, name)  # an unknown checkpoint is one line before Prefect starts
     _quiet_services()
-    from flows.regression_eval import regression_eval_flow
-
-    rows = regression_eval_flow(recipe, checkpoints or None, baseline, update_baseline)
+    rows = regression_eval_flow(recipe, names, baseline, update_baseline)
     if as_json:
         typer.echo(json.dumps(rows))
     else:

@@ -289,6 +289,7 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
     (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
     (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
+    (["regression-eval"], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # the default checkpoint
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home, args, message):
     from typer.testing import CliRunner
