@@ -36,9 +36,10 @@ class CheckpointNotFound(LookupError):
 
 def resolve_checkpoint(recipe: Recipe, name: str) -> CheckpointRef:
     """A committed checkpoint in the recipe's store from a registry alias (`models:/<model>@<alias>`), a store
-    URI, or a key relative to the store root (`runs/<run_id>/<NN>-<stage>`)."""
+    URI or local path, or a key relative to the store root (`runs/<run_id>/<NN>-<stage>`)."""
     store = Store.from_config(recipe.storage)
     uri = registered_checkpoint(recipe.tracking.resolved_uri(), name) if name.startswith("models:/") else name
+    uri = f"file://{uri}" if uri.startswith("/") else uri  # a local path
     root = store.uri("") + "/"
     if "://" in uri and not uri.startswith(root):
         raise CheckpointNotFound(f"{name}: {uri} is outside the recipe's store {store.uri('')}")

@@ -69,7 +69,10 @@ def prefect_api(tmp_path_factory):
     env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5"}
+           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5",
+           # services this module does not exercise (the scheduler would fill the db with nightly runs)
+           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in (
+               "SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP")}}
     server = Server([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], port,
                     "/api/health", home / "server.log", env=env, timeout=120)
     server.start()
