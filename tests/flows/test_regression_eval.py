@@ -219,6 +219,7 @@ def test_table_artifact_is_on_the_server(regression_run, prefect_api):
 
 def test_regressed_checkpoint_emits_one_event_with_domain_and_drop(regression_run, prefect_api, toy):
     events = poll(lambda: regression_events(prefect_api, regression_run["started"], "nightly"))
+    # vowel_rl was evaluated first in the same run: an event of it would have been persisted no later than this one
     assert len(events) == 1, "one event per regressed checkpoint; vowel_rl is within tolerance and emits none"
     [event] = events
     vowels = next(r for r in regression_run["rows"] if r["checkpoint"] == ALIAS and r["domain"] == "vowels")
@@ -281,6 +282,10 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
         "vowels": "ok", "consonants": "ok"}
     bad = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", ALIAS, "--baseline", "cli"])
     assert bad.exit_code == 1 and "regressed" in bad.stdout
+    unknown = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint",
+                               "models:/cascade-toy-regression@stage-nope"])
+    assert unknown.exit_code == 2 and unknown.stderr.count("\n") == 1
+    assert "models:/cascade-toy-regression@stage-nope: Registered model alias stage-nope not found" in unknown.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -291,6 +296,7 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     (["regression-eval", "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
     (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
     (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
+    (["regression-eval", "--checkpoint", "s3://elsewhere/runs/x/00-sft"], "is outside the recipe's store"),
     (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
     (["regression-eval"], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # the default checkpoint
 ])
