@@ -34,7 +34,7 @@ from artifacts.checkpoint import committed, materialize, read_manifest, write_ch
 from stages.context import StageContext, StageResult
 from stages.datasets.card import DataCard, SourceCounts
 from stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
-from stages.datasets.shards import DATA_DIR, chat_row, count_tokens, iter_conversations, shard_name, write_shard
+from stages.datasets.shards import DATA_DIR, TokenCounter, chat_row, iter_conversations, shard_name, write_shard
 from stages.datasets.sources import Row, iter_rows
 from stages.datasets.teachers import Teacher, make_teacher
 from stages.domains import get_domain
@@ -117,7 +117,7 @@ class ShardBuilder:
         self.hash = build_hash(cfg, ctx.recipe)
         self.work = Path(tempfile.mkdtemp(dir=ctx.workdir, prefix="shards-"))
         source = ctx.recipe.model.source
-        self.tokenizer = load_tokenizer() if source == "tiny" else load_tokenizer(resolve_source(source))
+        self.count_tokens = TokenCounter(load_tokenizer() if source == "tiny" else load_tokenizer(resolve_source(source)))
         decon = cfg.decontamination
         self.index = ContaminationIndex(eval_prompts(cfg, ctx.recipe), decon.ngram) if decon.enabled else None
         self.exact = ExactDedup() if cfg.dedup.exact else None
@@ -163,8 +163,7 @@ class ShardBuilder:
         cands = drop(counts, cands, [a.error is not None for a in answers], "teacher_error")
         if self._verifies(domain):
             cands = drop(counts, cands, [g < 1.0 - 1e-9 for g in grade(get_domain(domain), cands)], "unverified")
-        for cand, n in zip(cands, count_tokens(self.tokenizer, [c.row.item.prompt for c in cands],
-                                               [c.text for c in cands])):
+        for cand, n in zip(cands, self.count_tokens([c.row.item.prompt for c in cands], [c.text for c in cands])):
             cand.tokens = n
         cands = drop(counts, cands, [c.tokens > self.cfg.max_tokens for c in cands], "too_long")
         kept = []

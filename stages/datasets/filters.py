@@ -54,7 +54,7 @@ class NearDedup:
     def __init__(self, threshold: float, num_perm: int, shingle: int):
         from datasketch import MinHash, MinHashLSH
 
-        self._minhash = lambda: MinHash(num_perm=num_perm, seed=1)
+        self.empty = MinHash(num_perm=num_perm, seed=1)  # copies share its permutations: no regeneration per row
         self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
         self.shingle = shingle
         self.size = 0
@@ -64,7 +64,7 @@ class NearDedup:
         tokens = normalized_tokens(prompt) + ["\x00"] + normalized_tokens(response)
         k = min(self.shingle, len(tokens))
         shingles = {" ".join(tokens[i : i + k]).encode() for i in range(len(tokens) - k + 1)}
-        m = self._minhash()
+        m = self.empty.copy()
         m.update_batch(list(shingles))
         if self.lsh.query(m):
             return True

@@ -49,15 +49,34 @@ def iter_conversations(paths: list[Path]) -> Iterator[tuple[str, str]]:
                 yield messages[0]["content"], messages[1]["content"]
 
 
-def count_tokens(tokenizer, prompts: list[str], responses: list[str]) -> list[int]:
-    """len(prompt_ids(p)) + len(completion_ids(r)) per pair, without a chat-template call per row.
+class TokenCounter:
+    """len(prompt_ids(p)) + len(completion_ids(r)) per pair, without a chat-template render per row.
 
-    The templates are rendered in one batch call and encoded by the backend tokenizer directly (about twice as
-    fast as `prompt_ids` row by row); `completion_ids` adds one end-of-turn token."""
-    if not prompts:
-        return []
-    texts = tokenizer.apply_chat_template([[{"role": "user", "content": p}] for p in prompts],
-                                          add_generation_prompt=True, tokenize=False)
-    backend = tokenizer.backend_tokenizer
-    return [len(backend.encode(t, add_special_tokens=False)) + len(backend.encode(r, add_special_tokens=False)) + 1
-            for t, r in zip(texts, responses, strict=True)]
+    The template is rendered once around a sentinel; a prompt's text is then prefix + prompt + suffix. That holds
+    for templates that insert the content verbatim, which is checked on the first prompt of every batch (a
+    template that trims or escapes content falls back to rendering each row). Encoding goes to the backend
+    tokenizer directly; `completion_ids` adds one end-of-turn token.
+    """
+
+    SENTINEL = "\x00cascade-content\x00"
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.backend = tokenizer, tokenizer.backend_tokenizer
+        framed = self._render([self.SENTINEL])[0]
+        self.frame = tuple(framed.split(self.SENTINEL)) if framed.count(self.SENTINEL) == 1 else None
+
+    def _render(self, prompts: list[str]) -> list[str]:
+        return self.tokenizer.apply_chat_template([[{"role": "user", "content": p}] for p in prompts],
+                                                  add_generation_prompt=True, tokenize=False)
+
+    def prompt_texts(self, prompts: list[str]) -> list[str]:
+        if self.frame is not None and prompts:
+            prefix, suffix = self.frame
+            if self._render(prompts[:1])[0] == prefix + prompts[0] + suffix:
+                return [prefix + p + suffix for p in prompts]
+        return self._render(prompts) if prompts else []
+
+    def __call__(self, prompts: list[str], responses: list[str]) -> list[int]:
+        encode = self.backend.encode
+        return [len(encode(t, add_special_tokens=False)) + len(encode(r, add_special_tokens=False)) + 1
+                for t, r in zip(self.prompt_texts(prompts), responses, strict=True)]
