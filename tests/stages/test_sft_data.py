@@ -282,3 +282,17 @@ def test_missing_api_key_and_bad_rows_fail_before_anything_is_committed(tmp_path
     with pytest.raises(ValueError, match=r"bad.jsonl: row 2: no 'prompt' string"):
         build(recipe, tmp_path, "bad")
     assert not Store.from_config(recipe.storage).list("runs/bad/00-sft_data/shards")
+
+
+def test_shipped_recipes_build_with_dedup_and_decontamination(tmp_path):
+    from stages.recipe import load_recipe
+    from tests.conftest import micro_recipe
+
+    for name in ("tiny", "micro"):
+        stage = load_recipe(name).stage("sft_data")
+        assert stage.dedup.exact and stage.dedup.near and stage.decontamination.enabled
+    recipe = micro_recipe(tmp_path)
+    result, ctx = build(recipe, tmp_path)
+    # the synthetic splits are disjoint by construction: both filters run and drop nothing
+    assert result.metrics["rows"] == result.metrics["input_rows"] == 128 and result.metrics["shards"] == 2
+    assert card(ctx)["decontamination"]["eval_prompts"] == 32
