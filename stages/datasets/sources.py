@@ -9,7 +9,6 @@ are slices of that one stream, which is what makes a rerun skip exactly the shar
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -105,14 +104,10 @@ def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH):
                 yield from batch.to_pylist()
         return
+    from stages.benchmarks import parse_jsonl_lines
+
     with fsspec.open(src.path, "rt", compression="infer", encoding="utf-8", **options) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SourceError(f"{src.path}:{number}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise SourceError(f"{src.path}:{number}: not a JSON object")
+        for number, row in parse_jsonl_lines(f):
+            if isinstance(row, Exception):
+                raise SourceError(f"{src.path}:{number}: {row}")
             yield row

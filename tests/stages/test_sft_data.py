@@ -296,3 +296,33 @@ def test_shipped_recipes_build_with_dedup_and_decontamination(tmp_path):
     # the synthetic splits are disjoint by construction: both filters run and drop nothing
     assert result.metrics["rows"] == result.metrics["input_rows"] == 128 and result.metrics["shards"] == 2
     assert card(ctx)["decontamination"]["eval_prompts"] == 32
+
+
+def test_user_files_stream_from_s3(tmp_path, monkeypatch):
+    import gzip
+    import io
+
+    import boto3
+
+    from tests.artifacts.servers import FAKE_KEYS, make_bucket, moto_server
+
+    server = moto_server(tmp_path).start()
+    try:
+        make_bucket(server.url, "corpus")
+        for key, value in {**FAKE_KEYS, "AWS_ENDPOINT_URL": server.url, "AWS_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(key, value)
+        client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
+        jsonl = "".join(json.dumps({"prompt": f"Say {w}.", "reference": w}) + "\n" for w in ("a", "b", "c"))
+        client.put_object(Bucket="corpus", Key="sft/mine.jsonl.gz", Body=gzip.compress(jsonl.encode()))
+        parquet = io.BytesIO()
+        pq.write_table(pa.table({"prompt": ["Say d.", "Say e."], "reference": ["d", "e"]}), parquet)
+        client.put_object(Bucket="corpus", Key="sft/more.parquet", Body=parquet.getvalue())
+        sources = [{"kind": "file", "path": "s3://corpus/sft/mine.jsonl.gz", "count": 2},
+                   {"kind": "file", "path": "s3://corpus/sft/more.parquet"}]
+        recipe = recipe_with(tmp_path, {"sources": {"instruct": sources}},
+                             {"instruct": {"train_size": 5, "heldout_size": 8}})
+        result, ctx = build(recipe, tmp_path)
+    finally:
+        server.stop()
+    assert [r["messages"][1]["content"] for r in read_rows(ctx)] == ["a", "b", "d", "e"]
+    assert set(card(ctx)["sources"]) == {"instruct/file:mine.jsonl.gz", "instruct/file:more.parquet"}
