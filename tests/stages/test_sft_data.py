@@ -326,3 +326,29 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
         server.stop()
     assert [r["messages"][1]["content"] for r in read_rows(ctx)] == ["a", "b", "d", "e"]
     assert set(card(ctx)["sources"]) == {"instruct/file:mine.jsonl.gz", "instruct/file:more.parquet"}
+
+
+def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
+    """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
+    from artifacts.checkpoint import write_checkpoint
+    from stages.model import build_tiny_model, save_hf
+    from stages.recipe import ModelConfig
+    from tests.stages.test_sft_data_vllm import rig_short_answers
+
+    tokenizer = load_tokenizer()
+    model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
+                             len(tokenizer), seed=0)
+    rig_short_answers(model, tokenizer)
+    save_hf(model, tokenizer, tmp_path / "teacher" / "model")
+    store = Store(f"file://{tmp_path}/models")
+    ref = write_checkpoint(store, "teacher", tmp_path / "teacher", stage="sft", step=None, parent=None,
+                           config_hash="x")
+    domains = {"math": {"train_size": 10, "heldout_size": 8}}
+    teacher = {"kind": "model", "source": ref.uri, "max_new_tokens": 4, "batch_size": 4}
+    result, _ = build(recipe_with(tmp_path, {"teacher": teacher}, domains, "ckpt"), tmp_path, "ckpt")
+    assert result.metrics["dropped/unverified"] == 10 and result.metrics["rows"] == 0
+    assert result.metrics["teacher_rows"] == 10
+
+    teacher = {**teacher, "source": str(tmp_path / "teacher" / "model")}
+    result, ctx = build(recipe_with(tmp_path, {"teacher": teacher, "verify": False}, domains, "dir"), tmp_path, "dir")
+    assert [r["messages"][1]["content"] for r in read_rows(ctx)] == ["7"] * 10
