@@ -39,7 +39,7 @@ from stages.datasets.sources import Row, iter_rows
 from stages.datasets.teachers import Teacher, make_teacher
 from stages.domains import get_domain
 from stages.domains.base import Domain
-from stages.recipe import OracleTeacher, Recipe, SFTDataConfig
+from stages.recipe import OracleTeacher, Recipe, SFTDataConfig, config_hash
 
 DATA_CARD_JSON, DATA_CARD_MD = "data_card.json", "DATA_CARD.md"
 
@@ -75,8 +75,9 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext) -> StageResult:
     metrics = {**build.card.metrics(), "shards": shards, "shards_reused": reused,
                "teacher_rows": build.teacher_rows, "seconds": round(seconds, 2),
                "rows_per_s": round(build.card.to_json()["input"] / max(seconds, 1e-9), 1)}
+    # the stage's config_hash is what the task layer compares to skip a committed stage
     ref = write_checkpoint(ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=None,
-                           config_hash=build.hash, metrics=metrics)
+                           config_hash=config_hash(cfg), metrics=metrics)
     ctx.store.delete(f"{ctx.key}/shards")
     shutil.rmtree(out, ignore_errors=True)
     return StageResult(ref, metrics)

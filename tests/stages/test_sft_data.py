@@ -352,3 +352,11 @@ def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     teacher = {**teacher, "source": str(tmp_path / "teacher" / "model")}
     result, ctx = build(recipe_with(tmp_path, {"teacher": teacher, "verify": False}, domains, "dir"), tmp_path, "dir")
     assert [r["messages"][1]["content"] for r in read_rows(ctx)] == ["7"] * 10
+
+
+def test_the_stage_checkpoint_carries_the_config_hash_the_task_layer_compares(tmp_path):
+    from stages.recipe import config_hash
+
+    recipe = recipe_with(tmp_path, {})
+    result, _ = build(recipe, tmp_path)
+    assert result.checkpoint.config_hash == config_hash(recipe.stages[0])
