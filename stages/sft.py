@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on the sft_data stage's chat rows, loss on assistant tokens only.
+"""Supervised fine-tuning on the sft_data stage's chat rows (its Parquet shards), loss on assistant tokens only.
 
 Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher's response tokens,
 

@@ -90,10 +90,10 @@ def batched(rows: Iterable[Row], size: int) -> Iterable[list[Row]]:
 
 
 def build_hash(cfg: SFTDataConfig, recipe: Recipe) -> str:
-    """What a shard's content depends on: the stage config, the seed and the sizes of the domains it builds."""
-    domains = cfg.domains or list(recipe.domains)
+    """What a shard's content depends on: the stage config, the seed, the tokenizer's model and every domain's
+    sizes (the built ones' train sizes, and all held-out sizes: they are the decontamination's eval sets)."""
     blob = {"cfg": cfg.model_dump(mode="json"), "seed": recipe.seed, "model": recipe.model.source,
-            "domains": {d: recipe.domains[d].model_dump(mode="json") for d in domains}}
+            "domains": {d: spec.model_dump(mode="json") for d, spec in recipe.domains.items()}}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 

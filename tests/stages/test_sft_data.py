@@ -333,7 +333,7 @@ def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     from artifacts.checkpoint import write_checkpoint
     from stages.model import build_tiny_model, save_hf
     from stages.recipe import ModelConfig
-    from tests.stages.test_sft_data_vllm import rig_short_answers
+    from tests.stages.rigged import rig_short_answers
 
     tokenizer = load_tokenizer()
     model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),

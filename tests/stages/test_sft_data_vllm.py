@@ -3,22 +3,18 @@
 One server for the module. A fault-injecting proxy (stdlib http.server on 127.0.0.1, written here) sits in front
 of it and, on chosen request numbers, answers 500, stalls past the client's timeout, or cuts the JSON short.
 
-The tiny model is rigged so greedy decoding is short and known: attention and MLP outputs are zeroed, so the
-residual stream is the last token's embedding, and three embedding rows are set so that after the prompt's
-final "\\n" the argmax is "7", and after "7" it is the end-of-turn token. Every answer is "7", from the server.
+The tiny model is rigged (tests/stages/rigged.py) so that every greedy answer is "7", from the server.
 """
 
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-import torch
 
 from artifacts.checkpoint import committed, verify
 from artifacts.store import Store
@@ -27,27 +23,12 @@ from stages.datasets.shards import DATA_DIR, shard_paths
 from stages.datasets.teachers import TeacherError
 from stages.recipe import validate_recipe
 from stages.sft_data import run_sft_data
+from tests.stages.rigged import rig_short_answers
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 
 pytestmark = pytest.mark.vllm
 
 ROWS, SHARD = 24, 8  # three shards of eight prompts
-
-
-def rig_short_answers(model, tokenizer) -> None:
-    """Greedy: "\\n" -> "7" -> end of turn (see the module docstring)."""
-    newline, seven, eos = tokenizer.encode("\n")[0], tokenizer.encode("7")[0], tokenizer.eos_token_id
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        emb = model.model.embed_tokens.weight
-        base = emb[newline].clone()
-        side = torch.randn(base.shape, generator=torch.Generator().manual_seed(0))
-        side -= (side @ base) / (base @ base) * base  # orthogonal to the newline embedding
-        side *= base.norm() / side.norm()
-        emb[seven] = 2 * base + 3 * side  # from "\n": only "7" scores 2|base|^2
-        emb[eos] = 10 * side  # from "7": 30|side|^2 beats "7"'s own 13|side|^2
 
 
 @pytest.fixture(scope="module")
