@@ -193,7 +193,7 @@ class SFTDataConfig(Strict):
     def _check_sources(self) -> SFTDataConfig:
         for domain, sources in self.sources.items():
             for i, src in enumerate(sources):
-                _check_source(src, f"sources.{domain}.{i}", self.resolved_data_root())
+                _check_source(src, domain, f"sources.{domain}.{i}", self.resolved_data_root())
         if self.decontamination.benchmarks:
             from stages.benchmarks import benchmark_registry
 
@@ -203,7 +203,7 @@ class SFTDataConfig(Strict):
         return self
 
 
-def _check_source(src: BaseModel, where: str, data_root: Path) -> None:
+def _check_source(src: BaseModel, domain: str, where: str, data_root: Path) -> None:
     """Local files must exist and shared formats must be known before any work starts."""
     if isinstance(src, SharedSource):
         if not (data_root / src.file).is_file():
@@ -213,6 +213,8 @@ def _check_source(src: BaseModel, where: str, data_root: Path) -> None:
         known = benchmark_registry()
         if src.format not in known:
             raise ValueError(f"{where}: unknown format {src.format!r}; known: {', '.join(sorted(known))}")
+        if known[src.format].domain != domain:
+            raise ValueError(f"{where}: format {src.format!r} is a {known[src.format].domain} benchmark, not {domain}")
     if isinstance(src, FileSource):
         local = src.path.removeprefix("file://")
         if "://" not in local and not Path(local).is_file():

@@ -74,6 +74,7 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext) -> StageResult:
     seconds = time.time() - started
     metrics = {**build.card.metrics(), "shards": shards, "shards_reused": reused,
                "teacher_rows": build.teacher_rows, "seconds": round(seconds, 2),
+               "teacher_retries": sum(t.retries for t in build.teachers.values()),
                "rows_per_s": round(build.card.to_json()["input"] / max(seconds, 1e-9), 1)}
     # the stage's config_hash is what the task layer compares to skip a committed stage
     ref = write_checkpoint(ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=None,
@@ -118,7 +119,8 @@ class ShardBuilder:
         self.hash = build_hash(cfg, ctx.recipe)
         self.work = Path(tempfile.mkdtemp(dir=ctx.workdir, prefix="shards-"))
         source = ctx.recipe.model.source
-        self.count_tokens = TokenCounter(load_tokenizer() if source == "tiny" else load_tokenizer(resolve_source(source)))
+        tokenizer = load_tokenizer() if source == "tiny" else load_tokenizer(resolve_source(source))
+        self.count_tokens = TokenCounter(tokenizer)  # the tokenizer SFT will use: the recipe model's
         decon = cfg.decontamination
         self.index = ContaminationIndex(eval_prompts(cfg, ctx.recipe), decon.ngram) if decon.enabled else None
         self.exact = ExactDedup() if cfg.dedup.exact else None

@@ -45,7 +45,7 @@ class Answer:
 
 
 class Teacher(Protocol):
-    name: str  # recorded in the data card
+    retries: int  # transient failures retried so far (a stage metric)
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]: ...
 
@@ -53,7 +53,7 @@ class Teacher(Protocol):
 
 
 class Oracle:
-    name = "oracle"
+    retries = 0
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]:
         return [Answer(item.reference) for item in items]
@@ -76,7 +76,7 @@ class ModelTeacherEngine:
     def __init__(self, cfg: ModelTeacher, recipe: Recipe, workdir: Path):
         from stages.engines import make_engine
 
-        self.cfg, self.name = cfg, f"model:{cfg.source}"
+        self.cfg, self.retries = cfg, 0  # the engine retries on its own
         model, self.tokenizer = load_teacher_model(cfg.source, recipe, workdir)
         self.engine = make_engine(recipe.engine, model, self.tokenizer, seed=recipe.seed)
         self.seed = recipe.seed
@@ -125,14 +125,14 @@ class OpenAIChatTeacher:
     """POST {url}/chat/completions, one request per prompt, `batch_size` requests in flight."""
 
     def __init__(self, cfg: OpenAITeacher):
-        self.cfg, self.name = cfg, f"openai:{cfg.model}@{cfg.url}"
+        self.cfg = cfg
         self.headers = {"Content-Type": "application/json"}
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
             if not key:
                 raise TeacherError(f"openai teacher: environment variable {cfg.api_key_env} (the API key) is not set")
             self.headers["Authorization"] = f"Bearer {key}"
-        self.retries = 0  # transient failures retried, over the teacher's life
+        self.retries = 0
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]:
         if not items:

@@ -253,6 +253,8 @@ def test_parquet_user_file_and_sft_reads_the_shards(tmp_path):
     ({"sources": {"math": [{"kind": "shared", "file": "math/nope.jsonl", "format": "gsm8k"}]}}, "data file not found"),
     ({"sources": {"math": [{"kind": "shared", "file": "math/gsm8k_train.jsonl", "format": "gsm9k"}]}},
      "unknown format 'gsm9k'"),
+    ({"sources": {"math": [{"kind": "shared", "file": "mcqa/mmlu_stem_test.jsonl", "format": "mmlu_stem"}]}},
+     "format 'mmlu_stem' is a mcqa benchmark, not math"),
     ({"sources": {"math": [{"kind": "synthetic", "count": 3, "share": 0.5}]}}, "not both"),
     ({"sources": {"chess": [{"kind": "synthetic"}]}}, "sources or teachers for domain(s) ['chess']"),
     ({"teacher": {"kind": "openai", "url": "http://x/v1", "model": "m", "api_key_env": "sk-abc123"}},

@@ -151,7 +151,8 @@ def test_5xx_and_a_timeout_are_retried_and_lose_nothing(proxy, direct_rows, tmp_
     result, ctx = build(teacher_recipe(tmp_path, proxy.url, "r", timeout_s=2.5), tmp_path, "r")
     assert rows_of(ctx) == direct_rows
     assert proxy.count == ROWS + 3  # each fault cost exactly one retry
-    assert result.metrics["teacher_rows"] == ROWS and result.metrics["dropped/teacher_error"] == 0
+    assert result.metrics["teacher_rows"] == ROWS and result.metrics["teacher_retries"] == 3
+    assert result.metrics["dropped/teacher_error"] == 0
 
 
 def test_a_server_that_keeps_failing_is_one_clear_error(proxy, tmp_path):
