@@ -131,10 +131,15 @@ class CannedChat(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body["messages"][0]["content"]
         type(self).requests.append(prompt)
-        reply = {"choices": [{"index": 0, "finish_reason": "stop",
-                              "message": {"role": "assistant", "content": self.answers[prompt]}}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
+        answer, status, reason = self.answers[prompt], 200, "stop"
+        if answer == "REFUSE":  # this one prompt is refused, as a server does for one too long
+            answer, status = None, 400
+        elif answer == "CUT":
+            reason = "length"
+        reply = {"choices": [{"index": 0, "finish_reason": reason,
+                              "message": {"role": "assistant", "content": answer}}]}
+        data = json.dumps(reply if status == 200 else {"error": "prompt too long"}).encode()
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -174,6 +179,17 @@ def test_rejection_sampling_keeps_only_verified_answers(tmp_path, canned_server,
     unverified = recipe_with(tmp_path, {"teacher": teacher, "verify": False},
                             {"math": {"train_size": 12, "heldout_size": 8}}, "nv")
     assert build(unverified, tmp_path, "nv")[0].metrics["rows"] == 12
+
+
+def test_refused_and_cut_off_answers_are_teacher_errors(tmp_path, canned_server):
+    items = get_domain("math").generate("train", 6, seed=0)
+    CannedChat.answers = {it.prompt: it.reference for it in items}
+    CannedChat.answers[items[1].prompt], CannedChat.answers[items[4].prompt] = "REFUSE", "CUT"
+    teacher = {"kind": "openai", "url": canned_server, "model": "m"}
+    recipe = recipe_with(tmp_path, {"teacher": teacher}, {"math": {"train_size": 6, "heldout_size": 8}})
+    result, ctx = build(recipe, tmp_path)
+    assert [r["messages"][0]["content"] for r in read_rows(ctx)] == [items[i].prompt for i in (0, 2, 3, 5)]
+    assert result.metrics["dropped/teacher_error"] == 2 and result.metrics["teacher_retries"] == 0
 
 
 def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypatch):
