@@ -27,6 +27,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -141,9 +142,8 @@ class ShardBuilder:
         }
 
     def make_shard(self, index: int, chunk: list[Row], dest: Path, key: str) -> dict[str, SourceCounts]:
-        counts: dict[str, SourceCounts] = {}
-        for row in chunk:
-            counts.setdefault(row.source, SourceCounts(row.domain)).input += 1
+        drawn = Counter((row.source, row.domain) for row in chunk)
+        counts = {source: SourceCounts(domain, input=n) for (source, domain), n in drawn.items()}
         rows: list[dict[str, Any]] = []
         for domain, group in itertools.groupby(chunk, key=lambda r: r.domain):
             rows += self._filter(domain, [Candidate(r) for r in group], counts)
