@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from stages.domains import DOMAIN_CLASSES, domain_names, get_domain
 from stages.domains.base import Domain, Item
@@ -43,15 +43,20 @@ def read_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | Excepti
     """(1-based line number, row or the error that line raised) for each non-blank line; .gz is read as text."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:  # a bad byte fails its row, not the file
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
+        yield from parse_jsonl_lines(f)
+
+
+def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """read_jsonl_lines over any open text stream (a local file, an fsspec file)."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -74,10 +74,153 @@ class DomainSpec(Strict):
     tolerance: float = 0.05  # the gate fires when the score drops more than this below its best
 
 
+class SourceDraw(Strict):
+    """How many rows a source contributes, counted before filtering: a count, or a share of train_size."""
+
+    count: int | None = Field(None, ge=0)
+    share: float | None = Field(None, gt=0.0)  # of the domain's train_size
+    # Neither: a synthetic source draws train_size rows, a file source all of its rows.
+
+    @model_validator(mode="after")
+    def _count_or_share(self) -> SourceDraw:
+        if self.count is not None and self.share is not None:
+            raise ValueError("give a source `count` or a `share`, not both")
+        return self
+
+    def rows(self, train_size: int) -> int | None:
+        """Rows to draw; None: every row the source has."""
+        if self.count is not None:
+            return self.count
+        if self.share is not None:
+            return round(self.share * train_size)
+        return None
+
+
+class SyntheticSource(SourceDraw):
+    kind: Literal["synthetic"] = "synthetic"  # the domain's own generator, train split
+
+
+class SharedSource(SourceDraw):
+    kind: Literal["shared"] = "shared"
+    file: str  # relative to the stage's data_root, e.g. math/gsm8k_train.jsonl
+    format: str  # a benchmark whose native row format the file has (gsm8k: question, answer "... #### 72")
+
+
+class FileSource(SourceDraw):
+    kind: Literal["file"] = "file"
+    path: str  # a local path or any fsspec URL (s3://bucket/key); .jsonl, .jsonl.gz or .parquet
+    format: Literal["jsonl", "parquet"] | None = None  # None: from the suffix
+    prompt_field: str = "prompt"
+    reference_field: str = "reference"  # the oracle teacher's answer; other teachers do not need it
+    meta_field: str = "meta"  # what the domain's grader reads (math: {"answer": "72"}); optional
+
+
+DataSource = Annotated[Union[SyntheticSource, SharedSource, FileSource], Field(discriminator="kind")]
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class OracleTeacher(Strict):
+    kind: Literal["oracle"] = "oracle"  # the source's reference answer
+
+
+class GenerationTeacher(Strict):
+    temperature: float = 0.0
+    max_new_tokens: int | None = Field(None, gt=0)  # None: the domain's max_new_tokens
+    batch_size: int = Field(64, gt=0)  # prompts per generate call (openai: requests in flight)
+
+
+class ModelTeacher(GenerationTeacher):
+    kind: Literal["model"] = "model"
+    source: str  # "tiny", "smollm2-135m", an HF model dir, or a checkpoint (URI or dir with MANIFEST.json)
+
+
+class OpenAITeacher(GenerationTeacher):
+    kind: Literal["openai"] = "openai"
+    url: str = Field(pattern=r"^https?://")  # the API base, e.g. http://127.0.0.1:8000/v1
+    model: str
+    api_key_env: str | None = Field(None, pattern=ENV_NAME)  # the NAME of the variable holding the key
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0)  # per request, on 5xx, connection errors and timeouts
+    backoff_s: float = Field(0.5, ge=0)  # doubled per retry ...
+    max_backoff_s: float = Field(8.0, ge=0)  # ... up to this
+
+
+TeacherConfig = Annotated[Union[OracleTeacher, ModelTeacher, OpenAITeacher], Field(discriminator="kind")]
+
+
+class DedupConfig(Strict):
+    exact: bool = True  # hash of the normalized prompt + response
+    near: bool = True  # MinHash LSH over word shingles of prompt + response
+    threshold: float = Field(0.9, gt=0.0, le=1.0)  # estimated Jaccard at which a row is a near-duplicate
+    num_perm: int = Field(64, gt=0)
+    shingle: int = Field(3, gt=0)  # words per shingle
+
+
+class DecontaminationConfig(Strict):
+    enabled: bool = True
+    ngram: int = Field(13, gt=0)  # eval prompts shorter than this must appear whole (see stages/datasets/filters.py)
+    benchmarks: list[str] = []  # benchmark files evaluated besides every recipe domain's held-out split
+
+
 class SFTDataConfig(Strict):
     kind: Literal["sft_data"] = "sft_data"
     name: str = "sft_data"
-    domains: list[str] | None = None  # None: every recipe domain, train_size items each
+    domains: list[str] | None = None  # None: every recipe domain
+    sources: dict[str, list[DataSource]] = {}  # domain -> sources; a domain not listed: its synthetic generator
+    teacher: TeacherConfig = OracleTeacher()
+    teachers: dict[str, TeacherConfig] = {}  # per-domain override of `teacher`
+    verify: bool = True  # rejection sampling: keep a generated answer only if the domain's grader passes it
+    dedup: DedupConfig = DedupConfig()
+    decontamination: DecontaminationConfig = DecontaminationConfig()
+    max_tokens: int = Field(1024, gt=0)  # prompt + response tokens as SFT sees them; the tiny model's context
+    shard_rows: int = Field(4096, gt=0)  # source rows per shard: the unit of commit and of resume
+    data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        from stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+        if self.data_root is None:
+            return DEFAULT_DATA_ROOT
+        return (RECIPES_DIR.parent / self.data_root).resolve()
+
+    def domain_sources(self, domain: str) -> list[BaseModel]:
+        return self.sources.get(domain) or [SyntheticSource()]
+
+    def domain_teacher(self, domain: str) -> BaseModel:
+        return self.teachers.get(domain, self.teacher)
+
+    @model_validator(mode="after")
+    def _check_sources(self) -> SFTDataConfig:
+        for domain, sources in self.sources.items():
+            for i, src in enumerate(sources):
+                _check_source(src, domain, f"sources.{domain}.{i}", self.resolved_data_root())
+        if self.decontamination.benchmarks:
+            from stages.benchmarks import benchmark_registry
+
+            unknown = sorted(set(self.decontamination.benchmarks) - set(benchmark_registry()))
+            if unknown:
+                raise ValueError(f"decontamination.benchmarks: unknown benchmark(s) {unknown}")
+        return self
+
+
+def _check_source(src: BaseModel, domain: str, where: str, data_root: Path) -> None:
+    """Local files must exist and shared formats must be known before any work starts."""
+    if isinstance(src, SharedSource):
+        if not (data_root / src.file).is_file():
+            raise ValueError(f"{where}: data file not found: {data_root / src.file}")
+        from stages.benchmarks import benchmark_registry
+
+        known = benchmark_registry()
+        if src.format not in known:
+            raise ValueError(f"{where}: unknown format {src.format!r}; known: {', '.join(sorted(known))}")
+        if known[src.format].domain != domain:
+            raise ValueError(f"{where}: format {src.format!r} is a {known[src.format].domain} benchmark, not {domain}")
+    if isinstance(src, FileSource):
+        local = src.path.removeprefix("file://")
+        if "://" not in local and not Path(local).is_file():
+            raise ValueError(f"{where}: file not found: {src.path}")
+        if src.format is None and not src.path.endswith((".jsonl", ".jsonl.gz", ".parquet")):
+            raise ValueError(f"{where}: cannot tell the format of {src.path}: set format: jsonl or parquet")
 
 
 class SFTConfig(Strict):
@@ -182,6 +325,10 @@ def _check_stage(stage: BaseModel, earlier: list[BaseModel], domains: set[str]) 
     missing = sorted(set(listed) - domains)
     if missing:
         raise ValueError(f"stage {stage.name!r} names domain(s) {missing} not declared in `domains`")
+    if isinstance(stage, SFTDataConfig):
+        extra = sorted((set(stage.sources) | set(stage.teachers)) - set(stage.domains or domains))
+        if extra:
+            raise ValueError(f"stage {stage.name!r} gives sources or teachers for domain(s) {extra} it does not build")
     if isinstance(stage, SFTConfig) and stage.data not in {s.name for s in earlier if s.kind == "sft_data"}:
         raise ValueError(f"stage {stage.name!r} reads data {stage.data!r}, which no earlier sft_data stage writes")
     if isinstance(stage, MOPDConfig):

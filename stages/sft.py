@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on the sft_data stage's chat rows, loss on assistant tokens only.
+"""Supervised fine-tuning on the sft_data stage's chat rows (its Parquet shards), loss on assistant tokens only.
 
 Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher's response tokens,
 
@@ -12,7 +12,6 @@ step number and a resumed stage sees exactly the batches it would have seen.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -23,7 +22,7 @@ from stages.context import StageContext, StageResult
 from stages.losses import sft_loss, token_logprobs
 from stages.model import completion_ids, prompt_ids
 from stages.recipe import SFTConfig
-from stages.sft_data import DATA_FILE
+from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
@@ -63,13 +62,12 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, start: CheckpointRef | None, data
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:
+    """Token ids of every row, read from the Parquet shards one record batch at a time."""
     local = materialize(ctx.store, data, ctx.workdir / f"data-{data.digest[:12]}")
     examples = []
-    with open(local / DATA_FILE) as f:
-        for line in f:
-            messages = json.loads(line)["messages"]
-            prompt = prompt_ids(tokenizer, messages[0]["content"])
-            examples.append((prompt + completion_ids(tokenizer, messages[1]["content"]), len(prompt)))
+    for prompt_text, response in iter_conversations(shard_paths(local / DATA_DIR)):
+        prompt = prompt_ids(tokenizer, prompt_text)
+        examples.append((prompt + completion_ids(tokenizer, response), len(prompt)))
     return examples
 
 

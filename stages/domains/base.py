@@ -10,7 +10,7 @@ import hashlib
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 Split = Literal["train", "heldout"]
 HELDOUT_BUCKETS = 10  # one prompt hash bucket in ten is held out
@@ -52,11 +52,14 @@ class Domain:
 
     def generate(self, split: Split, n: int, seed: int) -> list[Item]:
         """n distinct items of one split, deterministic in (split, n, seed)."""
+        return list(self.iter_items(split, n, seed))
+
+    def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
+        """generate(), one item at a time: the same items in the same order (only the split keys are held)."""
         rng = random.Random(f"{self.name}:{seed}")
         seen: set[str] = set()
-        items: list[Item] = []
         attempts = 0
-        while len(items) < n:
+        while len(seen) < n:
             attempts += 1
             if attempts > 50 * n + 1000:
                 raise ValueError(f"domain {self.name!r} cannot produce {n} distinct {split} items")
@@ -65,5 +68,4 @@ class Domain:
             if key in seen or split_of(key) != split:
                 continue
             seen.add(key)
-            items.append(replace(item, id=f"{self.name}-{split}-{len(items)}"))
-        return items
+            yield replace(item, id=f"{self.name}-{split}-{len(seen) - 1}")

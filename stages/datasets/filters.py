@@ -1,0 +1,98 @@
+"""SFT data filters: exact duplicates, near-duplicates (MinHash LSH), and decontamination against eval prompts.
+
+Text normalization, shared by all three: lower case, and a token is a run of word characters or one symbol
+(`+`, `-`, `\\`, `{` ...); whitespace and sentence punctuation (. , ; : ! ? quotes, brackets) are dropped. So
+"Compute 3+4-2." and "compute 3 + 4 - 2" are one text, while "3+4" and "3-4" stay different.
+
+Decontamination (the usual n-gram overlap, n = 13 by default): a training prompt is contaminated when it shares
+any n-token window with any eval prompt. An eval prompt shorter than n tokens has no n-gram, so it counts whole:
+a training prompt that contains its full token sequence (contiguously) is contaminated. This is what makes the
+check meaningful for the tiny synthetic prompts (5-15 tokens): with n = 13 most of them match only as a whole.
+Eval prompts: every recipe domain's held-out split (what `evaluate` scores) and the benchmark files the stage
+names. Only prompts are compared: answers of a contaminated prompt are irrelevant.
+
+Near-duplicates: MinHash (datasketch) over `shingle`-token shingles of prompt + response, LSH at `threshold`
+estimated Jaccard; the first row of a near-duplicate cluster is kept. The LSH index grows with the kept rows:
+it is the one piece of state of the build that is not bounded by a shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Iterable
+
+TOKEN = re.compile(r"\w+|[^\w\s.,;:!?'\"()\[\]]")
+
+
+def normalized_tokens(text: str) -> list[str]:
+    return TOKEN.findall(text.lower())
+
+
+def row_fingerprint(prompt: str, response: str) -> bytes:
+    """Exact-duplicate key: 16 bytes of blake2b over the normalized prompt and response."""
+    blob = " ".join(normalized_tokens(prompt)) + "\x00" + " ".join(normalized_tokens(response))
+    return hashlib.blake2b(blob.encode(), digest_size=16).digest()
+
+
+class ExactDedup:
+    def __init__(self) -> None:
+        self.seen: set[bytes] = set()
+
+    def is_duplicate(self, prompt: str, response: str) -> bool:
+        """True if seen before; otherwise remembers the row."""
+        key = row_fingerprint(prompt, response)
+        if key in self.seen:
+            return True
+        self.seen.add(key)
+        return False
+
+
+class NearDedup:
+    """MinHash LSH: a row is a near-duplicate when the index already holds one at >= threshold Jaccard."""
+
+    def __init__(self, threshold: float, num_perm: int, shingle: int):
+        from datasketch import MinHash, MinHashLSH
+
+        self.empty = MinHash(num_perm=num_perm, seed=1)  # copies share its permutations: no regeneration per row
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.shingle = shingle
+        self.size = 0
+
+    def is_duplicate(self, prompt: str, response: str) -> bool:
+        """True if near a kept row; otherwise adds this row to the index."""
+        tokens = normalized_tokens(prompt) + ["\x00"] + normalized_tokens(response)
+        k = min(self.shingle, len(tokens))
+        shingles = {" ".join(tokens[i : i + k]).encode() for i in range(len(tokens) - k + 1)}
+        m = self.empty.copy()
+        m.update_batch(list(shingles))
+        if self.lsh.query(m):
+            return True
+        self.lsh.insert(str(self.size), m)
+        self.size += 1
+        return False
+
+
+class ContaminationIndex:
+    """n-grams of the eval prompts, and the whole token sequence of eval prompts shorter than n."""
+
+    def __init__(self, eval_prompts: Iterable[str], n: int):
+        self.n = n
+        self.ngrams: set[int] = set()
+        self.short: dict[int, set[int]] = {}  # length -> hashes of whole eval prompts of that length
+        self.prompts = 0
+        for prompt in eval_prompts:
+            self.prompts += 1
+            tokens = normalized_tokens(prompt)
+            if len(tokens) >= n:
+                self.ngrams.update(hash(tuple(tokens[i : i + n])) for i in range(len(tokens) - n + 1))
+            elif tokens:
+                self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
+
+    def is_contaminated(self, prompt: str) -> bool:
+        tokens = normalized_tokens(prompt)
+        windows = [(self.n, self.ngrams)] + sorted(self.short.items())
+        for size, hashes in windows:
+            if any(hash(tuple(tokens[i : i + size])) in hashes for i in range(len(tokens) - size + 1)):
+                return True
+        return False

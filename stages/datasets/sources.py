@@ -1,0 +1,111 @@
+"""Where SFT prompts come from: a domain's synthetic generator, a real file in shared/data, or a user's file.
+
+Every source is a lazy stream of `Row`s (nothing is read before it is needed and nothing is held after it is
+passed on), so a build over millions of rows holds one shard at a time. The stream order is fixed by the
+recipe: domains in stage order, each domain's sources in recipe order, each source in its own order. Shards
+are slices of that one stream, which is what makes a rerun skip exactly the shards it already committed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import fsspec
+
+from artifacts.store import storage_options
+from stages.domains import get_domain
+from stages.domains.base import Item
+from stages.recipe import FileSource, Recipe, SFTDataConfig, SharedSource, StorageConfig, SyntheticSource
+
+PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
+
+
+class SourceError(ValueError):
+    """A source row or file that cannot be read: one line naming the file and row."""
+
+
+@dataclass(frozen=True)
+class Row:
+    domain: str
+    source: str  # "<domain>/<kind>[:<file name>]": the data card's per-source key
+    item: Item
+
+
+def source_label(domain: str, src: Any) -> str:
+    if isinstance(src, SyntheticSource):
+        return f"{domain}/synthetic"
+    name = src.file if isinstance(src, SharedSource) else src.path
+    return f"{domain}/{src.kind}:{Path(name).name}"
+
+
+def draw_count(src: Any, train_size: int) -> int | None:
+    """Rows to take from a source; None: all it has. A synthetic source with neither count nor share: train_size."""
+    n = src.rows(train_size)
+    return train_size if n is None and isinstance(src, SyntheticSource) else n
+
+
+def iter_rows(cfg: SFTDataConfig, recipe: Recipe, oracle_domains: set[str]) -> Iterator[Row]:
+    """Every source row of the build, in stream order. oracle_domains: their rows must carry a reference."""
+    for domain in cfg.domains or list(recipe.domains):
+        for src in cfg.domain_sources(domain):
+            n = draw_count(src, recipe.domains[domain].train_size)
+            label = source_label(domain, src)
+            if isinstance(src, SyntheticSource):
+                items = get_domain(domain).iter_items("train", n, recipe.seed)
+            elif isinstance(src, SharedSource):
+                items = _shared_items(src, cfg.resolved_data_root())
+            else:
+                items = _file_items(src, domain, label, domain in oracle_domains)
+            yield from (Row(domain, label, item) for item in itertools.islice(items, n))
+
+
+def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
+    """A shared/data file parsed by its benchmark's own row parser, so the grader finds the meta it expects."""
+    from stages.benchmarks import benchmark_registry, describe, read_jsonl_lines
+
+    spec = benchmark_registry()[src.format]  # the recipe checked the name and its domain
+    path = data_root / src.file
+    for index, (number, row) in enumerate(read_jsonl_lines(path)):
+        try:
+            if isinstance(row, Exception):
+                raise row
+            yield spec.parse_row(row, index)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SourceError(f"{path}:{number}: {describe(e)}") from None
+
+
+def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool) -> Iterator[Item]:
+    """A user's JSONL or Parquet file, local or remote, read in a stream and mapped to items by field name."""
+    for index, row in enumerate(_file_records(src)):
+        where = f"{src.path}: row {index + 1}"
+        prompt, reference = row.get(src.prompt_field), row.get(src.reference_field)
+        meta = row.get(src.meta_field) or {}
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SourceError(f"{where}: no {src.prompt_field!r} string")
+        if needs_reference and not isinstance(reference, str):
+            raise SourceError(f"{where}: no {src.reference_field!r} string, which the oracle teacher answers with")
+        if not isinstance(meta, dict):
+            raise SourceError(f"{where}: {src.meta_field!r} is not an object")
+        yield Item(domain, f"{label}-{index}", prompt, reference if isinstance(reference, str) else "", meta)
+
+
+def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
+    options = storage_options(StorageConfig(root=src.path)) if src.path.startswith("s3://") else {}
+    fmt = src.format or ("parquet" if src.path.endswith(".parquet") else "jsonl")
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with fsspec.open(src.path, "rb", **options) as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH):
+                yield from batch.to_pylist()
+        return
+    from stages.benchmarks import parse_jsonl_lines
+
+    with fsspec.open(src.path, "rt", compression="infer", encoding="utf-8", **options) as f:
+        for number, row in parse_jsonl_lines(f):
+            if isinstance(row, Exception):
+                raise SourceError(f"{src.path}:{number}: {row}")
+            yield row

@@ -1,0 +1,25 @@
+"""A tiny model whose greedy answer to any chat prompt is "7": real generation with a known result.
+
+Attention and MLP outputs are zeroed, so the residual stream is the last token's embedding, and three embedding
+rows are set so that after the prompt's final "\\n" the argmax is "7", and after "7" it is the end-of-turn token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rig_short_answers(model, tokenizer) -> None:
+    """Greedy: "\\n" -> "7" -> end of turn (see the module docstring)."""
+    newline, seven, eos = tokenizer.encode("\n")[0], tokenizer.encode("7")[0], tokenizer.eos_token_id
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        base = emb[newline].clone()
+        side = torch.randn(base.shape, generator=torch.Generator().manual_seed(0))
+        side -= (side @ base) / (base @ base) * base  # orthogonal to the newline embedding
+        side *= base.norm() / side.norm()
+        emb[seven] = 2 * base + 3 * side  # from "\n": only "7" scores 2|base|^2
+        emb[eos] = 10 * side  # from "7": 30|side|^2 beats "7"'s own 13|side|^2
