@@ -242,9 +242,10 @@ def _check_stage(stage: BaseModel, earlier: list[BaseModel], domains: set[str]) 
         if source is None:
             raise ValueError(f"stage {stage.name!r} reads prompts {stage.prompts!r}, which no earlier difficulty "
                              "stage writes")
-        if set(stage.domains) - set(source.domains):
-            raise ValueError(f"stage {stage.name!r} trains on domain(s) {sorted(set(stage.domains) - set(source.domains))}"
-                             f" that difficulty stage {stage.prompts!r} does not filter")
+        unfiltered = sorted(set(stage.domains) - set(source.domains))
+        if unfiltered:
+            raise ValueError(f"stage {stage.name!r} trains on domain(s) {unfiltered} that difficulty stage "
+                             f"{stage.prompts!r} does not filter")
     if isinstance(stage, MOPDConfig):
         models = {s.name for s in earlier if s.kind in MODEL_STAGE_KINDS}
         bad = sorted(t for t in stage.teachers.values() if t not in models)

@@ -58,7 +58,9 @@ class HFEngine:
         pass
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], repeat: torch.Tensor, sampling: SamplingParams) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[list[int]], repeat: torch.Tensor, sampling: SamplingParams
+    ) -> list[Completion]:
         """Prefill each of `prompts` once, then decode len(repeat) rows; row r continues prompts[repeat[r]]."""
         was_training = self.model.training
         self.model.eval()
