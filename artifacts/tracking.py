@@ -23,11 +23,13 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from artifacts.store import Store
 from stages.recipe import Recipe, cascade_home
 
 log = logging.getLogger("cascade.tracking")
@@ -168,6 +170,14 @@ class Tracker:
         sink.log(0, {f"summary/{k}": v for k, v in summary.items() if isinstance(v, (int, float))})
         sink.close()
         self.client.set_terminated(sink.run_id, status=status)
+
+    def log_checkpoint_files(self, sink: MLflowSink, store: Store, key: str, paths: list[str]) -> None:
+        """Files of a stage checkpoint (its plots), copied from the store into the stage's run under plots/."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for path in paths:
+                local = Path(tmp) / Path(path).name
+                store.get_file(f"{key}/{path}", local)
+                self.client.log_artifact(sink.run_id, str(local), "plots")
 
     def log_scores(self, stage_index: int, scores: dict[str, float]) -> None:
         sink = MLflowSink(self.client, self.parent_id, prefix="eval/")

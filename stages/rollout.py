@@ -16,10 +16,12 @@ from stages.engines import Completion
 from stages.recipe import Recipe
 
 
-def prompt_pool(recipe: Recipe, domains: list[str]) -> list[Item]:
+def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = None) -> list[Item]:
+    """Each domain's train split: all train_size items, or its first per_domain (generation is a fixed stream)."""
     pool: list[Item] = []
     for name in domains:
-        pool += get_domain(name).generate("train", recipe.domains[name].train_size, recipe.seed)
+        size = recipe.domains[name].train_size
+        pool += get_domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
     return pool
 
 
@@ -37,12 +39,17 @@ def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
 
 def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
     """Rewards [P, G] from each item's domain grader, one grade_batch call per domain (sandboxes run in parallel)."""
+    return score_texts(items, [[c.text for c in group] for group in groups])
+
+
+def score_texts(items: list[Item], texts: list[list[str]]) -> torch.Tensor:
+    """score_groups on completion texts alone: rewards [P, G] for texts[p][j], a response to items[p]."""
     by_domain: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for p, (item, group) in enumerate(zip(items, groups)):
+    for p, (item, group) in enumerate(zip(items, texts)):
         by_domain[item.domain] += [(p, j) for j in range(len(group))]
-    rewards = torch.zeros(len(items), max(len(g) for g in groups))
+    rewards = torch.zeros(len(items), max(len(g) for g in texts))
     for domain, cells in by_domain.items():
-        scores = get_domain(domain).grade_batch([items[p] for p, _ in cells], [groups[p][j].text for p, j in cells])
+        scores = get_domain(domain).grade_batch([items[p] for p, _ in cells], [texts[p][j] for p, j in cells])
         for (p, j), score in zip(cells, scores):
             rewards[p, j] = score
     return rewards

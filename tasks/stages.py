@@ -53,15 +53,22 @@ def stage_task(
         if tracker:
             tracker.end_stage(sink, {}, "FAILED")
         raise
-    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics)
+    plots = {name: f"{result.checkpoint.uri}/{path}" for name, path in result.plots.items()}
+    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics, plots)
     if tracker:
+        try:
+            tracker.log_checkpoint_files(sink, store, result.checkpoint.key, list(result.plots.values()))
+        except Exception as e:  # the checkpoint is committed; a lost plot must not fail the stage
+            get_run_logger().warning(f"MLflow: plots of {cfg.name} not logged ({e})")
         tracker.end_stage(sink, result.metrics, "FINISHED")
     return result.checkpoint
 
 
-def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict) -> None:
+def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict,
+            plots: dict[str, str] | None = None) -> None:
+    """plots: name -> store URI of an image in the stage's checkpoint."""
     report.record_stage({"name": cfg.name, "kind": cfg.kind, "status": status, "checkpoint": uri,
-                         "seconds": round(seconds, 1), "metrics": metrics})
+                         "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {})})
     report.save(store)
 
 

@@ -1,5 +1,10 @@
 """In-process rollout engine on Hugging Face transformers: batched, left-padded, with a KV cache.
 
+The n samples of a prompt share one prefill: each distinct prompt of a batch is run through the model once, and
+its KV cache rows and last logits are then repeated n times before decoding (GRPO's group_size, the difficulty
+filter's k). Batches hold the same rows, in the same order, as if each prompt were repeated n times, so the
+sampled tokens and their logprobs are those of the repeated path.
+
 It samples from the trainer's own module, so weight sync is free and pi_inf differs from pi_train only by
 batch numerics (and bf16 autocast, when training uses it). Its own torch.Generator keeps sampling
 reproducible without touching the global RNG that dropout and data order use.
@@ -38,10 +43,12 @@ class HFEngine:
     def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
         if sampling.seed is not None:
             self.generator.manual_seed(sampling.seed)
-        expanded = [p for p in prompts for _ in range(n)]
+        owner = [i for i in range(len(prompts)) for _ in range(n)]  # expanded row -> prompt index
         flat: list[Completion] = []
-        for start in range(0, len(expanded), self.batch_size):
-            flat += self._generate_batch(expanded[start : start + self.batch_size], sampling)
+        for start in range(0, len(owner), self.batch_size):
+            rows = owner[start : start + self.batch_size]
+            repeat = torch.tensor(rows) - rows[0]  # [B] -> row of the shared prefill (rows are consecutive)
+            flat += self._generate_batch(prompts[rows[0] : rows[-1] + 1], repeat, sampling)
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -51,7 +58,10 @@ class HFEngine:
         pass
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[list[int]], repeat: torch.Tensor, sampling: SamplingParams
+    ) -> list[Completion]:
+        """Prefill each of `prompts` once, then decode len(repeat) rows; row r continues prompts[repeat[r]]."""
         was_training = self.model.training
         self.model.eval()
         eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
@@ -64,8 +74,9 @@ class HFEngine:
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache).logits[:, -1]
-        next_pos = position[:, -1]
-        done = torch.zeros(len(prompts), dtype=torch.bool)
+        cache.reorder_cache(repeat)  # [P, ...] -> [B, ...]: the shared prompt prefix, one copy per sample
+        logits, mask, next_pos = logits[repeat], mask[repeat], position[repeat, -1]
+        done = torch.zeros(len(repeat), dtype=torch.bool)
         tokens, logps = [], []
         for _ in range(sampling.max_new_tokens):
             logp_all = torch.log_softmax(logits.float(), dim=-1)

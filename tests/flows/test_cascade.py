@@ -26,20 +26,20 @@ def test_micro_cascade_runs_end_to_end(tmp_path):
     report = cascade_flow(recipe, "e2e")
     store = Store.from_config(recipe.storage)
     on_disk = json.loads(store.read_bytes("runs/e2e/report.json"))
-    assert [s["name"] for s in on_disk["stages"]] == ["sft_data", "sft", "if_rl", "math_rl"]
+    assert [s["name"] for s in on_disk["stages"]] == ["sft_data", "sft", "difficulty", "if_rl", "math_rl"]
     assert all(s["status"] == "completed" for s in on_disk["stages"])
     assert [e["after_stage"] for e in on_disk["evals"]] == ["sft", "if_rl", "math_rl"]
     for e in on_disk["evals"]:
         assert set(e["scores"]) == {"math", "instruct"}
         assert all(0.0 <= v <= 1.0 for v in e["scores"].values())
-    grpo = on_disk["stages"][2]["metrics"]
+    grpo = on_disk["stages"][3]["metrics"]
     assert grpo["engine"] == "hf" and grpo["steps"] == 2
     assert on_disk["stages"][1]["metrics"]["steps"] == 6
     assert report.forgetting_matrix()[0] == ["instruct", "math"]
     # every stage's checkpoint is an ordinary HF checkpoint transformers loads
     from transformers import AutoModelForCausalLM
 
-    model_dir = store.path("runs/e2e/03-math_rl/model")
+    model_dir = store.path("runs/e2e/04-math_rl/model")
     assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
 
 
@@ -59,7 +59,7 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch):
     store = Store.from_config(recipe.storage)
     cut = RunReport.load(store, "cut")
     assert [(s["name"], s["status"]) for s in cut.stages] == [
-        ("sft_data", "completed"), ("sft", "completed"), ("if_rl", "failed")]
+        ("sft_data", "completed"), ("sft", "completed"), ("difficulty", "completed"), ("if_rl", "failed")]
 
     calls = []
     monkeypatch.setattr(stages.dispatch, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
@@ -67,7 +67,8 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch):
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
     assert [(s["name"], s["status"]) for s in resumed.stages] == [
-        ("sft_data", "skipped"), ("sft", "skipped"), ("if_rl", "completed"), ("math_rl", "completed")]
+        ("sft_data", "skipped"), ("sft", "skipped"), ("difficulty", "skipped"), ("if_rl", "completed"),
+        ("math_rl", "completed")]
 
     reference = RunReport.load(Store.from_config(straight.storage), "straight")
     assert resumed.evals == reference.evals

@@ -72,3 +72,22 @@ def test_stops_at_end_of_turn():
     for c in out[0]:
         assert c.finish_reason == "stop" and len(c.token_ids) == 3 and c.token_ids[-1] == eos
         assert c.text == tok.decode(c.token_ids[:-1])
+
+
+def test_shared_prefill_matches_repeating_each_prompt():
+    """n samples of a prompt prefill it once, yet give the tokens and logprobs of n separate copies of it."""
+    eng, tok = engine(batch_size=6)  # 3 prompts x 4 samples: batches split groups across a boundary
+    prompts = [prompt_ids(tok, f"Compute {i}+{i}.") for i in range(3)]
+    prefill_rows = []
+    hook = eng.model.register_forward_hook(
+        lambda module, args, kwargs, out: prefill_rows.append(kwargs["input_ids"].shape)
+        if kwargs["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+    for sampling in (SamplingParams(temperature=0.0, max_new_tokens=8), SamplingParams(max_new_tokens=8, seed=3)):
+        prefill_rows.clear()
+        shared = [c for g in eng.generate(prompts, 4, sampling) for c in g]
+        assert [rows for rows, _ in prefill_rows] == [2, 2]  # prompts {0, 1} then {1, 2}: one prefill each
+        repeated = [g[0] for g in eng.generate([p for p in prompts for _ in range(4)], 1, sampling)]
+        assert [c.token_ids for c in shared] == [c.token_ids for c in repeated]
+        for a, b in zip(shared, repeated):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
+    hook.remove()

@@ -14,7 +14,8 @@ def test_every_shipped_recipe_validates(path):
 
 def test_tiny_is_the_paper_shape_in_miniature():
     recipe = load_recipe("tiny")
-    assert [s.kind for s in recipe.stages] == ["sft_data", "sft", "grpo", "grpo"]
+    assert [s.kind for s in recipe.stages] == ["sft_data", "sft", "difficulty", "grpo", "grpo"]
+    assert recipe.stage("if_rl").prompts == "difficulty" and recipe.stage("math_rl").prompts is None
     assert set(recipe.domains) == {"math", "instruct"}
 
 
