@@ -2,7 +2,8 @@
 
 1. A Prefect API: the configured one (PREFECT_API_URL or the active profile), else a `prefect server start` on
    127.0.0.1 with PREFECT_HOME=$CASCADE_HOME/prefect (sqlite), owned and stopped by this command.
-2. The global concurrency limit training stages take a slot of (tasks.stages.compute_limit_name), one slot.
+2. The global concurrency limit training stages take a slot of (tasks.stages.compute_limit_name), one slot,
+   and the default MLflow tracking db and experiment.
 3. The deployments of infra/deployments.py, then the automations hook: when `infra/automations.py` exists, its
    `ensure_automations(deployment_ids: dict[str, UUID])` runs after the deployments are registered.
 4. A `serve` process (this one) that runs their flow runs as subprocesses, until interrupted.
@@ -133,11 +134,14 @@ def ui_url(api_url: str) -> str:
 def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Callable[[str], None]) -> None:
     from prefect import serve as serve_deployments
 
+    from artifacts.tracking import open_experiment
+    from stages.recipe import TrackingConfig
     from tasks.stages import COMPUTE_LIMIT_ENV
 
     os.environ[COMPUTE_LIMIT_ENV] = limit_name  # the flow runs (subprocesses) take slots of this limit
     with prefect_api(home, port, say) as api_url:
         ensure_compute_limit(limit_name)
+        open_experiment(TrackingConfig())  # the default MLflow db and experiment, before concurrent runs race on it
         deployments = runner_deployments(DEPLOYMENTS)
         ids = {d.name: d.apply() for d in deployments}
         run_automations_hook(ids, say)
