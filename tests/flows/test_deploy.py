@@ -87,7 +87,8 @@ def deployed(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, PREFECT_HOME=str(root / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                CASCADE_HOME=str(root / "home"), PYTHONPATH=str(ROOT), PREFECT_RUNNER_POLL_FREQUENCY="1",
-               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1")
+               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1",
+               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api")  # else the UI calls the default port
     for leftover in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(leftover, None)
     with open(root / "server.log", "wb") as log:
@@ -216,18 +217,23 @@ def chromium():
             browser.close()
 
 
-def test_run_from_the_ui_in_a_real_browser(deployed, api_runs, chromium):
+def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
     SHOTS.mkdir(exist_ok=True)
     known = {r["id"] for r in deployed.post("/flow_runs/filter", json={}).json()}
     page = chromium.new_page(viewport={"width": 1400, "height": 1100})
     page.set_default_timeout(60_000)
     page.goto(f"{deployed.ui_url}/deployments")
-    page.get_by_role("link", name="cascade", exact=True).first.click()  # the deployment, before its flow
+    page.wait_for_timeout(3000)  # the dashboard renders after its first API round trips
+    page.screenshot(path=SHOTS / "deployments.png")
+    page.locator('a[href*="/deployments/deployment/"]', has_text="cascade").first.click()
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run", exact=True).click()
     page.get_by_text("Recipe (Optional)", exact=True).wait_for()
-    page.get_by_role("button", name="tiny").click()  # the recipe dropdown, showing its default
+    recipe = page.locator("button.p-select-button__control").first  # the recipe dropdown, showing `tiny`
+    recipe.focus()
+    page.keyboard.press("ArrowDown")  # headless, the dropdown opens from the keyboard, not from a click
     page.get_by_role("option", name="micro", exact=True).click()
+    assert recipe.inner_text().strip() == "micro"
     page.screenshot(path=SHOTS / "run-form.png")
     page.get_by_role("button", name="Submit").click()
 
