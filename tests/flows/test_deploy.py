@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from infra.deploy import free_port, stop, wait_healthy
+from infra.deploy import free_port, start_server, stop
 from infra.deployments import DEPLOYMENTS
 
 pytestmark = pytest.mark.slow
@@ -87,18 +87,13 @@ def deployed(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, PREFECT_HOME=str(root / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                CASCADE_HOME=str(root / "home"), PYTHONPATH=str(ROOT), PREFECT_RUNNER_POLL_FREQUENCY="1",
-               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1",
-               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api")  # else the UI calls the default port
+               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1")
     for leftover in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(leftover, None)
-    with open(root / "server.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                   "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    api_url = f"http://127.0.0.1:{port}/api"
+    server, api_url = start_server(root / "prefect-home", port, root / "server.log")  # what deploy starts, too
     env["PREFECT_API_URL"] = api_url
     deployer = None
     try:
-        wait_healthy(api_url, server, 120)
         with open(root / "deploy.log", "wb") as log:
             deployer = subprocess.Popen([sys.executable, "-m", "flows.cli", "deploy"], cwd=ROOT, stdout=log,
                                         stderr=subprocess.STDOUT, env=dict(env, CASCADE_TEST_FAIL_STAGE=f"{FAULT_RUN}/if_rl"))
@@ -229,11 +224,7 @@ def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
     page.get_by_role("button", name="Run", exact=True).click()
     page.get_by_text("Custom run", exact=True).click()
     page.get_by_text("Recipe (Optional)", exact=True).wait_for()
-    recipe = page.locator("button.p-select-button__control").first  # the recipe dropdown, showing `tiny`
-    recipe.focus()
-    page.keyboard.press("ArrowDown")  # headless, the dropdown opens from the keyboard, not from a click
-    page.get_by_role("option", name="micro", exact=True).click()
-    assert recipe.inner_text().strip() == "micro"
+    _choose(page, page.locator("button.p-select-button__control").first, "micro")  # the recipe dropdown
     page.screenshot(path=SHOTS / "run-form.png")
     page.get_by_role("button", name="Submit").click()
 
@@ -245,6 +236,27 @@ def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
     run = deployed.flow_run(started)
     assert run["state_type"] == "COMPLETED" and run["parameters"]["request"]["recipe"] == "micro"
     assert run["name"].startswith("micro-")  # recipe + flow run id: the run id, stable across Retry
+
+
+def _choose(page, select, option: str, attempts: int = 3) -> None:
+    """Pick an option of a Prefect UI dropdown. Headless, it opens from the keyboard (ArrowDown), not a click;
+    on a busy machine the first keystroke can land before the control is wired, so try again."""
+    from playwright.sync_api import expect
+
+    for _ in range(attempts):
+        select.focus()
+        page.keyboard.press("ArrowDown")
+        choice = page.get_by_role("option", name=option, exact=True)
+        try:
+            choice.click(timeout=10_000)
+            expect(select).to_have_text(option, timeout=10_000)
+            return
+        except AssertionError:
+            continue
+        except Exception as e:  # playwright's TimeoutError: the list did not open
+            if "Timeout" not in type(e).__name__:
+                raise
+    raise AssertionError(f"could not choose {option!r} in the dropdown")
 
 
 def _new_flow_run(deployed: Deployed, known: set[str]) -> str:
