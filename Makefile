@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm run test test-faults bench clean
+.PHONY: install vllm run test test-faults bench docs-img clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -34,6 +34,11 @@ test-faults: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_throughput.py
+
+# README screenshots: taken by the browser test of tests/flows/test_deploy.py (into tests/artifacts-out/)
+docs-img: $(STAMP)
+	$(BIN)/python -m pytest -q tests/flows/test_deploy.py -k browser
+	cp tests/artifacts-out/run-form.png tests/artifacts-out/run-completed.png docs/img/
 
 clean:
 	rm -rf $(VENV) .venv-vllm build *.egg-info

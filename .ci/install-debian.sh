@@ -23,3 +23,10 @@ if ! [ -x "$CI_DIR/node_modules/.bin/s3rver" ]; then
     fi
     npm install --prefix "$CI_DIR" --no-save --no-audit --no-fund --loglevel=error s3rver@3.7.1 >/dev/null
 fi
+
+# tests/flows/test_deploy.py drives the Prefect UI in headless Chromium (Playwright with executable_path).
+if ! [ -x /usr/bin/chromium ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq chromium >/dev/null
+fi

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from artifacts.store import Store
-from stages.recipe import Recipe, cascade_home
+from stages.recipe import Recipe, TrackingConfig, cascade_home
 
 log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"
@@ -121,29 +121,31 @@ class MLflowSink:
             self._pool = None
 
 
+def open_experiment(cfg: TrackingConfig) -> tuple[Any, str]:
+    """(client, experiment id), creating the sqlite db and the experiment when missing. `cascade deploy` calls it
+    once up front: two flow runs creating a fresh sqlite db at once race in MLflow's migrations."""
+    # Imported here, not at module level: a run without tracking, and every other `cascade` command, need not
+    # pay MLflow's ~3 s import.
+    from mlflow.tracking import MlflowClient
+
+    uri = cfg.resolved_uri()
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(cfg.experiment)
+    if found is not None:
+        return client, found.experiment_id
+    location = None
+    if uri.startswith("sqlite:"):  # keep artifacts beside the db, not in cwd
+        location = (cascade_home() / "mlartifacts").as_uri()
+    return client, client.create_experiment(cfg.experiment, artifact_location=location)
+
+
 class Tracker:
     def __init__(self, recipe: Recipe, run_id: str):
-        # Imported here, not at module level: a run without tracking, and every other `cascade` command,
-        # need not pay MLflow's ~3 s import.
-        from mlflow.tracking import MlflowClient
-
         self.recipe, self.run_id = recipe, run_id
-        uri = recipe.tracking.resolved_uri()
-        if uri.startswith("sqlite:///"):
-            Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=uri)
-        self.experiment_id = self._experiment()
+        self.client, self.experiment_id = open_experiment(recipe.tracking)
         self.parent_id = self._find_or_create(None, {RUN_TAG: run_id}, run_id)
-
-    def _experiment(self) -> str:
-        name = self.recipe.tracking.experiment
-        found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
-        location = None
-        if self.recipe.tracking.resolved_uri().startswith("sqlite:"):  # keep artifacts beside the db, not in cwd
-            location = (cascade_home() / "mlartifacts").as_uri()
-        return self.client.create_experiment(name, artifact_location=location)
 
     def _find_or_create(self, parent: str | None, tags: dict[str, str], name: str) -> str:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())

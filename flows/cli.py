@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from stages.recipe import RUN_ID_PATTERN
+
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Cascade: multi-stage post-training on Prefect.")
 console = Console()
-RUN_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,80}$")
+RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 class CLIError(Exception):
@@ -621,6 +623,31 @@ def _print_baseline(store, name: str) -> None:
     for domain, entry in sorted(baseline.domains.items()):
         table.add_row(domain, f"{entry.score:.3f}", entry.checkpoint)
     console.print(table)
+
+@app.command()
+@_guarded
+def deploy(
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the Prefect server started when no "
+                                       "PREFECT_API_URL is configured (default: a free one)."),
+    limit: str = typer.Option("", "--limit", help="Global concurrency limit of training stages (default: "
+                              "$CASCADE_COMPUTE_LIMIT or `compute`; `gpu` on GPU clusters)."),
+    serve: bool = typer.Option(True, "--serve/--no-serve", help="Serve the deployments here (default), or "
+                               "only register them (for a worker or `prefect deploy` setup)."),
+) -> None:
+    """Register the deployments (infra/deployments.py) with Prefect and serve them; print the UI URL.
+
+    Without a configured PREFECT_API_URL, starts a local Prefect server (PREFECT_HOME=$CASCADE_HOME/prefect)
+    and stops it on exit."""
+    from infra.deploy import deploy as deploy_all
+    from stages.recipe import cascade_home
+    from tasks.stages import compute_limit_name
+
+    if port is not None and not 0 < port < 65536:
+        raise CLIError(f"--port must be in 1..65535, got {port}")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO")  # flow-run logs in the UI, runner events here
+    _quiet_services()
+    deploy_all(cascade_home() / "prefect", port, limit or compute_limit_name(), serve,
+               say=lambda line: console.print(line, highlight=False, soft_wrap=True))
 
 
 def main() -> None:

@@ -1,16 +1,15 @@
-"""Scheduled regression evals on a Prefect server: two deployments and the automation between them.
+"""Scheduled regression evals on a Prefect server: the automation between its two deployments.
 
-- `regression_eval_deployment()`: `regression-eval/nightly`, the regression-eval flow on a cron schedule
-  (default `0 3 * * *`, UTC).
-- `recover_deployment()`: `recover/recover`, MOPD recovery from the best-per-domain teachers of a baseline.
+The deployments are in infra/deployments.py with the rest: `regression-eval/nightly` (the regression-eval flow
+on a cron schedule, `0 3 * * *` UTC) and `recover/recover` (MOPD recovery from a baseline's best-per-domain
+teachers).
 - `ensure_automations()`: the automation "on `cascade.regression.detected`, run `recover/recover`", whose
   parameters are templated from the event: `recipe`, `baseline` and `student` (the regressed checkpoint's URI,
   not its alias, which may have moved by the time the recovery runs). Idempotent: it is found by name and
   updated, so calling it again (every `cascade deploy`) leaves exactly one.
 
-The deployment functions return `RunnerDeployment`s; registering them (`.apply()`, `serve`, or a work pool) is
-the caller's business (`cascade deploy`). The automation needs the recover deployment to exist: it runs that
-deployment by id.
+The automation needs the recover deployment to exist: it runs that deployment by id (`cascade deploy` registers
+the deployments first).
 """
 
 from __future__ import annotations
@@ -19,17 +18,12 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from prefect.automations import AutomationCore, EventTrigger, Posture, RunDeployment
-from prefect.schedules import Cron
 
-from flows.recover import recover_flow
-from flows.regression_eval import regression_eval_flow
 from tasks.regression import CHECKPOINT_RESOURCE, REGRESSION_EVENT
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient
-    from prefect.deployments.runner import RunnerDeployment
 
-NIGHTLY = "0 3 * * *"
 REGRESSION_EVAL_DEPLOYMENT = "regression-eval/nightly"
 RECOVER_DEPLOYMENT = "recover/recover"
 AUTOMATION_NAME = "cascade: recover on regression"
@@ -39,32 +33,6 @@ RECOVER_PARAMETERS = {
     "baseline": "{{ event.payload.baseline }}",
     "student": "{{ event.payload.checkpoint_uri }}",
 }
-
-
-def regression_eval_deployment(
-    recipe: str = "tiny", checkpoints: list[str] | None = None, baseline: str = "nightly",
-    cron: str = NIGHTLY, timezone: str = "UTC", update_baseline: bool = False,
-) -> RunnerDeployment:
-    """The scheduled regression eval; `checkpoints=None` evaluates the recipe's newest final-stage alias."""
-    return regression_eval_flow.to_deployment(
-        name=REGRESSION_EVAL_DEPLOYMENT.split("/")[1],
-        schedule=Cron(cron, timezone=timezone),
-        parameters={"recipe": recipe, "checkpoints": checkpoints, "baseline": baseline,
-                    "update_baseline": update_baseline},
-        description="Evaluate named checkpoints against a stored per-domain baseline; emit "
-                    f"{REGRESSION_EVENT} on a regression.",
-        tags=["cascade", "regression-eval"],
-    )
-
-
-def recover_deployment(recipe: str = "tiny", baseline: str = "nightly") -> RunnerDeployment:
-    """The recovery the automation runs; `student` has no default: the event (or the user) names it."""
-    return recover_flow.to_deployment(
-        name=RECOVER_DEPLOYMENT.split("/")[1],
-        parameters={"recipe": recipe, "baseline": baseline},
-        description="MOPD from the baseline's best-per-domain teachers onto a regressed checkpoint, then eval.",
-        tags=["cascade", "recover"],
-    )
 
 
 def recover_automation(recover_deployment_id: UUID) -> AutomationCore:

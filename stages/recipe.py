@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from stages.domains import DOMAIN_CLASSES
+
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
 
@@ -422,10 +424,7 @@ def resolve_recipe_path(name_or_path: str) -> Path:
 
 def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:
     path = resolve_recipe_path(name_or_path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    raw = _parse_yaml(path.read_text(), str(path))
     raw.setdefault("name", path.stem)
     for item in overrides or []:
         apply_override(raw, item)
@@ -469,3 +468,95 @@ def _descend(node: Any, part: str, path: str, item: str) -> Any:
     if not isinstance(node, dict):
         raise RecipeError(f"bad override {item!r}: {path} is not a mapping")
     return node.setdefault(part, {})
+
+
+# The Prefect run form of the `cascade` deployment: a shipped recipe (a dropdown) or a YAML path/URI, plus typed
+# overrides of the fields users change most. Types and bounds here become the form's JSON schema, so the server
+# refuses a bad value (negative steps, unknown domain) before a run is created.
+RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
+DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]
+RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,80}$"
+
+
+class StageOverride(Strict):
+    steps: int | None = Field(None, ge=1)
+    lr: float | None = Field(None, gt=0)
+
+
+class RunRequest(Strict):
+    recipe: RecipeName = "tiny"
+    recipe_uri: str | None = Field(None, description="A recipe YAML path or file:// / s3:// URI; replaces `recipe`.")
+    steps: int | None = Field(None, ge=1, description="Steps of every training stage (sft, grpo, mopd).")
+    lr: float | None = Field(None, gt=0, description="Peak learning rate of every training stage.")
+    stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
+    domains: list[DomainName] | None = Field(
+        None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL stage left "
+        "with none of its domains is dropped.")
+    storage_root: str | None = Field(None, pattern=r"^(file|s3)://.+", description="file:///dir or s3://bucket/prefix")
+    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
+
+
+def request_recipe(req: RunRequest, read_uri: Any = None) -> Recipe:
+    """The recipe a run form asks for: the named or given recipe with the form's overrides applied.
+
+    `read_uri(uri) -> bytes` reads a recipe given by URI (the caller owns storage access)."""
+    source = req.recipe_uri or req.recipe
+    if req.recipe_uri and "://" in req.recipe_uri:
+        if read_uri is None:
+            raise RecipeError(f"cannot read recipe URI {req.recipe_uri!r} here")
+        raw = _parse_yaml(read_uri(req.recipe_uri).decode(), req.recipe_uri)
+        raw.setdefault("name", Path(req.recipe_uri).stem)
+    else:
+        path = resolve_recipe_path(source)
+        raw = _parse_yaml(path.read_text(), str(path))
+        raw.setdefault("name", path.stem)
+    _override_stages(raw, req)
+    if req.domains is not None:
+        _restrict_domains(raw, req.domains, source)
+    if req.storage_root is not None:
+        raw.setdefault("storage", {})["root"] = req.storage_root
+    return validate_recipe(raw, source=source)
+
+
+def _override_stages(raw: dict[str, Any], req: RunRequest) -> None:
+    stages = raw.get("stages") or []
+    names = [s.get("name", s.get("kind")) for s in stages]
+    unknown = sorted(set(req.stages) - set(names))
+    if unknown:
+        raise RecipeError(f"stages: no stage named {unknown} (stages: {names})")
+    for stage, name in zip(stages, names):
+        if stage.get("kind") not in MODEL_STAGE_KINDS:
+            if name in req.stages:
+                raise RecipeError(f"stages.{name}: a {stage.get('kind')} stage has no steps or lr")
+            continue
+        per_stage = req.stages.get(name, StageOverride())
+        for field in ("steps", "lr"):
+            value = getattr(per_stage, field) if getattr(per_stage, field) is not None else getattr(req, field)
+            if value is not None:
+                stage[field] = value
+
+
+def _restrict_domains(raw: dict[str, Any], keep: list[str], source: str) -> None:
+    declared = raw.get("domains") or {}
+    missing = sorted(set(keep) - set(declared))
+    if missing:
+        raise RecipeError(f"domains: {missing} not in recipe {source} (it has {sorted(declared)})")
+    raw["domains"] = {d: spec for d, spec in declared.items() if d in keep}
+    kept = []
+    for stage in raw.get("stages") or []:
+        listed = stage.get("domains")
+        if listed is not None:
+            stage["domains"] = [d for d in listed if d in keep]
+            if not stage["domains"] and stage.get("kind") == "grpo":
+                continue
+        if stage.get("teachers"):
+            stage["teachers"] = {d: t for d, t in stage["teachers"].items() if d in keep}
+        kept.append(stage)
+    raw["stages"] = kept
+
+
+def _parse_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{source}: not valid YAML: {str(e).splitlines()[0]}") from None

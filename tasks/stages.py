@@ -1,26 +1,50 @@
-"""Thin Prefect tasks around the stages: skip what is committed, track, record. No ML logic here."""
+"""Thin Prefect tasks around the stages: skip what is committed, track, record. No ML logic here.
+
+Stage results are cached and persisted under the run (`runs/<run_id>/prefect-results` in the run's store), with
+a cache key of run id + stage + stage config hash + input checkpoint digests: Prefect's Retry of a failed flow
+run returns the completed stages as `Cached` and re-runs only from the failed one, which continues from its last
+step checkpoint. A stage whose checkpoint is committed but whose result record is missing (a kill between the
+two) is skipped by its manifest, as `cascade resume` always did.
+
+Training stages hold one slot of a global concurrency limit (`$CASCADE_COMPUTE_LIMIT`, default `compute`), so
+two training stages never share the machine. `cascade deploy` creates it with one slot; where it does not exist
+(the embedded server of `cascade run`) Prefect logs that it skips the acquisition.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import artifacts as ui_artifacts
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from prefect.filesystems import RemoteFileSystem, WritableFileSystem
 
 from artifacts.checkpoint import CheckpointRef, committed
 from artifacts.report import RunReport
-from artifacts.store import Store
+from artifacts.store import Store, storage_options
 from artifacts.tracking import Tracker, register_stage
 from stages.context import ListSink, StageContext
 from stages.dispatch import run_stage, stage_key
 from stages.evaluate import run_evaluate
 from stages.gate import best_stages, decide
-from stages.recipe import MOPDConfig, Recipe, StageConfig, config_hash
-from tasks.progress import progress_for
+from stages.recipe import MODEL_STAGE_KINDS, MOPDConfig, Recipe, StageConfig, config_hash
+from tasks.progress import stage_progress
+
+COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
+
+
+def compute_limit_name() -> str:
+    """The global concurrency limit training stages take a slot of: `compute`, or e.g. `gpu` on GPU clusters."""
+    return os.environ.get(COMPUTE_LIMIT_ENV) or "compute"
 
 
 def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
@@ -28,7 +52,37 @@ def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
     return store, RunReport.load(store, run_id) or RunReport(run_id=run_id, recipe=recipe.name)
 
 
-@task(name="stage", cache_policy=NO_CACHE)
+def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
+    """run id + stage + stage config hash + the digests of every input checkpoint (model, data, teachers)."""
+    cfg = parameters["cfg"]
+    inputs = {"model": parameters["model"], **{f"data/{k}": v for k, v in parameters["data"].items()},
+              **{f"teacher/{k}": v for k, v in parameters["teachers"].items()}}
+    blob = json.dumps({"config": config_hash(cfg), "inputs": {k: v.digest if v else None for k, v in inputs.items()}},
+                      sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return _artifact_key(parameters["run_id"], f"{parameters['index']:02d}-{cfg.name}-{digest}")
+
+
+def result_storage(recipe: Recipe, run_id: str) -> Path | WritableFileSystem:
+    """Where the run's task results and cache records live: beside its checkpoints, in the run's store."""
+    store = Store.from_config(recipe.storage)
+    key = f"runs/{run_id}/prefect-results"
+    if store.protocol == "file":
+        return Path(store.path(key))  # Prefect makes it a LocalFileSystem; an unsaved block it refuses
+    remote = RemoteFileSystem(basepath=store.uri(key), settings=storage_options(recipe.storage))
+    # Prefect reads remote result records back through a saved block (MEASURED.md), one per store location
+    remote.save(f"cascade-results-{hashlib.sha256(store.uri(key).encode()).hexdigest()[:12]}", overwrite=True)
+    return remote
+
+
+def compute_slot(kind: str) -> contextlib.AbstractContextManager:
+    """One slot of the compute limit around a training stage; data stages need none."""
+    if kind not in MODEL_STAGE_KINDS:
+        return contextlib.nullcontext()
+    return concurrency(compute_limit_name(), occupy=1)
+
+
+@task(name="stage", cache_key_fn=stage_cache_key, persist_result=True)
 def stage_task(
     recipe: Recipe, run_id: str, cfg: StageConfig, index: int, model: CheckpointRef | None,
     data: dict[str, CheckpointRef], teachers: dict[str, CheckpointRef],
@@ -44,10 +98,12 @@ def stage_task(
         return done
     tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
-    ctx = StageContext(recipe, store, run_id, key, sink, progress=progress_for(f"{index:02d} {cfg.kind}:{cfg.name}"))
+    progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
+    ctx = StageContext(recipe, store, run_id, key, sink, progress=progress)
     started = time.time()
     try:
-        result = run_stage(cfg, ctx, model, data, teachers)
+        with compute_slot(cfg.kind):
+            result = run_stage(cfg, ctx, model, data, teachers)
     except BaseException:
         _record(store, report, cfg, "failed", None, time.time() - started, {})
         if tracker:
@@ -153,6 +209,23 @@ class GateFailed(RuntimeError):
 def _artifact_key(run_id: str, what: str) -> str:
     """Prefect artifact keys allow only lowercase letters, digits and dashes."""
     return re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{what}".lower())
+
+
+@task(name="links", cache_policy=NO_CACHE)
+def links_task(recipe: Recipe, run_id: str) -> str:
+    """A markdown artifact on the flow run: the MLflow run and the store locations of this run."""
+    store = Store.from_config(recipe.storage)
+    lines = [f"# {recipe.name}: run `{run_id}`", "", "| what | where |", "| --- | --- |"]
+    if recipe.tracking.enabled:
+        lines.append(f"| MLflow run | {Tracker(recipe, run_id).run_url()} |")
+    for what, key in (("run directory", f"runs/{run_id}"), ("recipe", f"runs/{run_id}/recipe.json"),
+                      ("report", f"runs/{run_id}/report.json"), ("evals", f"runs/{run_id}/evals")):
+        lines.append(f"| {what} | `{store.uri(key)}` |")
+    lines += ["", f"Resume from the terminal: `cascade resume {run_id} --store {store.uri('')}`"]
+    text = "\n".join(lines)
+    ui_artifacts.create_markdown_artifact(text, key=_artifact_key(run_id, "links"),
+                                          description=f"MLflow run and store URIs of {run_id}")
+    return text
 
 
 @task(name="finish", cache_policy=NO_CACHE)

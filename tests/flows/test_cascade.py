@@ -43,7 +43,10 @@ def test_micro_cascade_runs_end_to_end(tmp_path):
     assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
 
 
-def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch):
+@pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])
+def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, results_kept, done_status):
+    """Completed stages come back as Prefect cache hits (their report rows stay `completed`); without the
+    persisted results (a kill between checkpoint commit and result write) their manifests skip them."""
     straight = micro_recipe(tmp_path / "a")
     cascade_flow(straight, "straight")
 
@@ -61,13 +64,15 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch):
     assert [(s["name"], s["status"]) for s in cut.stages] == [
         ("sft_data", "completed"), ("sft", "completed"), ("difficulty", "completed"), ("if_rl", "failed")]
 
+    if not results_kept:
+        store.fs.rm(store.path("runs/cut/prefect-results"), recursive=True)
     calls = []
     monkeypatch.setattr(stages.dispatch, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
     monkeypatch.setattr(stages.dispatch, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
     assert [(s["name"], s["status"]) for s in resumed.stages] == [
-        ("sft_data", "skipped"), ("sft", "skipped"), ("difficulty", "skipped"), ("if_rl", "completed"),
+        ("sft_data", done_status), ("sft", done_status), ("difficulty", done_status), ("if_rl", "completed"),
         ("math_rl", "completed")]
 
     reference = RunReport.load(Store.from_config(straight.storage), "straight")

@@ -8,6 +8,7 @@ another. Every score compared below is a real held-out eval.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import urllib.request
@@ -122,9 +123,13 @@ def toy(prefect_api, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deployed(prefect_api):
     """Both deployments registered (serve-free: `.apply()`), and the automation ensured twice."""
-    from infra.automations import ensure_automations, recover_deployment, regression_eval_deployment
+    from infra.automations import ensure_automations
+    from infra.deploy import runner_deployments
+    from infra.deployments import DEPLOYMENTS
 
-    ids = {"regression-eval": regression_eval_deployment().apply(), "recover": recover_deployment().apply()}
+    specs = {spec.name: spec for spec in DEPLOYMENTS}
+    nightly, recover = runner_deployments([specs["nightly"], specs["recover"]])
+    ids = {"regression-eval": nightly.apply(), "recover": recover.apply()}
     ensure_automations()
     ensure_automations()
     return ids
@@ -156,15 +161,16 @@ def regression_events(base: str, since: float, baseline: str) -> list[dict]:
 
 
 def test_regression_eval_deployment_has_its_cron_schedule(deployed, prefect_api):
-    from infra.automations import regression_eval_deployment
+    from infra.deploy import runner_deployments
+    from infra.deployments import DEPLOYMENTS
 
     stored = api(prefect_api, "GET", "/deployments/name/regression-eval/nightly")
     assert stored["id"] == str(deployed["regression-eval"])
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in stored["schedules"]] == [
         ("0 3 * * *", "UTC", True)]
-    assert stored["parameters"]["baseline"] == "nightly"
-    custom = regression_eval_deployment(cron="30 1 * * 1-5", timezone="Europe/Paris")
-    assert [(s.schedule.cron, s.schedule.timezone) for s in custom.schedules] == [("30 1 * * 1-5", "Europe/Paris")]
+    nightly = next(spec for spec in DEPLOYMENTS if spec.name == "nightly")
+    [custom] = runner_deployments([dataclasses.replace(nightly, cron="30 1 * * 1-5")])
+    assert [s.schedule.cron for s in custom.schedules] == ["30 1 * * 1-5"]
     assert api(prefect_api, "GET", "/deployments/name/recover/recover")["id"] == str(deployed["recover"])
 
 

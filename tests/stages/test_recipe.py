@@ -61,3 +61,47 @@ def test_stage_must_read_an_earlier_dataset():
 def test_replacing_the_stage_list_with_a_scalar_is_rejected():
     with pytest.raises(RecipeError, match="stages: Input should be a valid list"):
         load_recipe("tiny", ["stages=3"])
+
+
+# --- the run form of the `cascade` deployment (stages.recipe.RunRequest) ---
+
+def test_run_form_overrides_apply_to_the_recipe():
+    from stages.recipe import RunRequest, request_recipe
+
+    req = RunRequest(recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"],
+                     storage_root="file:///tmp/x")
+    recipe = request_recipe(req)
+    assert [s.name for s in recipe.stages] == ["sft_data", "sft", "math_rl"]  # if_rl trained instruct only
+    assert list(recipe.domains) == ["math"]
+    assert recipe.stage("sft").steps == 5 and recipe.stage("math_rl").steps == 3
+    assert recipe.stage("sft").lr == 1e-4 and recipe.stage("math_rl").lr == 1e-4
+    assert recipe.storage.root == "file:///tmp/x"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"steps": 0}, "greater than or equal to 1"),
+    ({"domains": ["poetry"]}, "Input should be"),
+    ({"recipe": "nope"}, "Input should be"),
+    ({"run_id": "Bad ID"}, "String should match pattern"),
+    ({"storage_root": "/no/scheme"}, "String should match pattern"),
+])
+def test_run_form_rejects_bad_fields(fields, message):
+    from pydantic import ValidationError
+
+    from stages.recipe import RunRequest
+
+    with pytest.raises(ValidationError, match=message):
+        RunRequest(**fields)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"stages": {"nope": {"steps": 2}}}, "no stage named ['nope']"),
+    ({"stages": {"sft_data": {"steps": 2}}}, "a sft_data stage has no steps or lr"),
+    ({"domains": ["code"]}, "domains: ['code'] not in recipe micro"),
+])
+def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
+    from stages.recipe import RecipeError, RunRequest, request_recipe
+
+    with pytest.raises(RecipeError) as e:
+        request_recipe(RunRequest(recipe="micro", **fields))
+    assert message in str(e.value)

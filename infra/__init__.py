@@ -1,0 +1,1 @@
+"""Deployment infrastructure: the deployment registry, `cascade deploy`, Prefect and cluster configuration."""

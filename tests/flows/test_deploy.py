@@ -1,0 +1,269 @@
+"""`cascade deploy` against a real Prefect server: the typed `cascade` deployment, a run from the API, Retry of a
+failed run keeping completed stages, and a run started from the UI in headless Chromium.
+
+One server and one `cascade deploy` (serving) for the module. The fault run uses the test-only hook
+`CASCADE_TEST_FAIL_STAGE` (tasks/progress.py): its third stage fails on the first attempt of the flow run.
+Screenshots go to tests/artifacts-out/ (`make docs-img` copies them to docs/img/).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from infra.deploy import free_port, start_server, stop
+from infra.deployments import DEPLOYMENTS
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "tests" / "artifacts-out"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+FAULT_RUN = "deploy-fault"
+RUN_TIMEOUT_S = 420  # a micro run is ~1 min on an idle core; the module shares the machine with other tests
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+
+
+@dataclass
+class Deployed:
+    api: httpx.Client
+    api_url: str
+    ui_url: str
+    home: Path  # CASCADE_HOME of the serving process: the store is file://home
+    env: dict[str, str]
+    deployment: dict
+
+    def start(self, **request) -> str:
+        return self.post(f"/deployments/{self.deployment['id']}/create_flow_run",
+                         json={"parameters": {"request": request}}).raise_for_status().json()["id"]
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        return self.call("POST", path, **kwargs)
+
+    def call(self, method: str, path: str, **kwargs) -> httpx.Response:
+        """A request, retrying the 503 a busy sqlite server answers under load."""
+        for _ in range(10):
+            r = self.api.request(method, path, **kwargs)
+            if r.status_code != 503:
+                return r
+            time.sleep(2)
+        return r
+
+    def flow_run(self, run_id: str) -> dict:
+        return self.call("GET", f"/flow_runs/{run_id}").raise_for_status().json()
+
+    def wait(self, run_id: str, timeout: float = RUN_TIMEOUT_S) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.flow_run(run_id)
+            if run["state_type"] in TERMINAL and run["state_name"] != "AwaitingRetry":
+                return run
+            time.sleep(1)
+        raise AssertionError(f"flow run {run_id} not finished after {timeout} s: {run['state_name']}")
+
+    def why(self, run_id: str) -> str:
+        """The state message and the last error logs of a flow run, for assertion messages."""
+        logs = self.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]},
+                                                            "level": {"ge_": 40}}, "limit": 5}).json()
+        return self.flow_run(run_id)["state"]["message"] + "\n" + "\n".join(log["message"][-1500:] for log in logs)
+
+    def task_runs(self, run_id: str) -> list[dict]:
+        r = self.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"})
+        return r.raise_for_status().json()
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("deploy")
+    port = free_port()
+    env = dict(os.environ, PREFECT_HOME=str(root / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               CASCADE_HOME=str(root / "home"), PYTHONPATH=str(ROOT), PREFECT_RUNNER_POLL_FREQUENCY="1",
+               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1")
+    for leftover in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI"):
+        env.pop(leftover, None)
+    server, api_url = start_server(root / "prefect-home", port, root / "server.log")  # what deploy starts, too
+    env["PREFECT_API_URL"] = api_url
+    deployer = None
+    try:
+        with open(root / "deploy.log", "wb") as log:
+            deployer = subprocess.Popen([sys.executable, "-m", "flows.cli", "deploy"], cwd=ROOT, stdout=log,
+                                        stderr=subprocess.STDOUT, env=dict(env, CASCADE_TEST_FAIL_STAGE=f"{FAULT_RUN}/if_rl"))
+        api = httpx.Client(base_url=api_url, timeout=30)
+        deployment = _wait_for_deployment(api, deployer, root / "deploy.log")
+        yield Deployed(api, api_url, f"http://127.0.0.1:{port}", root / "home", env, deployment)
+    finally:
+        if deployer is not None:
+            stop(deployer, grace=20)
+        stop(server, grace=20)
+
+
+def _wait_for_deployment(api: httpx.Client, deployer: subprocess.Popen, log: Path) -> dict:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert deployer.poll() is None, f"cascade deploy exited: {log.read_text()[-2000:]}"
+        r = api.get("/deployments/name/cascade/cascade")
+        if r.status_code == 200 and "Prefect UI: " in log.read_text():
+            return r.json()
+        time.sleep(1)
+    raise AssertionError(f"cascade deployment not registered: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def api_runs(deployed):
+    """The completing and the failing run, started together: their training stages take turns on the limit."""
+    return {"ok": deployed.start(recipe="micro", run_id="deploy-ok"),
+            "fault": deployed.start(recipe="micro", run_id=FAULT_RUN)}
+
+
+def test_cascade_deployment_has_a_typed_form(deployed):
+    schema = deployed.deployment["parameter_openapi_schema"]
+    form = schema["definitions"]["RunRequest"]["properties"]
+    assert form["recipe"]["enum"] == ["micro", "tiny", "tiny-all", "tiny-regression"]
+    assert {"enum": ["code", "instruct", "longctx", "math", "mcqa", "structured", "swe", "tool"],
+            "type": "string"} == form["domains"]["anyOf"][0]["items"]
+    assert form["steps"]["anyOf"][0] == {"minimum": 1, "type": "integer"}
+    assert deployed.deployment["enforce_parameter_schema"] is True
+    # bad input is refused by the server before a run exists
+    for bad in ({"recipe": "nope"}, {"steps": -3}, {"domains": ["poetry"]}, {"run_id": "Bad ID!"}):
+        r = deployed.post(f"/deployments/{deployed.deployment['id']}/create_flow_run",
+                              json={"parameters": {"request": bad}})
+        assert r.status_code == 409, (bad, r.text)
+    limit = deployed.api.get("/v2/concurrency_limits/compute").raise_for_status().json()
+    assert limit["limit"] == 1
+
+
+def test_prefect_yaml_declares_the_registry():
+    declared = yaml.safe_load((ROOT / "infra" / "prefect.yaml").read_text())["deployments"]
+    assert [(d["name"], d["entrypoint"]) for d in declared] == [(s.name, s.entrypoint) for s in DEPLOYMENTS]
+
+
+def test_micro_run_from_the_api_completes(deployed, api_runs):
+    run = deployed.wait(api_runs["ok"])
+    assert run["state_type"] == "COMPLETED", deployed.why(run["id"])
+    assert run["name"] == "deploy-ok"
+    names = [t["name"] for t in deployed.task_runs(run["id"])]
+    assert "micro/deploy-ok/02-grpo-if_rl" in names and "micro/deploy-ok/eval-after-math_rl" in names
+    artifacts = deployed.post("/artifacts/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
+    kinds = sorted({a["type"] for a in artifacts})
+    assert kinds == ["markdown", "progress", "table"]
+    assert len([a for a in artifacts if a["type"] == "progress"]) == 4  # one per stage
+    assert all(a["data"] == 100.0 for a in artifacts if a["type"] == "progress")
+    links = next(a for a in artifacts if a["type"] == "markdown")["data"]
+    assert "MLflow run" in links and f"file://{deployed.home}/runs/deploy-ok/report.json" in links
+
+
+def _manifests(home: Path, run_id: str) -> dict[str, bytes]:
+    return {str(p.relative_to(home / "runs" / run_id)): p.read_bytes()
+            for p in sorted((home / "runs" / run_id).glob("**/MANIFEST.json"))}
+
+
+def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
+    failed = deployed.wait(api_runs["fault"])
+    assert failed["state_type"] == "FAILED", deployed.why(failed["id"])
+    assert "CASCADE_TEST_FAIL_STAGE: if_rl of deploy-fault fails at step 2" in deployed.why(failed["id"])
+    before = _manifests(deployed.home, FAULT_RUN)
+    # stages 1-2 committed; stage 3 committed its step-1 checkpoint, then failed at its last step
+    assert set(before) == {"00-sft_data/MANIFEST.json", "01-sft/steps/3/MANIFEST.json", "01-sft/MANIFEST.json",
+                           "02-if_rl/steps/1/MANIFEST.json"}
+    first_attempt = {t["id"] for t in deployed.task_runs(failed["id"])}
+
+    retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", failed["id"]], env=deployed.env,
+                           capture_output=True, text=True, timeout=120)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    done = deployed.wait(failed["id"])
+    assert done["state_type"] == "COMPLETED", deployed.why(done["id"])
+    assert done["run_count"] == 2
+
+    second = {t["name"]: t["state_name"] for t in deployed.task_runs(failed["id"]) if t["id"] not in first_attempt}
+    prefix = f"micro/{FAULT_RUN}/"
+    assert second[prefix + "00-sft_data-sft_data"] == "Cached"
+    assert second[prefix + "01-sft-sft"] == "Cached"
+    assert second[prefix + "02-grpo-if_rl"] == "Completed"
+    assert second[prefix + "03-grpo-math_rl"] == "Completed"
+    after = _manifests(deployed.home, FAULT_RUN)
+    # nothing committed before the failure was rewritten: stages 1-2 were not re-trained, and stage 3 went on
+    # from its step-1 checkpoint instead of starting over
+    assert {k: after[k] for k in before} == before
+    assert "02-if_rl/MANIFEST.json" in after and "03-math_rl/MANIFEST.json" in after
+
+
+@pytest.fixture
+def chromium():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing: .ci/install-debian.sh installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} not installed (Debian package `chromium`, installed by .ci/install-debian.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
+    SHOTS.mkdir(exist_ok=True)
+    known = {r["id"] for r in deployed.post("/flow_runs/filter", json={}).json()}
+    page = chromium.new_page(viewport={"width": 1400, "height": 1100})
+    page.set_default_timeout(60_000)
+    page.goto(f"{deployed.ui_url}/deployments")
+    page.wait_for_timeout(3000)  # the dashboard renders after its first API round trips
+    page.screenshot(path=SHOTS / "deployments.png")
+    page.locator('a[href*="/deployments/deployment/"]', has_text="cascade").first.click()
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_text("Custom run", exact=True).click()
+    page.get_by_text("Recipe (Optional)", exact=True).wait_for()
+    _choose(page, page.locator("button.p-select-button__control").first, "micro")  # the recipe dropdown
+    page.screenshot(path=SHOTS / "run-form.png")
+    page.get_by_role("button", name="Submit").click()
+
+    started = _new_flow_run(deployed, known)
+    page.goto(f"{deployed.ui_url}/runs/flow-run/{started}")
+    page.get_by_text("Completed", exact=True).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)  # the page polls
+    page.wait_for_timeout(3000)  # let the task-run graph and artifacts finish rendering
+    page.screenshot(path=SHOTS / "run-completed.png")
+    run = deployed.flow_run(started)
+    assert run["state_type"] == "COMPLETED" and run["parameters"]["request"]["recipe"] == "micro"
+    assert run["name"].startswith("micro-")  # recipe + flow run id: the run id, stable across Retry
+
+
+def _choose(page, select, option: str, attempts: int = 3) -> None:
+    """Pick an option of a Prefect UI dropdown. Headless, it opens from the keyboard (ArrowDown), not a click;
+    on a busy machine the first keystroke can land before the control is wired, so try again."""
+    from playwright.sync_api import expect
+
+    for _ in range(attempts):
+        select.focus()
+        page.keyboard.press("ArrowDown")
+        choice = page.get_by_role("option", name=option, exact=True)
+        try:
+            choice.click(timeout=10_000)
+            expect(select).to_have_text(option, timeout=10_000)
+            return
+        except AssertionError:
+            continue
+        except Exception as e:  # playwright's TimeoutError: the list did not open
+            if "Timeout" not in type(e).__name__:
+                raise
+    raise AssertionError(f"could not choose {option!r} in the dropdown")
+
+
+def _new_flow_run(deployed: Deployed, known: set[str]) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [r["id"] for r in deployed.post("/flow_runs/filter", json={}).json() if r["id"] not in known]
+        if new:
+            return new[0]
+        time.sleep(0.5)
+    raise AssertionError("submitting the run form created no flow run")
