@@ -27,7 +27,7 @@ from tasks.regression import (
     record_recovered_task,
     resolve_task,
 )
-from tasks.stages import finish_task, stage_task
+from tasks.stages import finish_task, result_storage, stage_task
 
 STAGE = "recover"
 
@@ -46,7 +46,9 @@ def recover_flow(student: str, recipe: str = "tiny", baseline: str = "nightly", 
     cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: t.stage for d, t in teachers.items()}})
     lease = Lease(Store.from_config(loaded.storage), run_id).acquire()  # one writer per run; LeaseHeld otherwise
     try:
-        model = stage_task.with_options(task_run_name=f"00-mopd-{STAGE}")(loaded, run_id, cfg, 0, start, {}, teachers)
+        recover_stage = stage_task.with_options(task_run_name=f"00-mopd-{STAGE}",
+                                                result_storage=result_storage(loaded, run_id))
+        model = recover_stage(loaded, run_id, cfg, 0, start, {}, teachers)
         record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(
             loaded, model.uri, model, f"runs/{run_id}/evals/00-{STAGE}")
         record_recovered_task(loaded, run_id, STAGE, record["scores"])

@@ -111,9 +111,11 @@ def ensure_compute_limit(name: str, slots: int = 1) -> None:
 
 def runner_deployments(specs: list[DeploymentSpec]) -> list[Any]:
     from prefect.deployments.runner import EntrypointType
+    from prefect.schedules import Cron
 
     return [spec.load_flow().to_deployment(
-        name=spec.name, description=spec.description, cron=spec.cron, parameters=spec.parameters or None,
+        name=spec.name, description=spec.description, parameters=spec.parameters or None,
+        schedule=Cron(spec.cron, timezone=spec.timezone) if spec.cron else None,
         tags=list(spec.tags), entrypoint_type=EntrypointType.MODULE_PATH) for spec in specs]
 
 

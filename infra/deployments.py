@@ -17,6 +17,7 @@ class DeploymentSpec:
     flow: str  # "package.module:flow_function", importable from the project root
     description: str
     cron: str | None = None  # a schedule, e.g. "0 2 * * *"; None: runs start from the UI, API or an automation
+    timezone: str = "UTC"  # of the cron schedule
     parameters: dict[str, Any] = field(default_factory=dict)  # defaults that differ from the flow's own
     tags: tuple[str, ...] = ()
 

@@ -146,6 +146,8 @@ def rollouts(cfg: DifficultyConfig, ctx: StageContext, reference: Reference, ite
         rows = [i for i, it in enumerate(items) if it.domain == domain]
         todo = [i for i in rows if hashes[i] not in known]
         hits += len(rows) - len(todo)
+        done += len(rows) - len(todo)  # progress counts cached prompts as done: a warm rerun still reaches 100%
+        ctx.progress(done, len(items))
         for start in range(0, len(todo), CHUNK_PROMPTS):
             chunk = todo[start : start + CHUNK_PROMPTS]
             chunk_seed = step_seed(seed, f"chunk:{hashes[chunk[0]]}", 0)  # distinct draws per chunk

@@ -490,8 +490,8 @@ class RunRequest(Strict):
     lr: float | None = Field(None, gt=0, description="Peak learning rate of every training stage.")
     stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
     domains: list[DomainName] | None = Field(
-        None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL stage left "
-        "with none of its domains is dropped.")
+        None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL or "
+        "difficulty stage left with none of its domains is dropped.")
     storage_root: str | None = Field(None, pattern=r"^(file|s3)://.+", description="file:///dir or s3://bucket/prefix")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
 
@@ -547,7 +547,7 @@ def _restrict_domains(raw: dict[str, Any], keep: list[str], source: str) -> None
         listed = stage.get("domains")
         if listed is not None:
             stage["domains"] = [d for d in listed if d in keep]
-            if not stage["domains"] and stage.get("kind") == "grpo":
+            if not stage["domains"] and stage.get("kind") in ("grpo", "difficulty"):
                 continue
         if stage.get("teachers"):
             stage["teachers"] = {d: t for d, t in stage["teachers"].items() if d in keep}

@@ -53,12 +53,14 @@ def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
 
 
 def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
-    """run id + stage + stage config hash + the digests of every input checkpoint (model, data, teachers)."""
+    """store + run id + stage + stage config hash + the digests of every input checkpoint (model, data, teachers).
+
+    The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
     cfg = parameters["cfg"]
     inputs = {"model": parameters["model"], **{f"data/{k}": v for k, v in parameters["data"].items()},
               **{f"teacher/{k}": v for k, v in parameters["teachers"].items()}}
-    blob = json.dumps({"config": config_hash(cfg), "inputs": {k: v.digest if v else None for k, v in inputs.items()}},
-                      sort_keys=True)
+    blob = json.dumps({"store": parameters["recipe"].storage.resolved_root(), "config": config_hash(cfg),
+                       "inputs": {k: v.digest if v else None for k, v in inputs.items()}}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return _artifact_key(parameters["run_id"], f"{parameters['index']:02d}-{cfg.name}-{digest}")
 

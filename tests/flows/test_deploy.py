@@ -2,7 +2,8 @@
 failed run keeping completed stages, and a run started from the UI in headless Chromium.
 
 One server and one `cascade deploy` (serving) for the module. The fault run uses the test-only hook
-`CASCADE_TEST_FAIL_STAGE` (tasks/progress.py): its third stage fails on the first attempt of the flow run.
+`CASCADE_TEST_FAIL_STAGE` (tasks/progress.py): its if_rl stage (the fourth, after the difficulty
+filter) fails on the first attempt of the flow run.
 Screenshots go to tests/artifacts-out/ (`make docs-img` copies them to docs/img/).
 """
 
@@ -151,11 +152,11 @@ def test_micro_run_from_the_api_completes(deployed, api_runs):
     assert run["state_type"] == "COMPLETED", deployed.why(run["id"])
     assert run["name"] == "deploy-ok"
     names = [t["name"] for t in deployed.task_runs(run["id"])]
-    assert "micro/deploy-ok/02-grpo-if_rl" in names and "micro/deploy-ok/eval-after-math_rl" in names
+    assert "micro/deploy-ok/03-grpo-if_rl" in names and "micro/deploy-ok/eval-after-math_rl" in names
     artifacts = deployed.post("/artifacts/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
     kinds = sorted({a["type"] for a in artifacts})
     assert kinds == ["markdown", "progress", "table"]
-    assert len([a for a in artifacts if a["type"] == "progress"]) == 4  # one per stage
+    assert len([a for a in artifacts if a["type"] == "progress"]) == 5  # one per stage
     assert all(a["data"] == 100.0 for a in artifacts if a["type"] == "progress")
     links = next(a for a in artifacts if a["type"] == "markdown")["data"]
     assert "MLflow run" in links and f"file://{deployed.home}/runs/deploy-ok/report.json" in links
@@ -171,9 +172,9 @@ def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
     assert failed["state_type"] == "FAILED", deployed.why(failed["id"])
     assert "CASCADE_TEST_FAIL_STAGE: if_rl of deploy-fault fails at step 2" in deployed.why(failed["id"])
     before = _manifests(deployed.home, FAULT_RUN)
-    # stages 1-2 committed; stage 3 committed its step-1 checkpoint, then failed at its last step
+    # stages 1-3 committed; stage 4 (if_rl) committed its step-1 checkpoint, then failed at its last step
     assert set(before) == {"00-sft_data/MANIFEST.json", "01-sft/steps/3/MANIFEST.json", "01-sft/MANIFEST.json",
-                           "02-if_rl/steps/1/MANIFEST.json"}
+                           "02-difficulty/MANIFEST.json", "03-if_rl/steps/1/MANIFEST.json"}
     first_attempt = {t["id"] for t in deployed.task_runs(failed["id"])}
 
     retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", failed["id"]], env=deployed.env,
@@ -187,13 +188,14 @@ def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
     prefix = f"micro/{FAULT_RUN}/"
     assert second[prefix + "00-sft_data-sft_data"] == "Cached"
     assert second[prefix + "01-sft-sft"] == "Cached"
-    assert second[prefix + "02-grpo-if_rl"] == "Completed"
-    assert second[prefix + "03-grpo-math_rl"] == "Completed"
+    assert second[prefix + "02-difficulty-difficulty"] == "Cached"
+    assert second[prefix + "03-grpo-if_rl"] == "Completed"
+    assert second[prefix + "04-grpo-math_rl"] == "Completed"
     after = _manifests(deployed.home, FAULT_RUN)
-    # nothing committed before the failure was rewritten: stages 1-2 were not re-trained, and stage 3 went on
+    # nothing committed before the failure was rewritten: stages 1-3 were not re-run, and stage 4 went on
     # from its step-1 checkpoint instead of starting over
     assert {k: after[k] for k in before} == before
-    assert "02-if_rl/MANIFEST.json" in after and "03-math_rl/MANIFEST.json" in after
+    assert "03-if_rl/MANIFEST.json" in after and "04-math_rl/MANIFEST.json" in after
 
 
 @pytest.fixture

@@ -64,6 +64,7 @@ def test_raising_a_baseline_only_moves_domains_up():
 def prefect_api(tmp_path_factory):
     """`prefect server start` on a free port with its own PREFECT_HOME and sqlite db; this module's flows,
     events and deployments go to it. Stopped at the end."""
+    from prefect.events.worker import EventsWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
@@ -79,7 +80,10 @@ def prefect_api(tmp_path_factory):
     server.start()
     try:
         with temporary_settings(updates={PREFECT_API_URL: f"{server.url}/api"}):
+            # the process-wide events worker keeps the API URL it started with (an earlier module's server)
+            EventsWorker.drain_all(timeout=10)
             yield f"{server.url}/api"
+            EventsWorker.drain_all(timeout=10)
     finally:
         server.stop()
 

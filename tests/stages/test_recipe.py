@@ -71,7 +71,7 @@ def test_run_form_overrides_apply_to_the_recipe():
     req = RunRequest(recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"],
                      storage_root="file:///tmp/x")
     recipe = request_recipe(req)
-    assert [s.name for s in recipe.stages] == ["sft_data", "sft", "math_rl"]  # if_rl trained instruct only
+    assert [s.name for s in recipe.stages] == ["sft_data", "sft", "math_rl"]  # difficulty and if_rl: instruct only
     assert list(recipe.domains) == ["math"]
     assert recipe.stage("sft").steps == 5 and recipe.stage("math_rl").steps == 3
     assert recipe.stage("sft").lr == 1e-4 and recipe.stage("math_rl").lr == 1e-4
