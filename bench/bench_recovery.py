@@ -1,0 +1,103 @@
+"""Recovering a regressed domain: MOPD from the best-per-domain teachers vs continuing GRPO on that domain.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_recovery.py --store file://$HOME/.cascade --run-id RUN \
+        [--steps 50 --every 5]
+
+RUN is a finished `cascade run tiny-regression` whose gate fired. Both methods start from the checkpoint the
+gate fired on: MOPD with the recipe's `gate.recovery` settings and the teachers the gate chose (the best stage
+per domain), GRPO with the recipe's GRPO defaults on the regressed domain only. Each runs `--steps` steps with a
+step checkpoint every `--every`; every step checkpoint is then evaluated on all domains. The table gives, per
+method, the first step at which the regressed domain is back within tolerance of its best, the training wall
+time to that step (evals excluded), and the scores at the last step (the other domains show what recovery
+costs the new stage's gain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from artifacts.checkpoint import committed
+from artifacts.report import RunReport
+from artifacts.store import Store
+from stages.context import ListSink, StageContext, load_policy
+from stages.dispatch import run_stage
+from stages.engines.hf import HFEngine
+from stages.evaluate import evaluate_domains
+from stages.gate import best_stages
+from stages.recipe import GRPOConfig, Recipe
+
+
+class TimedSink(ListSink):
+    """Metric rows plus the wall time at which each step finished."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: dict[int, float] = {}
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        super().log(step, metrics)
+        self.times[step] = time.time()
+
+
+def recovery_configs(recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int):
+    common = {"steps": steps, "checkpoint_every": every}
+    mopd = recipe.gate.recovery.model_copy(update={"name": "bench-mopd", "teachers": teachers, **common})
+    grpo = GRPOConfig(name="bench-grpo", domains=[domain], **common)
+    return {"mopd": mopd, "grpo": grpo}
+
+
+def curve(ctx: StageContext, steps: int, every: int) -> dict[int, dict[str, float]]:
+    """Held-out scores of every step checkpoint (and the final one)."""
+    scores = {}
+    for step in range(every, steps + 1, every):
+        key = ctx.key if step == steps else f"{ctx.key}/steps/{step}"
+        model, tokenizer = load_policy(ctx, committed(ctx.store, key))
+        scores[step] = evaluate_domains(HFEngine(model, tokenizer, ctx.recipe.eval.batch_size), tokenizer,
+                                        ctx.recipe)[0]
+    return scores
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--run-id", required=True)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--every", type=int, default=5)
+    args = ap.parse_args()
+    store = Store(args.store)
+    recipe = Recipe.model_validate_json(store.read_bytes(f"runs/{args.run_id}/recipe.json"))
+    report = RunReport.load(store, args.run_id)
+    fired = [g for g in report.gate if g["action"] == "recover"]
+    if not fired:
+        raise SystemExit(f"run {args.run_id}: the gate did not fire; nothing to recover")
+    stage, domain = fired[0]["stage"], fired[0]["domain"]
+    best, tolerance = fired[0]["best"], fired[0]["tolerance"]
+    teachers = best_stages(report.evals_through(stage), list(recipe.domains))
+    stage_refs = {s["name"]: s["checkpoint"] for s in report.stages}
+    key_of = {name: uri.removeprefix(store.uri("") + "/") for name, uri in stage_refs.items() if uri}
+    student = committed(store, key_of[stage])
+    teacher_refs = {d: committed(store, key_of[s]) for d, s in teachers.items()}
+    print(f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
+          f"teachers {teachers}")
+    rows = []
+    for method, cfg in recovery_configs(recipe, domain, teachers, args.steps, args.every).items():
+        sink = TimedSink()
+        ctx = StageContext(recipe, store, f"bench-{args.run_id}", f"bench/recovery/{args.run_id}/{method}", sink)
+        started = time.time()
+        run_stage(cfg, ctx, student, {}, teacher_refs)
+        scores = curve(ctx, args.steps, args.every)
+        back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]
+        first = back[0] if back else None
+        rows.append((method, first, round(sink.times[first] - started, 1) if first else None,
+                     scores[args.steps], {s: round(sc[domain], 3) for s, sc in scores.items()}))
+    print(f"\n| method | steps to within {tolerance} of {best:.3f} ({domain}) | train s to it | "
+          f"scores at step {args.steps} | {domain} per step |")
+    print("| --- | --- | --- | --- | --- |")
+    for method, first, seconds, final, per_step in rows:
+        print(f"| {method} | {first or 'not within ' + str(args.steps)} | {seconds or '-'} | "
+              f"{ {d: round(v, 3) for d, v in final.items()} } | {per_step} |")
+
+
+if __name__ == "__main__":
+    main()
