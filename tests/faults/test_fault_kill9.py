@@ -10,6 +10,7 @@ cores). CASCADE_KILL_TRIALS changes the count, CASCADE_KILL_SEED the base seed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -81,7 +82,8 @@ def kill_somewhere(index: int, seed: int, root: str, env: dict, window: float, u
     t0 = working(proc, store, run_id)
     time.sleep(max(0.0, t0 + delay - time.time()))
     finished = proc.poll() is not None
-    os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # the run ended before the kill point: nothing left to kill
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return f"SIGKILL {delay:.2f}s into the stages' work", finished
 
