@@ -20,10 +20,9 @@ import time
 from artifacts.checkpoint import committed
 from artifacts.report import RunReport
 from artifacts.store import Store
-from stages.context import ListSink, StageContext, load_policy
+from stages.context import ListSink, StageContext
 from stages.dispatch import run_stage
-from stages.engines.hf import HFEngine
-from stages.evaluate import evaluate_domains
+from stages.evaluate import run_evaluate
 from stages.gate import best_stages
 from stages.recipe import GRPOConfig, Recipe
 
@@ -52,9 +51,7 @@ def curve(ctx: StageContext, steps: int, every: int) -> dict[int, dict[str, floa
     scores = {}
     for step in range(every, steps + 1, every):
         key = ctx.key if step == steps else f"{ctx.key}/steps/{step}"
-        model, tokenizer = load_policy(ctx, committed(ctx.store, key))
-        scores[step] = evaluate_domains(HFEngine(model, tokenizer, ctx.recipe.eval.batch_size), tokenizer,
-                                        ctx.recipe)[0]
+        scores[step] = run_evaluate(ctx, committed(ctx.store, key))[0]
     return scores
 
 
