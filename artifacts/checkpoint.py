@@ -29,9 +29,9 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from artifacts.layout import MANIFEST, step_key, steps_dir
 from artifacts.store import Store, sha256_file
 
-MANIFEST = "MANIFEST.json"
 UPLOAD_THREADS = 8
 VERIFY_ATTEMPTS = 2  # uploads of one file whose stored bytes do not hash right, before giving up
 
@@ -171,6 +171,18 @@ def committed(store: Store, key: str) -> CheckpointRef | None:
         config_hash=manifest["config_hash"],
         digest=_digest(manifest["files"]),
     )
+
+
+def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]:
+    """Delete all but the newest `keep` committed step checkpoints of a stage while it runs; returns the steps
+    deleted. Resume needs only the newest valid one; a long run must not fill the store with the rest."""
+    steps = sorted(int(s) for s in store.list_dirs(steps_dir(stage_key)) if s.isdigit())
+    valid = [s for s in steps if committed(store, step_key(stage_key, s)) is not None]
+    doomed = valid[:-keep] if keep > 0 else valid
+    for step in doomed:
+        store.delete(f"{step_key(stage_key, step)}/{MANIFEST}")  # uncommit first: a crash leaves an orphan
+        store.delete(step_key(stage_key, step))
+    return doomed
 
 
 def verify(store: Store, key: str) -> list[str]:

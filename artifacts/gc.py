@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from artifacts.checkpoint import MANIFEST, committed
+from artifacts.checkpoint import committed
+from artifacts.layout import MANIFEST, RUNS, run_dir, step_key
 from artifacts.lease import describe, is_live, read_lease
 from artifacts.store import Store
 
@@ -63,7 +64,7 @@ class GCPlan:
                      f"checkpoint(s) beyond the last {self.keep_last} per stage, {_size(self.total_bytes)} "
                      f"{verb.replace('would delete', 'to free')}; {len(self.kept)} step checkpoint(s) kept")
         if not self.deleted and self.items:
-            lines.append("run again with --delete to delete them")
+            lines.append("run again with --yes to delete them")
         return "\n".join(lines)
 
 
@@ -79,15 +80,15 @@ def plan_gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2) 
     """What gc would delete in the given runs (default: every run in the store)."""
     if keep_last < 1:
         raise ValueError("keep_last must be >= 1: resume needs the newest step checkpoint")
-    plan = GCPlan(store=store.uri("runs"), keep_last=keep_last)
-    for run_id in run_ids if run_ids is not None else store.list_dirs("runs"):
+    plan = GCPlan(store=store.uri(RUNS), keep_last=keep_last)
+    for run_id in run_ids if run_ids is not None else store.list_dirs(RUNS):
         lease = read_lease(store, run_id)
         if is_live(lease):
             plan.skipped.append(f"{run_id}: leased by {describe(lease)}")
             continue
-        for stage in store.list_dirs(f"runs/{run_id}"):
+        for stage in store.list_dirs(run_dir(run_id)):
             if STAGE_DIR.match(stage):
-                _plan_stage(store, f"runs/{run_id}/{stage}", keep_last, plan)
+                _plan_stage(store, f"{run_dir(run_id)}/{stage}", keep_last, plan)
     return plan
 
 
@@ -103,14 +104,14 @@ def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
     valid: list[int] = []
     for step in steps:
         nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
-        if committed(store, f"{key}/steps/{step}") is None:
-            plan.orphans.append(GCItem(f"{key}/steps/{step}", f"step checkpoint without a valid {MANIFEST}", nbytes))
+        if committed(store, step_key(key, step)) is None:
+            plan.orphans.append(GCItem(step_key(key, step), f"step checkpoint without a valid {MANIFEST}", nbytes))
         else:
             valid.append(step)
     for step in valid[:-keep_last]:
         nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
-        plan.pruned.append(GCItem(f"{key}/steps/{step}", f"older than the last {keep_last} step checkpoints", nbytes))
-    plan.kept += [f"{key}/steps/{s}" for s in valid[-keep_last:]]
+        plan.pruned.append(GCItem(step_key(key, step), f"older than the last {keep_last} step checkpoints", nbytes))
+    plan.kept += [step_key(key, s) for s in valid[-keep_last:]]
 
 
 def gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2, delete: bool = False) -> GCPlan:

@@ -25,6 +25,7 @@ Remaining races, by design bounded rather than closed:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,13 +33,13 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from artifacts import checkpoint
+from artifacts.layout import lease_key, run_dir
 from artifacts.store import Store
 
 log = logging.getLogger("cascade.lease")
-LEASE = "LEASE.json"
 DEFAULT_TTL = 60.0
 
 
@@ -48,10 +49,6 @@ class LeaseHeld(RuntimeError):
 
 class LeaseLost(RuntimeError):
     """This process held the lease, and another owner has taken it over."""
-
-
-def lease_key(run_id: str) -> str:
-    return f"runs/{run_id}/{LEASE}"
 
 
 def _proc_start(pid: int) -> str | None:
@@ -163,7 +160,7 @@ class Lease:
                 log.warning("run %s: lease renewal failed (%s); retrying", self.run_id, type(e).__name__)
 
     def _guard(self, store: Store, key: str) -> None:
-        if store.root == self.store.root and key.startswith(f"runs/{self.run_id}/"):
+        if store.root == self.store.root and key.startswith(run_dir(self.run_id) + "/"):
             self.check()
 
     def release(self) -> None:
@@ -182,3 +179,24 @@ class Lease:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+_HELD: dict[tuple[str, str], Lease] = {}  # (store URI, run id) -> the lease this process holds
+
+
+@contextlib.contextmanager
+def hold_run(store: Store, run_id: str) -> Iterator[Lease]:
+    """The run's lease for the length of the block; re-entrant within a process.
+
+    The CLI takes it before it writes anything of a run (recipe.json) and before Prefect starts, so a second
+    writer is refused in one line; the flow inside takes it again and gets the same lease."""
+    key = (store.uri(""), run_id)
+    if key in _HELD:
+        yield _HELD[key]
+        return
+    with Lease(store, run_id) as lease:
+        _HELD[key] = lease
+        try:
+            yield lease
+        finally:
+            del _HELD[key]

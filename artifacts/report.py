@@ -10,11 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from artifacts.layout import report_key
 from artifacts.store import Store
-
-
-def run_prefix(run_id: str) -> str:
-    return f"runs/{run_id}"
 
 
 class RunReport(BaseModel):
@@ -26,11 +23,11 @@ class RunReport(BaseModel):
 
     @classmethod
     def load(cls, store: Store, run_id: str) -> RunReport | None:
-        key = f"{run_prefix(run_id)}/report.json"
+        key = report_key(run_id)
         return cls.model_validate_json(store.read_bytes(key)) if store.exists(key) else None
 
     def save(self, store: Store) -> None:
-        store.write_bytes(f"{run_prefix(self.run_id)}/report.json", json.dumps(self.model_dump(), indent=1).encode())
+        store.write_bytes(report_key(self.run_id), json.dumps(self.model_dump(), indent=1).encode())
 
     def record_stage(self, entry: dict[str, Any]) -> None:
         _upsert(self.stages, "name", entry)

@@ -43,7 +43,7 @@ from typing import Any, Callable, TypeVar
 
 import fsspec
 
-from stages.recipe import StorageConfig
+from artifacts.config import StorageConfig
 
 log = logging.getLogger("cascade.store")
 T = TypeVar("T")
@@ -210,6 +210,15 @@ class Store:
 
     def uri(self, key: str) -> str:
         return f"{self.protocol}://{self.path(key)}"
+
+    def key_of(self, uri: str) -> str | None:
+        """The key of a URI (or a local path, for a file store) inside this store; None when it is outside."""
+        if "://" not in uri and self.protocol == "file":
+            uri = f"file://{os.path.abspath(uri)}"
+        root = self.uri("")
+        if uri.rstrip("/") == root:
+            return ""
+        return uri.removeprefix(root + "/").strip("/") if uri.startswith(root + "/") else None
 
     def exists(self, key: str) -> bool:
         return self._do("exists", key, lambda: self.fs.exists(self.path(key)))

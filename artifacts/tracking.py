@@ -27,10 +27,10 @@ import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from artifacts.config import TrackingConfig, cascade_home
 from artifacts.store import Store
-from stages.recipe import Recipe, TrackingConfig, cascade_home
 
 log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"
@@ -141,8 +141,17 @@ def open_experiment(cfg: TrackingConfig) -> tuple[Any, str]:
     return client, client.create_experiment(cfg.experiment, artifact_location=location)
 
 
+class TrackedRecipe(Protocol):
+    """What tracking reads of a recipe (artifacts/ never imports the recipe schema of stages/)."""
+
+    name: str
+    tracking: TrackingConfig
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...
+
+
 class Tracker:
-    def __init__(self, recipe: Recipe, run_id: str):
+    def __init__(self, recipe: TrackedRecipe, run_id: str):
         self.recipe, self.run_id = recipe, run_id
         self.client, self.experiment_id = open_experiment(recipe.tracking)
         self.parent_id = self._find_or_create(None, {RUN_TAG: run_id}, run_id)

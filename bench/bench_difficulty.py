@@ -27,7 +27,8 @@ from stages.difficulty import Reference, keep_or_drop, rollouts
 from stages.engines.base import Completion, SamplingParams
 from stages.engines.hf import HFEngine
 from stages.model import build_tiny_model, load_hf
-from stages.recipe import ModelConfig, validate_recipe
+from stages.config import ModelConfig
+from stages.recipe import validate_recipe
 from stages.rollout import prompt_pool, score_texts
 from stages.tokenizer import load_tokenizer
 

@@ -21,10 +21,12 @@ from artifacts.checkpoint import committed
 from artifacts.report import RunReport
 from artifacts.store import Store
 from stages.context import ListSink, StageContext
-from stages.dispatch import run_stage
-from stages.evaluate import run_evaluate
+from stages.evaluate import evaluate_model
 from stages.gate import best_stages
-from stages.recipe import GRPOConfig, Recipe
+from artifacts.layout import recipe_key, step_key
+from stages.config import GRPOConfig
+from stages.kinds import StageInputs, run_stage
+from stages.recipe import Recipe
 
 
 class TimedSink(ListSink):
@@ -40,7 +42,7 @@ class TimedSink(ListSink):
 
 
 def recovery_configs(recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int):
-    common = {"steps": steps, "checkpoint_every": every}
+    common = {"steps": steps, "checkpoint_every": every, "keep_step_checkpoints": steps}  # curve() reads them all
     mopd = recipe.gate.recovery.model_copy(update={"name": "bench-mopd", "teachers": teachers, **common})
     grpo = GRPOConfig(name="bench-grpo", domains=[domain], **common)
     return {"mopd": mopd, "grpo": grpo}
@@ -50,8 +52,8 @@ def curve(ctx: StageContext, steps: int, every: int) -> dict[int, dict[str, floa
     """Held-out scores of every step checkpoint (and the final one)."""
     scores = {}
     for step in range(every, steps + 1, every):
-        key = ctx.key if step == steps else f"{ctx.key}/steps/{step}"
-        scores[step] = run_evaluate(ctx, committed(ctx.store, key))[0]
+        key = ctx.key if step == steps else step_key(ctx.key, step)
+        scores[step] = evaluate_model(ctx.recipe, committed(ctx.store, key), ctx.store)[0]
     return scores
 
 
@@ -63,7 +65,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=5)
     args = ap.parse_args()
     store = Store(args.store)
-    recipe = Recipe.model_validate_json(store.read_bytes(f"runs/{args.run_id}/recipe.json"))
+    recipe = Recipe.model_validate_json(store.read_bytes(recipe_key(args.run_id)))
     report = RunReport.load(store, args.run_id)
     fired = [g for g in report.gate if g["action"] == "recover"]
     if not fired:
@@ -71,10 +73,8 @@ def main() -> None:
     stage, domain = fired[0]["stage"], fired[0]["domain"]
     best, tolerance = fired[0]["best"], fired[0]["tolerance"]
     teachers = best_stages(report.evals_through(stage), list(recipe.domains))
-    stage_refs = {s["name"]: s["checkpoint"] for s in report.stages}
-    key_of = {name: uri.removeprefix(store.uri("") + "/") for name, uri in stage_refs.items() if uri}
-    student = committed(store, key_of[stage])
-    teacher_refs = {d: committed(store, key_of[s]) for d, s in teachers.items()}
+    made = {s["name"]: committed(store, store.key_of(s["checkpoint"])) for s in report.stages if s["checkpoint"]}
+    student = made[stage]
     print(f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
           f"teachers {teachers}")
     rows = []
@@ -82,7 +82,7 @@ def main() -> None:
         sink = TimedSink()
         ctx = StageContext(recipe, store, f"bench-{args.run_id}", f"bench/recovery/{args.run_id}/{method}", sink)
         started = time.time()
-        run_stage(cfg, ctx, student, {}, teacher_refs)
+        run_stage(cfg, ctx, StageInputs(policy=student, stages=made))
         scores = curve(ctx, args.steps, args.every)
         back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]
         first = back[0] if back else None

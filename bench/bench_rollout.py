@@ -26,7 +26,7 @@ from stages.engines.base import SamplingParams  # noqa: E402
 from stages.engines.hf import HFEngine  # noqa: E402
 from stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
 from stages.model import build_tiny_model, prompt_ids, save_hf  # noqa: E402
-from stages.recipe import ModelConfig  # noqa: E402
+from stages.config import ModelConfig  # noqa: E402
 from stages.tokenizer import load_tokenizer  # noqa: E402
 
 

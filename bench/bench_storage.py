@@ -113,8 +113,9 @@ class TimedSink:
 def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> list[tuple[str, float]]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from artifacts.tracking import Tracker
+    from stages.kinds import StageInputs
     from stages.context import ListSink, StageContext
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
     from stages.sft import run_sft
     from stages.sft_data import run_sft_data
 
@@ -123,19 +124,19 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
                                        f"stages.sft.steps={steps}", "stages.sft.checkpoint_every=0"])
     store = Store.from_config(recipe.storage)
     data = run_sft_data(recipe.stage("sft_data"), StageContext(recipe, store, "b", "runs/b/00-sft_data",
-                                                               ListSink(), workdir=tmp)).checkpoint
+                                                               ListSink(), workdir=tmp), StageInputs()).checkpoint
     Tracker(recipe, "warm-up")  # creates the sqlite schema once: not a per-stage cost
     plain, tracked, shares, fixed, per_call = [], [], [], [], []
     for i in range(repeats):
         ctx = StageContext(recipe, store, f"p{i}", f"runs/p{i}/01-sft", ListSink(), workdir=tmp)
-        plain.append(timed(lambda: run_sft(recipe.stage("sft"), ctx, None, data)))
+        plain.append(timed(lambda: run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))))
         calls: list[float] = []
         start = time.perf_counter()
         tracker = Tracker(recipe, f"t{i}")  # what stage_task does per stage
         sink = tracker.stage_sink("sft")
         opened = time.perf_counter() - start
         ctx = StageContext(recipe, store, f"t{i}", f"runs/t{i}/01-sft", TimedSink(sink, calls), workdir=tmp)
-        result = run_sft(recipe.stage("sft"), ctx, None, data)
+        result = run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
         t0 = time.perf_counter()
         tracker.end_stage(sink, result.metrics, "FINISHED")
         closed = time.perf_counter() - t0

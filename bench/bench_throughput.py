@@ -20,7 +20,7 @@ from stages.engines.base import SamplingParams
 from stages.engines.hf import HFEngine
 from stages.losses import sft_loss, token_logprobs
 from stages.model import build_tiny_model, num_parameters, prompt_ids
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
 from stages.training import autocast, make_optimizer
 

@@ -8,23 +8,26 @@ its last step checkpoint.
 
 Two entry points share one loop (`run_cascade`; tasks inside, no sub-flows, so a retry of the flow run finds the
 persisted stage results): `cascade_flow` takes a built Recipe (the CLI), `cascade_from_form` takes the typed run
-form of the `cascade` deployment (stages.recipe.RunRequest), builds the Recipe and continues the run named by
-`run_id` (default: recipe name + the flow run id, which stays the same across Retry).
+form of the `cascade` deployment (flows.recipes.RunRequest), builds the Recipe and continues the run named by
+`run_id` (default: recipe name + the flow run id, which stays the same across Retry). What a stage takes as
+input (the newest policy, the checkpoints of the stages it reads) comes from the stage-kind registry.
 """
 
 from __future__ import annotations
 
-import json
 import posixpath
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.runtime import flow_run
 
 from artifacts.checkpoint import CheckpointRef
-from artifacts.lease import Lease
+from artifacts.config import StorageConfig
 from artifacts.report import RunReport
 from artifacts.store import Store
-from stages.recipe import MODEL_STAGE_KINDS, Recipe, RunRequest, StorageConfig, request_recipe, validate_recipe
+from flows.recipes import RunRequest, request_recipe
+from stages.config import StageConfig
+from stages.kinds import StageInputs, kind_of
+from stages.recipe import Recipe
 from tasks.stages import (
     eval_task,
     finish_task,
@@ -33,6 +36,7 @@ from tasks.stages import (
     plan_recovery_task,
     record_recovery_task,
     result_storage,
+    running,
     stage_task,
 )
 
@@ -56,15 +60,7 @@ def _form_run_name() -> str:
 def cascade_from_form(request: RunRequest = RunRequest()) -> RunReport:
     """Run a recipe from the deployment's run form; with the run_id of an earlier run, continue that run."""
     recipe = request_recipe(request, read_uri=_read_uri)
-    run_id = _form_run_id(request, recipe.name)
-    store = Store.from_config(recipe.storage)
-    key = f"runs/{run_id}/recipe.json"
-    if store.exists(key):  # a resume (or a Retry of this flow run): the run's own recipe, not the form's
-        recipe = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key))
-        get_run_logger().info(f"continuing run {run_id} with its stored recipe {store.uri(key)}")
-    else:
-        store.write_bytes(key, recipe.model_dump_json(indent=1).encode())
-    return run_cascade(recipe, run_id)
+    return run_cascade(recipe, _form_run_id(request, recipe.name))
 
 
 def _read_uri(uri: str) -> bytes:
@@ -77,49 +73,41 @@ def _named(task, recipe: Recipe, run_id: str, what: str):
     return task.with_options(task_run_name=f"{recipe.name}/{run_id}/{what}")
 
 
+def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
+    """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
+    return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
+                       stages={name: made[name] for name in stage.reads()})
+
+
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
-    """Every recipe stage in order, each followed by eval and gate; called inside a flow."""
-    stage_run = stage_task.with_options(result_storage=result_storage(recipe, run_id))
-    models: dict[str, CheckpointRef] = {}  # stage name -> checkpoint, for teachers
-    data: dict[str, CheckpointRef] = {}
-    model: CheckpointRef | None = None
-    recoveries = 0
-    lease = Lease(Store.from_config(recipe.storage), run_id).acquire()  # one writer per run; LeaseHeld otherwise
-    try:
+    """Every recipe stage in order, each policy-making one followed by eval and gate; called inside a flow."""
+    with running(recipe, run_id) as recipe:  # one writer per run (LeaseHeld otherwise); the run's own recipe
+        stage_run = stage_task.with_options(result_storage=result_storage(recipe, run_id))
+        made: dict[str, CheckpointRef] = {}  # stage name -> its checkpoint, for the stages that read it
+        policy: CheckpointRef | None = None
+        recoveries = 0
         _named(links_task, recipe, run_id, "links")(recipe, run_id)
         for index, stage in enumerate(recipe.stages):
-            teachers = {d: models[s] for d, s in getattr(stage, "teachers", {}).items()}
             ref = _named(stage_run, recipe, run_id, f"{index:02d}-{stage.kind}-{stage.name}")(
-                recipe, run_id, stage, index, model, data, teachers
-            )
-            if stage.kind not in MODEL_STAGE_KINDS:
-                data[stage.name] = ref
+                recipe, run_id, stage, index, stage_inputs(stage, policy, made))
+            made[stage.name] = ref
+            if kind_of(stage.kind).makes != "policy":
                 continue
-            model = models[stage.name] = ref
+            policy = ref
             if not recipe.eval.enabled:
                 continue
-            scores = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(
-                recipe, run_id, stage.name, index, model
-            )
+            scores = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(recipe, run_id, stage.name, index, policy)
             can_recover = recipe.gate.policy == "recover" and recoveries < recipe.gate.max_recoveries
-            policy = "warn" if recipe.gate.policy == "recover" and not can_recover else recipe.gate.policy
+            policy_now = "warn" if recipe.gate.policy == "recover" and not can_recover else recipe.gate.policy
             fired = _named(gate_task, recipe, run_id, f"gate-after-{stage.name}")(
-                recipe, run_id, stage.name, scores, policy
-            )
+                recipe, run_id, stage.name, scores, policy_now)
             if not (fired and can_recover):
                 continue
             recoveries += 1
             recovery = plan_recovery_task(recipe, run_id, stage.name)
-            model = models[recovery.name] = _named(stage_run, recipe, run_id, f"mopd-recover-{stage.name}")(
-                recipe, run_id, recovery, index, model, data, {d: models[s] for d, s in recovery.teachers.items()}
-            )
+            policy = made[recovery.name] = _named(stage_run, recipe, run_id, f"mopd-recover-{stage.name}")(
+                recipe, run_id, recovery, index, stage_inputs(recovery, policy, made))
             recovered = _named(eval_task, recipe, run_id, f"eval-after-recover-{stage.name}")(
-                recipe, run_id, recovery.name, index, model
-            )
+                recipe, run_id, recovery.name, index, policy)
             record_recovery_task(recipe, run_id, stage.name, recovered)
-    except BaseException:
-        finish_task(recipe, run_id, "FAILED")
-        raise
-    finally:
-        lease.release()
     return finish_task(recipe, run_id, "FINISHED")

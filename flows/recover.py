@@ -15,10 +15,10 @@ from typing import Any
 
 from prefect import flow
 
-from artifacts.lease import Lease
-from artifacts.store import Store
+from artifacts import layout
+from flows.recipes import load_recipe
 from flows.regression_eval import new_eval_id
-from stages.recipe import load_recipe
+from stages.kinds import StageInputs
 from tasks.regression import (
     evaluate_checkpoint_task,
     judge_task,
@@ -27,7 +27,7 @@ from tasks.regression import (
     record_recovered_task,
     resolve_task,
 )
-from tasks.stages import finish_task, result_storage, stage_task
+from tasks.stages import finish_task, result_storage, running, stage_task
 
 STAGE = "recover"
 
@@ -43,22 +43,18 @@ def recover_flow(student: str, recipe: str = "tiny", baseline: str = "nightly", 
     start = resolve_task.with_options(task_run_name=f"resolve-student-{student}")(loaded, student)
     teachers = {d: resolve_task.with_options(task_run_name=f"resolve-teacher-{d}")(loaded, entry.uri)
                 for d, entry in sorted(best.domains.items()) if d in loaded.domains}
-    cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: t.stage for d, t in teachers.items()}})
-    lease = Lease(Store.from_config(loaded.storage), run_id).acquire()  # one writer per run; LeaseHeld otherwise
-    try:
+    # teachers by a name of their own: two domains' best checkpoints may share a stage name across runs
+    cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: f"best-{d}" for d in teachers}})
+    inputs = StageInputs(policy=start, stages={f"best-{d}": ref for d, ref in teachers.items()})
+    with running(loaded, run_id) as loaded:  # one writer per run: LeaseHeld otherwise
         recover_stage = stage_task.with_options(task_run_name=f"00-mopd-{STAGE}",
                                                 result_storage=result_storage(loaded, run_id))
-        model = recover_stage(loaded, run_id, cfg, 0, start, {}, teachers)
+        model = recover_stage(loaded, run_id, cfg, 0, inputs)
         record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(
-            loaded, model.uri, model, f"runs/{run_id}/evals/00-{STAGE}")
-        record_recovered_task(loaded, run_id, STAGE, record["scores"])
+            loaded, model.uri, model, layout.eval_key(run_id, 0, STAGE))
+        record_recovered_task(loaded, run_id, STAGE, record.scores)
         rows = judge_task(loaded, best, record)
-        publish_verdicts_task(loaded, baseline, f"runs/{run_id}/verdicts", rows, STAGE)
-    except BaseException:
-        finish_task(loaded, run_id, "FAILED")
-        raise
-    finally:
-        lease.release()
+        publish_verdicts_task(loaded, baseline, layout.verdicts_key(run_id), rows, STAGE)
     finish_task(loaded, run_id, "FINISHED")
-    print(f"recovered {student} into {model.uri}: {record['scores']}")
-    return {"run_id": run_id, "checkpoint": model.uri, "scores": record["scores"], "verdicts": rows}
+    print(f"recovered {student} into {model.uri}: {record.scores}")
+    return {"run_id": run_id, "checkpoint": model.uri, "scores": record.scores, "verdicts": rows}

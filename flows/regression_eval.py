@@ -18,8 +18,10 @@ from typing import Any
 
 from prefect import flow
 
+from artifacts import layout
 from artifacts.tracking import alias_for, registered_model_name
-from stages.recipe import MODEL_STAGE_KINDS, Recipe, load_recipe
+from flows.recipes import load_recipe
+from stages.recipe import Recipe
 from stages.regression import regressions
 from tasks.regression import (
     emit_regression_task,
@@ -33,7 +35,7 @@ from tasks.regression import (
 
 
 def default_checkpoints(recipe: Recipe) -> list[str]:
-    last = [s.name for s in recipe.stages if s.kind in MODEL_STAGE_KINDS][-1]
+    last = recipe.model_stages()[-1].name
     return [f"models:/{registered_model_name(recipe.name)}@{alias_for('stage', last)}"]
 
 
@@ -59,13 +61,13 @@ def regression_eval_flow(
         ref = resolve_task.with_options(task_run_name=f"resolve-{name}")(loaded, name)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
         record = evaluate_checkpoint_task.with_options(task_run_name=f"evaluate-{name}")(
-            loaded, name, ref, f"regression/{eval_id}/{slug}")
+            loaded, name, ref, layout.regression_record_key(eval_id, slug))
         verdicts = judge_task.with_options(task_run_name=f"judge-{name}")(loaded, stored, record)
         if regressions(verdicts):
             emit_regression_task(recipe, baseline, record, regressions(verdicts))
         rows += verdicts
         records.append(record)
-    publish_verdicts_task(loaded, baseline, f"regression/{eval_id}/verdicts", rows, "regression")
+    publish_verdicts_task(loaded, baseline, layout.regression_verdicts_key(eval_id), rows, "regression")
     if update_baseline:
         raise_baseline_task(loaded, baseline, records)
     for row in rows:

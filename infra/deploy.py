@@ -137,7 +137,7 @@ def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Call
     from prefect import serve as serve_deployments
 
     from artifacts.tracking import open_experiment
-    from stages.recipe import TrackingConfig
+    from artifacts.config import TrackingConfig
     from tasks.stages import COMPUTE_LIMIT_ENV
 
     os.environ[COMPUTE_LIMIT_ENV] = limit_name  # the flow runs (subprocesses) take slots of this limit

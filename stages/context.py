@@ -1,7 +1,7 @@
 """What every stage receives, and the checkpoint plumbing stages share.
 
-A stage is a plain function `run_<kind>(cfg, ctx, ...) -> StageResult`; it runs under Prefect, under torchrun,
-or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in tests).
+A stage is a plain function `run_<kind>(cfg, ctx, inputs) -> StageResult` (stages/kinds.py); it runs under
+Prefect or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in tests).
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from artifacts.checkpoint import CheckpointError, CheckpointRef, committed, materialize, write_checkpoint
+from artifacts.config import config_hash
+from artifacts.layout import step_key, steps_dir
 from artifacts.store import Store
 from stages.model import initial_model, load_hf, save_hf
-from stages.recipe import Recipe, config_hash
+from stages.recipe import Recipe
 
 
 log = logging.getLogger("cascade.checkpoint")
@@ -65,9 +67,15 @@ class StageResult:
 
 def load_policy(ctx: StageContext, ref: CheckpointRef | None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """The start model: the given checkpoint, or the recipe's initial model when no stage wrote one yet."""
+    return load_checkpoint(ctx.recipe, ctx.store, ref, ctx.workdir)
+
+
+def load_checkpoint(recipe: Recipe, store: Store, ref: CheckpointRef | None,
+                    workdir: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """A checkpoint of `store` (downloaded and verified into workdir), or the recipe's model source for None."""
     if ref is None:
-        return initial_model(ctx.recipe.model, ctx.recipe.seed)
-    local = materialize(ctx.store, ref, Path(tempfile.mkdtemp(dir=ctx.workdir)))
+        return initial_model(recipe.model, recipe.seed, workdir)
+    local = materialize(store, ref, Path(tempfile.mkdtemp(dir=workdir)))
     return load_hf(local / "model" if (local / "model").exists() else local)
 
 
@@ -109,9 +117,9 @@ def latest_step_checkpoint(ctx: StageContext, cfg: Any) -> CheckpointRef | None:
     Committed (manifest + sizes) is not enough: each candidate is downloaded and sha256-checked (into a cache
     dir that load_step_state reuses, so this costs no second download). One that fails is skipped with a warning
     naming the bad file, and the previous step is tried: resume loses a few steps instead of the run."""
-    steps = sorted((int(s) for s in ctx.store.list_dirs(f"{ctx.key}/steps") if s.isdigit()), reverse=True)
+    steps = sorted((int(s) for s in ctx.store.list_dirs(steps_dir(ctx.key)) if s.isdigit()), reverse=True)
     for step in steps:
-        ref = committed(ctx.store, f"{ctx.key}/steps/{step}")
+        ref = committed(ctx.store, step_key(ctx.key, step))
         if ref is None or ref.config_hash != config_hash(cfg):
             continue
         try:

@@ -42,13 +42,15 @@ from artifacts.store import Store, sha256_file
 from stages.context import StageContext, StageResult, load_policy
 from stages.domains import Item
 from stages.engines import RolloutEngine, SamplingParams, make_engine
-from stages.model import load_hf, prompt_ids, resolve_source
-from stages.recipe import DifficultyConfig, config_hash, reference_kind
+from stages.kinds import StageInputs
+from stages.model import load_hf, prompt_ids, resolve_model_dir
+from artifacts.config import config_hash
+from artifacts.layout import rollout_cache_key
+from stages.config import DifficultyConfig, reference_kind
 from stages.rollout import prompt_pool, score_texts, step_seed
-from stages.tokenizer import load_tokenizer
+from stages.tokenizer import ASSET_DIR, load_tokenizer
 
 CHUNK_PROMPTS = 64  # prompts per engine call and per cache shard
-CACHE_ROOT = "cache/rollouts"
 PROMPTS_FILE = "data/prompts.jsonl"
 PASS_RATES_FILE = "data/pass_rates.jsonl"
 HISTOGRAM_FILE = "pass_rates.png"
@@ -62,9 +64,10 @@ class Reference:
     digest: str  # names the model in the cache key: checkpoint digest, model dir hash, or endpoint + served model
 
 
-def run_difficulty(cfg: DifficultyConfig, ctx: StageContext, checkpoint: CheckpointRef | None) -> StageResult:
-    """checkpoint: the reference stage's checkpoint when cfg.reference names a stage."""
+def run_difficulty(cfg: DifficultyConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    """inputs.stages holds the reference stage's checkpoint when cfg.reference names a stage."""
     started = time.time()
+    checkpoint = inputs.stages.get(cfg.reference)
     items = prompt_pool(ctx.recipe, cfg.domains, cfg.prompts_per_domain)
     seed = step_seed(ctx.recipe.seed, "difficulty", 0)
 
@@ -110,8 +113,7 @@ def open_reference(cfg: DifficultyConfig, ctx: StageContext, checkpoint: Checkpo
     if kind == "endpoint":
         from stages.engines.vllm import VLLMEngine  # HTTP only; the server is someone else's
 
-        tokenizer = load_tokenizer(resolve_source(cfg.reference_tokenizer)) if cfg.reference_tokenizer \
-            else load_tokenizer()
+        tokenizer = load_tokenizer(resolve_model_dir(cfg.reference_tokenizer or "tiny", ctx.workdir) or ASSET_DIR)
         engine = VLLMEngine(url=cfg.reference, stop_token_ids=[tokenizer.eos_token_id])
         return Reference(engine, tokenizer, f"endpoint:{engine.url}:{engine.model_name}")
     if kind == "stage":
@@ -120,8 +122,9 @@ def open_reference(cfg: DifficultyConfig, ctx: StageContext, checkpoint: Checkpo
         model, tokenizer = load_policy(ctx, checkpoint)
         digest = f"checkpoint:{checkpoint.digest}"
     else:
-        model, tokenizer = load_hf(cfg.reference)
-        digest = f"model:{model_dir_digest(resolve_source(cfg.reference))}"
+        model_dir = resolve_model_dir(cfg.reference, ctx.workdir)
+        model, tokenizer = load_hf(model_dir)
+        digest = f"model:{model_dir_digest(model_dir)}"
     return Reference(make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed), tokenizer, digest)
 
 
@@ -140,7 +143,8 @@ def rollouts(cfg: DifficultyConfig, ctx: StageContext, reference: Reference, ite
     texts: dict[str, list[str]] = {}
     hits = done = 0
     for domain in cfg.domains:
-        sampling = SamplingParams(cfg.temperature, cfg.top_p, ctx.recipe.domains[domain].max_new_tokens, seed=seed)
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                                  max_new_tokens=ctx.recipe.domains[domain].max_new_tokens, seed=seed)
         prefix = cache_prefix(reference.digest, sampling, cfg.k)
         known = load_cache(ctx.store, prefix, cfg.k)
         rows = [i for i, it in enumerate(items) if it.domain == domain]
@@ -167,7 +171,7 @@ def prompt_hash(token_ids: list[int]) -> str:
 
 def cache_prefix(reference_digest: str, sampling: SamplingParams, k: int) -> str:
     key = {"reference": reference_digest, "k": k, **asdict(sampling)}
-    return f"{CACHE_ROOT}/{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]}"
+    return rollout_cache_key(hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32])
 
 
 def load_cache(store: Store, prefix: str, k: int) -> dict[str, list[str]]:

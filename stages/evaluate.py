@@ -5,10 +5,13 @@ The grader is the same function that gives the RL reward, so a training gain and
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from artifacts.checkpoint import CheckpointRef
-from stages.context import StageContext, load_policy
+from artifacts.store import Store
+from stages.context import load_checkpoint
 from stages.domains import get_domain
 from stages.engines import make_engine
 from stages.engines.base import RolloutEngine, SamplingParams
@@ -35,11 +38,21 @@ def evaluate_domains(
     return scores, rows
 
 
-def run_evaluate(ctx: StageContext, ref: CheckpointRef | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Evaluate a checkpoint (None: the recipe's initial model) with the recipe's engine."""
-    model, tokenizer = load_policy(ctx, ref)
-    engine = make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed)
+def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None,
+                batch_size: int | None = None) -> tuple[Any, RolloutEngine]:
+    """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
+    (any source `stages.model.resolve_model_dir` takes), with the recipe's engine settings."""
+    store = store or Store.from_config(recipe.storage)
+    model, tokenizer = load_checkpoint(recipe, store, checkpoint, Path(tempfile.mkdtemp(prefix="cascade-eval-")))
+    engine_cfg = recipe.engine if batch_size is None else recipe.engine.model_copy(update={"batch_size": batch_size})
+    return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
+
+
+def evaluate_model(recipe: Recipe, checkpoint: CheckpointRef | None = None,
+                   store: Store | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source)."""
+    tokenizer, engine = open_policy(recipe, checkpoint, store)
     try:
-        return evaluate_domains(engine, tokenizer, ctx.recipe)
+        return evaluate_domains(engine, tokenizer, recipe)
     finally:
         engine.close()

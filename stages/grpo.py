@@ -1,6 +1,7 @@
 """GRPO, strictly on-policy, as in every Nemotron-Cascade RL stage (arXiv 2512.13607 sec. 4, 2603.19220 sec. 3).
 
-For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i with the domain's grader, and
+For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i with the stage's reward source
+(stages/rewards.py; by default the domain's grader), and
 
     A_i = (r_i - mean(r)) / (std(r) + eps)
     L(theta) = -(1 / sum_i |o_i|) * sum_i sum_t A_i * pi_theta(o_it) / sg[pi_theta(o_it)]
@@ -20,46 +21,35 @@ from typing import Any
 
 import torch
 
-from artifacts.checkpoint import CheckpointRef
+from stages.config import GRPOConfig
 from stages.context import StageContext, StageResult
 from stages.difficulty import load_kept_prompts
-from stages.engines import SamplingParams, make_engine
+from stages.engines import make_engine
+from stages.kinds import StageInputs
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
-from stages.model import prompt_ids
-from stages.recipe import GRPOConfig
-from stages.rollout import (
-    max_new_tokens,
-    prompt_pool,
-    reward_metrics,
-    rollout_batch,
-    sample_prompts,
-    score_groups,
-    step_seed,
-)
+from stages.rewards import make_reward_source
+from stages.rollout import prompt_pool, reward_metrics, rollout_batch, sample_groups
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
 
 
-def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None,
-             prompt_set: CheckpointRef | None = None) -> StageResult:
-    """prompt_set: the dataset of the difficulty stage cfg.prompts names; None: the domains' train split."""
+def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    """Trains inputs.policy; prompts from the difficulty stage cfg.prompts names, else the domains' train split."""
     started = time.time()
-    pool = load_kept_prompts(ctx, prompt_set, cfg.domains) if prompt_set else prompt_pool(ctx.recipe, cfg.domains)
+    pool = (load_kept_prompts(ctx, inputs.stages[cfg.prompts], cfg.domains) if cfg.prompts
+            else prompt_pool(ctx.recipe, cfg.domains))
     if len(pool) < cfg.prompts_per_step:
         raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({cfg.prompts or 'train split'}), "
                          f"fewer than prompts_per_step={cfg.prompts_per_step}")
-    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
+    run = TrainRun(ctx, cfg, inputs.policy)
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
+    reward_source = make_reward_source(cfg.reward)
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy
-            items = sample_prompts(pool, cfg.prompts_per_step, ctx.recipe.seed, cfg.name, run.step)
-            prompts = [prompt_ids(run.tokenizer, it.prompt) for it in items]
-            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx.recipe, cfg.domains),
-                                      seed=step_seed(ctx.recipe.seed, cfg.name, run.step))
-            groups = engine.generate(prompts, cfg.group_size, sampling)
+            items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, ctx.recipe, cfg.domains, run.step)
 
-            # score: one grader per domain, the same one the eval uses
-            rewards = score_groups(items, groups)  # [P, G]
+            # score: the stage's reward source (by default the domain's grader, the one the eval uses)
+            rewards = reward_source.rewards(items, groups)  # [P, G]
 
             # advantages: group-normalized; zero-variance groups dropped
             keep = groups_with_signal(rewards)
@@ -74,18 +64,22 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, start: CheckpointRef | None,
             run.record_step(step_metrics(items, groups, rewards, keep, update))
     finally:
         engine.close()
+        reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
     return StageResult(run.finish(summary), summary)
 
 
 def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
-    logprob mismatch over every sampled token (dropped groups get a no-grad forward for it)."""
+    logprob mismatch over every sampled token (with cfg.mismatch_over_dropped, dropped groups get a no-grad
+    forward for it), else over the kept groups' tokens."""
     rows = [(p, j) for p in range(len(prompts)) for j in range(len(groups[p]))]
     ids, mask, inf_logp = rollout_batch([(prompts[p], groups[p][j]) for p, j in rows], run.tokenizer.pad_token_id)
     kept = torch.tensor([bool(keep[p]) for p, _ in rows])
-    all_tokens = float(mask.sum())
-    stats = {"entropy": 0.0, "gap": mismatch_sum(run, cfg, ctx, ids[~kept], mask[~kept], inf_logp[~kept])}
+    measured = mask if cfg.mismatch_over_dropped else mask[kept]
+    all_tokens = max(float(measured.sum()), 1.0)
+    gap = mismatch_sum(run, ctx, cfg, ids[~kept], mask[~kept], inf_logp[~kept]) if cfg.mismatch_over_dropped else 0.0
+    stats = {"entropy": 0.0, "gap": gap}
     if not kept.any():
         return {"logprob_mismatch": stats["gap"] / all_tokens}
     ids, mask, inf_logp = ids[kept], mask[kept], inf_logp[kept]
@@ -109,7 +103,7 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
 
 
 @torch.no_grad()
-def mismatch_sum(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, ids, mask, inf_logp) -> float:
+def mismatch_sum(run: TrainRun, ctx: StageContext, cfg: GRPOConfig, ids, mask, inf_logp) -> float:
     """sum |log pi_train - log pi_inf| over the masked tokens of rows that take no gradient."""
     total = 0.0
     for part in micro_batches(len(ids), cfg.micro_batch_size):

@@ -34,7 +34,7 @@ def sft_loss(logp: Tensor, mask: Tensor, num_tokens: int) -> Tensor:
     return -(logp * mask).sum() / num_tokens
 
 
-def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+def grpo_advantages(rewards: Tensor, eps: float) -> Tensor:
     """Group-normalized advantage A_ij = (r_ij - mean_j r_i) / (std_j r_i + eps).
 
     rewards: [P, G] (P prompts, G rollouts each) -> [P, G]. std is the sample std (Bessel-corrected), as in
@@ -67,7 +67,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
 
 def mopd_loss(
     logp: Tensor, teacher_logp: Tensor, inf_logp: Tensor, mask: Tensor, num_tokens: int,
-    eps_low: float = 0.5, eps_high: float = 2.0,
+    eps_low: float, eps_high: float,
 ) -> Tensor:
     """Multi-domain on-policy distillation loss (Nemotron-Cascade 2), on the sampled token only.
 

@@ -25,7 +25,10 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from stages.recipe import SMOLLM2, ModelConfig, cascade_home
+from artifacts.checkpoint import committed, materialize
+from artifacts.config import cascade_home
+from artifacts.store import Store
+from stages.config import SMOLLM2, ModelConfig
 from stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024
@@ -52,12 +55,13 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCa
     return Qwen2ForCausalLM(config)
 
 
-def initial_model(cfg: ModelConfig, seed: int) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def initial_model(cfg: ModelConfig, seed: int, workdir: Path | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """The model a recipe starts from when no checkpoint precedes the first model stage."""
-    if cfg.source == "tiny":
+    model_dir = resolve_model_dir(cfg.source, workdir)
+    if model_dir is None:
         tok = load_tokenizer()
         return build_tiny_model(cfg, len(tok), seed), tok
-    return load_hf(cfg.source)
+    return load_hf(model_dir)
 
 
 def smollm2_gguf() -> Path:
@@ -96,15 +100,41 @@ def smollm2_dir() -> Path:
     return target
 
 
-def resolve_source(source: str | Path) -> Path:
-    """A model source name ("smollm2-135m") or an HF directory -> the directory to load."""
-    return smollm2_dir() if str(source) == SMOLLM2 else Path(source)
+class ModelSourceError(ValueError):
+    """A model source that is none of the kinds below; one line for the user."""
+
+
+def resolve_model_dir(source: str | Path, workdir: Path | None = None) -> Path | None:
+    """The one resolver of model sources: a source string -> the local HF directory to load.
+
+    - "tiny": None (the tiny model is built from its config, not loaded);
+    - "smollm2-135m": its converted HF checkpoint (converted once, then cached);
+    - an HF model directory (one with config.json): itself;
+    - a committed checkpoint: a store URI, or a local directory with MANIFEST.json; its files are downloaded
+      into `workdir` (default: a new temp dir), sha256-verified, and its `model/` directory returned.
+    """
+    text = str(source)
+    if text == "tiny":
+        return None
+    if text == SMOLLM2:
+        return smollm2_dir()
+    local = Path(text.removeprefix("file://")).expanduser()
+    if "://" not in text.removeprefix("file://") and (local / "config.json").exists():
+        return local
+    if "://" not in text and not local.exists():
+        raise ModelSourceError(f"no such model or checkpoint: {text}")
+    store = Store(text if "://" in text else f"file://{local.resolve()}")
+    ref = committed(store, "")
+    if ref is None:
+        raise ModelSourceError(f"{text} is neither an HF model dir nor a committed checkpoint (no valid MANIFEST.json)")
+    copy = materialize(store, ref, Path(tempfile.mkdtemp(dir=workdir, prefix="model-")))
+    return copy / "model" if (copy / "model").exists() else copy
 
 
 def load_hf(model_dir: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
-    path = resolve_source(model_dir)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(f"not an HF model directory (no config.json): {path}")
+    path = resolve_model_dir(model_dir)
+    if path is None or not (path / "config.json").exists():
+        raise ModelSourceError(f"not an HF model directory (no config.json): {path or model_dir}")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model, load_tokenizer(path)
 

@@ -22,48 +22,37 @@ from typing import Any
 import torch
 
 from artifacts.checkpoint import CheckpointRef
+from stages.config import MOPDConfig
 from stages.context import StageContext, StageResult, load_policy
-from stages.engines import SamplingParams, make_engine
+from stages.engines import make_engine
+from stages.kinds import StageInputs
 from stages.losses import mopd_loss, token_logprobs, truncated_fraction
-from stages.model import prompt_ids
-from stages.recipe import MOPDConfig
-from stages.rollout import (
-    max_new_tokens,
-    prompt_pool,
-    reward_metrics,
-    rollout_batch,
-    sample_prompts,
-    score_groups,
-    step_seed,
-)
-from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step
+from stages.rollout import prompt_pool, reward_metrics, rollout_batch, sample_groups, score_groups
+from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
 
 
-def run_mopd(cfg: MOPDConfig, ctx: StageContext, start: CheckpointRef | None,
-             teachers: dict[str, CheckpointRef]) -> StageResult:
+def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    """Distills into inputs.policy; cfg.teachers names, per domain, the stage whose checkpoint teaches it."""
     started = time.time()
+    teachers = {domain: inputs.stages[stage] for domain, stage in cfg.teachers.items()}
     domains = cfg.domains or sorted(teachers)
     missing = sorted(set(domains) - set(teachers))
     if missing:
         raise ValueError(f"MOPD stage {cfg.name!r} has no teacher for domain(s) {missing}")
-    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
+    run = TrainRun(ctx, cfg, inputs.policy)
     engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
     pool = prompt_pool(ctx.recipe, domains)
     teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident")
     try:
         while run.step < cfg.steps:
             # rollout: the student samples; the engine reports pi_inf per token
-            items = sample_prompts(pool, cfg.prompts_per_step, ctx.recipe.seed, cfg.name, run.step)
-            prompts = [prompt_ids(run.tokenizer, it.prompt) for it in items]
-            sampling = SamplingParams(cfg.temperature, cfg.top_p, max_new_tokens(ctx.recipe, domains),
-                                      seed=step_seed(ctx.recipe.seed, cfg.name, run.step))
-            groups = engine.generate(prompts, cfg.group_size, sampling)
+            items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, ctx.recipe, domains, run.step)
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
             ids, mask, inf_logp = rollout_batch(pairs, run.tokenizer.pad_token_id)
 
             # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
-            teacher_logp = teacher_pool.logprobs(ids, row_domains)
+            teacher_logp = teacher_pool.logprobs(ids, row_domains, cfg.micro_batch_size)
 
             # update: truncated-importance-weighted reverse-KL policy gradient
             update = distill_update(run, cfg, ctx, ids, mask, inf_logp, teacher_logp, row_domains)
@@ -114,15 +103,19 @@ class TeacherPool:
         self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
 
     @torch.no_grad()
-    def logprobs(self, ids: torch.Tensor, row_domains: list[str]) -> torch.Tensor:
-        """[N, T] ids -> [N, T-1] log pi_teacher(ids[:, 1:]) with each row's own domain teacher."""
+    def logprobs(self, ids: torch.Tensor, row_domains: list[str], micro_batch_size: int) -> torch.Tensor:
+        """[N, T] ids -> [N, T-1] log pi_teacher(ids[:, 1:]) with each row's own domain teacher.
+
+        Forwards micro_batch_size rows at a time, as the student does: logits are [n, T, V], never [N, T, V]."""
         out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
         by_digest: dict[str, list[int]] = {}
         for row, domain in enumerate(row_domains):
             by_digest.setdefault(self.refs[domain].digest, []).append(row)
         for digest, rows in by_digest.items():
             model = self._model(digest)
-            out[rows] = token_logprobs(model(input_ids=ids[rows]).logits[:, :-1], ids[rows, 1:])
+            for part in micro_batches(len(rows), micro_batch_size):
+                chunk = rows[part]
+                out[chunk] = token_logprobs(model(input_ids=ids[chunk]).logits[:, :-1], ids[chunk, 1:])
             if not self.resident:
                 self.loaded.pop(digest)
         return out

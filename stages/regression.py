@@ -1,4 +1,4 @@
-"""Scheduled regression evals (DESIGN.md, issue 8): compare checkpoints with a stored per-domain baseline.
+"""Scheduled regression evals: compare checkpoints with a stored per-domain baseline.
 
 The in-run gate (`stages.gate`) compares a stage with the best score earlier in the same run. A regression eval
 compares any checkpoint with a baseline kept in the store across runs, `<store>/baselines/<name>.json`: per
@@ -12,17 +12,16 @@ Two ways to change a baseline: `replace` (all domains from one eval: `cascade ba
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from artifacts import layout
+from artifacts.records import EvalRecord, EvalRecordError
 from artifacts.store import Store
 
 Verdict = Literal["regressed", "ok", "no baseline"]
-BASELINE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,80}$")
 
 
 class BaselineEntry(BaseModel):
@@ -43,9 +42,10 @@ class BaselineError(ValueError):
 
 
 def baseline_key(name: str) -> str:
-    if not BASELINE_NAME.match(name):
-        raise BaselineError(f"bad baseline name {name!r}: use lowercase letters, digits, '.', '_' and '-'")
-    return f"baselines/{name}.json"
+    try:
+        return layout.baseline_key(name)
+    except ValueError as e:
+        raise BaselineError(str(e)) from None
 
 
 def load_baseline(store: Store, name: str) -> Baseline | None:
@@ -75,12 +75,12 @@ def regressions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["verdict"] == "regressed"]
 
 
-def replace(name: str, record: dict[str, Any]) -> Baseline:
-    """A baseline holding every domain of one eval record (`checkpoint`, `model` URI, `digest`, `scores`)."""
+def replace(name: str, record: EvalRecord) -> Baseline:
+    """A baseline holding every domain of one eval record."""
     return Baseline(name=name, domains=_entries(record), updated=time.time())
 
 
-def raise_to(baseline: Baseline | None, name: str, record: dict[str, Any]) -> Baseline:
+def raise_to(baseline: Baseline | None, name: str, record: EvalRecord) -> Baseline:
     """The baseline with each domain moved up to the record's score where that is higher (or new)."""
     domains = dict(baseline.domains) if baseline else {}
     for domain, entry in _entries(record).items():
@@ -89,21 +89,19 @@ def raise_to(baseline: Baseline | None, name: str, record: dict[str, Any]) -> Ba
     return Baseline(name=name, domains=domains, updated=time.time())
 
 
-def _entries(record: dict[str, Any], where: str = "the eval record") -> dict[str, BaselineEntry]:
-    if not isinstance(record.get("scores"), dict) or not record.get("model"):
-        raise BaselineError(f"{where} has no `scores` and `model` (the checkpoint URI it scored)")
-    name = record.get("checkpoint") or record["model"]
-    return {d: BaselineEntry(score=float(s), checkpoint=name, uri=record["model"], digest=record.get("digest"))
-            for d, s in record["scores"].items()}
+def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, BaselineEntry]:
+    if not record.model:
+        raise BaselineError(f"{where} has no `model` (the checkpoint URI it scored)")
+    name = record.checkpoint or record.model
+    return {d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
+            for d, s in record.scores.items()}
 
 
-def read_eval_record(blob: bytes, where: str) -> dict[str, Any]:
+def read_eval_record(blob: bytes, where: str) -> EvalRecord:
     """An eval record as the cascade (`runs/<id>/evals/NN-stage.json`) or a regression eval writes it."""
     try:
-        record = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BaselineError(f"{where} is not a JSON eval record") from None
-    if not isinstance(record, dict):
-        raise BaselineError(f"{where} is not a JSON eval record")
+        record = EvalRecord.parse(blob, where)
+    except EvalRecordError as e:
+        raise BaselineError(str(e)) from None
     _entries(record, where)
     return record

@@ -11,8 +11,10 @@ from collections import defaultdict
 
 import torch
 
+from stages.config import OnPolicyConfig
 from stages.domains import Item, get_domain
-from stages.engines import Completion
+from stages.engines import Completion, RolloutEngine, SamplingParams
+from stages.model import prompt_ids
 from stages.recipe import Recipe
 
 
@@ -35,6 +37,17 @@ def step_seed(seed: int, stage: str, step: int) -> int:
 
 def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
     return max(recipe.domains[d].max_new_tokens for d in domains)
+
+
+def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,
+                  domains: list[str], step: int) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
+    """The rollout phase of every on-policy stage: this step's P prompts, their chat-formatted token ids, and
+    G samples of each from the current policy (groups[p][j] is sample j of prompt p)."""
+    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step)
+    prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
+                              max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, cfg.name, step))
+    return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
 
 
 def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:

@@ -6,7 +6,7 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
 
 with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
-(MEASURED.md); batches are sampled from a per-epoch seeded permutation, so the data position is just the
+(docs/LOG.md); batches are sampled from a per-epoch seeded permutation, so the data position is just the
 step number and a resumed stage sees exactly the batches it would have seen.
 """
 
@@ -21,17 +21,19 @@ from artifacts.checkpoint import CheckpointRef, materialize
 from stages.context import StageContext, StageResult
 from stages.losses import sft_loss, token_logprobs
 from stages.model import completion_ids, prompt_ids
-from stages.recipe import SFTConfig
+from stages.config import SFTConfig
+from stages.kinds import StageInputs
 from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
 from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
 
 
-def run_sft(cfg: SFTConfig, ctx: StageContext, start: CheckpointRef | None, data: CheckpointRef) -> StageResult:
+def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    """Trains inputs.policy on the dataset of the sft_data stage cfg.data names."""
     started = time.time()
-    run = TrainRun(ctx, cfg, start, cfg.lr, cfg.weight_decay)
-    examples = load_examples(ctx, data, run.tokenizer)
+    run = TrainRun(ctx, cfg, inputs.policy)
+    examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
     pad = run.tokenizer.pad_token_id
     tokens_seen = 0
     loss = 0.0

@@ -40,12 +40,16 @@ from stages.datasets.sources import Row, iter_rows
 from stages.datasets.teachers import Teacher, make_teacher
 from stages.domains import get_domain
 from stages.domains.base import Domain
-from stages.recipe import OracleTeacher, Recipe, SFTDataConfig, config_hash
+from artifacts.config import config_hash
+from artifacts.layout import shard_key, shards_dir
+from stages.config import OracleTeacher, SFTDataConfig
+from stages.kinds import StageInputs
+from stages.recipe import Recipe
 
 DATA_CARD_JSON, DATA_CARD_MD = "data_card.json", "DATA_CARD.md"
 
 
-def run_sft_data(cfg: SFTDataConfig, ctx: StageContext) -> StageResult:
+def run_sft_data(cfg: SFTDataConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     started = time.time()
     build = ShardBuilder(cfg, ctx)
     out = Path(tempfile.mkdtemp(dir=ctx.workdir))
@@ -54,15 +58,15 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext) -> StageResult:
     try:
         oracle_domains = {d for d in build.domains if isinstance(cfg.domain_teacher(d), OracleTeacher)}
         for index, chunk in enumerate(batched(iter_rows(cfg, ctx.recipe, oracle_domains), cfg.shard_rows)):
-            shard_key = f"{ctx.key}/shards/{index:05d}"
-            ref = committed(ctx.store, shard_key)
+            key = shard_key(ctx.key, index)
+            ref = committed(ctx.store, key)
             if ref is not None and ref.config_hash == build.hash:
                 # resume: this shard's rows are final; only the dedup state must learn them
                 counts = build.reuse(ref, out / DATA_DIR / shard_name(index))
                 reused += 1
             else:
                 # build: filter, answer, verify, dedup; commit the shard before starting the next
-                counts = build.make_shard(index, chunk, out / DATA_DIR / shard_name(index), shard_key)
+                counts = build.make_shard(index, chunk, out / DATA_DIR / shard_name(index), key)
             build.card.add(counts)
             shards += 1
             ctx.progress(shards, max(shards, build.expected_shards))
@@ -80,7 +84,7 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext) -> StageResult:
     # the stage's config_hash is what the task layer compares to skip a committed stage
     ref = write_checkpoint(ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=None,
                            config_hash=config_hash(cfg), metrics=metrics)
-    ctx.store.delete(f"{ctx.key}/shards")
+    ctx.store.delete(shards_dir(ctx.key))
     shutil.rmtree(out, ignore_errors=True)
     return StageResult(ref, metrics)
 
@@ -112,15 +116,14 @@ class ShardBuilder:
     """The state a build carries across shards: teachers, the eval index, the dedup filters and the card."""
 
     def __init__(self, cfg: SFTDataConfig, ctx: StageContext):
-        from stages.model import resolve_source
-        from stages.tokenizer import load_tokenizer
+        from stages.model import resolve_model_dir
+        from stages.tokenizer import ASSET_DIR, load_tokenizer
 
         self.cfg, self.ctx = cfg, ctx
         self.domains = cfg.domains or list(ctx.recipe.domains)
         self.hash = build_hash(cfg, ctx.recipe)
         self.work = Path(tempfile.mkdtemp(dir=ctx.workdir, prefix="shards-"))
-        source = ctx.recipe.model.source
-        tokenizer = load_tokenizer() if source == "tiny" else load_tokenizer(resolve_source(source))
+        tokenizer = load_tokenizer(resolve_model_dir(ctx.recipe.model.source, self.work) or ASSET_DIR)
         self.count_tokens = TokenCounter(tokenizer)  # the tokenizer SFT will use: the recipe model's
         decon = cfg.decontamination
         self.index = ContaminationIndex(eval_prompts(cfg, ctx.recipe), decon.ngram) if decon.enabled else None

@@ -8,7 +8,9 @@ from typing import Any, Callable
 
 import torch
 
-from artifacts.checkpoint import CheckpointRef
+from artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
+from artifacts.layout import step_key
+from stages.config import TrainingConfig
 from stages.context import (
     StageContext,
     latest_step_checkpoint,
@@ -63,8 +65,9 @@ def backward_micro_batches(n: int, size: int, loss_of: Callable[[slice], torch.T
 class TrainRun:
     """A stage's model + optimizer, started fresh or restored from its newest step checkpoint."""
 
-    def __init__(self, ctx: StageContext, cfg: Any, start: CheckpointRef | None, lr: float, weight_decay: float):
+    def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None):
         self.ctx, self.cfg, self.start = ctx, cfg, start
+        lr, weight_decay = cfg.lr, cfg.weight_decay
         resume = latest_step_checkpoint(ctx, cfg)
         if resume is None:
             self.model, self.tokenizer = load_policy(ctx, start)
@@ -91,9 +94,10 @@ class TrainRun:
         state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rng": rng_state(),
                  "history": self.history}
         save_model_checkpoint(
-            self.ctx, f"{self.ctx.key}/steps/{self.step}", self.model, self.tokenizer,
+            self.ctx, step_key(self.ctx.key, self.step), self.model, self.tokenizer,
             cfg=self.cfg, step=self.step, parent=self.start, metrics={}, state=state,
         )
+        prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
 
     def finish(self, metrics: dict[str, Any]) -> CheckpointRef:
         return save_model_checkpoint(

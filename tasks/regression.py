@@ -18,10 +18,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from artifacts.checkpoint import CheckpointRef, committed
+from artifacts.records import EvalRecord
 from artifacts.store import Store
 from artifacts.tracking import registered_checkpoint
-from stages.context import ListSink, StageContext
-from stages.evaluate import run_evaluate
+from stages.evaluate import evaluate_model
 from stages.recipe import Recipe
 from stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
 from tasks.stages import _artifact_key, open_report
@@ -39,11 +39,9 @@ def resolve_checkpoint(recipe: Recipe, name: str) -> CheckpointRef:
     URI or local path, or a key relative to the store root (`runs/<run_id>/<NN>-<stage>`)."""
     store = Store.from_config(recipe.storage)
     uri = registered_checkpoint(recipe.tracking.resolved_uri(), name) if name.startswith("models:/") else name
-    uri = f"file://{uri}" if uri.startswith("/") else uri  # a local path
-    root = store.uri("") + "/"
-    if "://" in uri and not uri.startswith(root):
+    key = store.key_of(uri) if "://" in uri or uri.startswith("/") else uri.strip("/")
+    if key is None:
         raise CheckpointNotFound(f"{name}: {uri} is outside the recipe's store {store.uri('')}")
-    key = uri.removeprefix(root).strip("/")
     ref = committed(store, key) if key else None
     if ref is None:
         raise CheckpointNotFound(f"{name}: no committed checkpoint at {store.uri(key)}")
@@ -61,35 +59,34 @@ def load_baseline_task(recipe: Recipe, name: str) -> Baseline | None:
 
 
 @task(name="evaluate-checkpoint", cache_policy=NO_CACHE)
-def evaluate_checkpoint_task(recipe: Recipe, name: str, ref: CheckpointRef, key: str) -> dict[str, Any]:
-    """Every recipe domain's held-out score; the eval record (the cascade's format plus `checkpoint`, the name
-    it was asked by) is written to `<key>.json`, so `cascade baseline set` can take it."""
-    store = Store.from_config(recipe.storage)
-    scores, rows = run_evaluate(StageContext(recipe, store, "regression-eval", key, ListSink()), ref)
-    record = {"checkpoint": name, "model": ref.uri, "digest": ref.digest, "scores": scores, "items": rows}
-    store.write_bytes(f"{key}.json", json.dumps(record).encode())
-    return {k: v for k, v in record.items() if k != "items"}
+def evaluate_checkpoint_task(recipe: Recipe, name: str, ref: CheckpointRef, key: str) -> EvalRecord:
+    """Every recipe domain's held-out score; the eval record (with `checkpoint`, the name it was asked by) is
+    written to `key`, so `cascade baseline set` can take it. Returns it without its per-item rows."""
+    scores, rows = evaluate_model(recipe, ref)
+    record = EvalRecord(checkpoint=name, model=ref.uri, digest=ref.digest, scores=scores, items=rows)
+    Store.from_config(recipe.storage).write_bytes(key, record.to_json())
+    return record.model_copy(update={"items": []})
 
 
 @task(name="judge", cache_policy=NO_CACHE)
-def judge_task(recipe: Recipe, baseline: Baseline | None, record: dict[str, Any]) -> list[dict[str, Any]]:
+def judge_task(recipe: Recipe, baseline: Baseline | None, record: EvalRecord) -> list[dict[str, Any]]:
     tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
-    return compare(record["checkpoint"], record["scores"], baseline, tolerances)
+    return compare(record.checkpoint or record.model, record.scores, baseline, tolerances)
 
 
 @task(name="emit-regression", cache_policy=NO_CACHE)
-def emit_regression_task(recipe_source: str, baseline: str, record: dict[str, Any],
+def emit_regression_task(recipe_source: str, baseline: str, record: EvalRecord,
                          regressed: list[dict[str, Any]]) -> str | None:
     """The `cascade.regression.detected` event of one checkpoint; returns its id (None: events are off)."""
     worst_first = sorted(regressed, key=lambda r: -r["drop"])
     event = emit_event(
         REGRESSION_EVENT,
-        resource={"prefect.resource.id": CHECKPOINT_RESOURCE + record["checkpoint"],
-                  "prefect.resource.name": record["checkpoint"], "cascade.checkpoint.uri": record["model"]},
+        resource={"prefect.resource.id": CHECKPOINT_RESOURCE + record.checkpoint,
+                  "prefect.resource.name": record.checkpoint, "cascade.checkpoint.uri": record.model},
         related=[{"prefect.resource.id": f"cascade.domain.{r['domain']}", "prefect.resource.role": "regressed-domain",
                   "cascade.drop": str(r["drop"])} for r in worst_first],
-        payload={"recipe": recipe_source, "baseline": baseline, "checkpoint": record["checkpoint"],
-                 "checkpoint_uri": record["model"], "digest": record["digest"],
+        payload={"recipe": recipe_source, "baseline": baseline, "checkpoint": record.checkpoint,
+                 "checkpoint_uri": record.model, "digest": record.digest,
                  "regressions": [{k: r[k] for k in ("domain", "score", "baseline", "drop", "tolerance")}
                                  for r in worst_first]},
     )
@@ -98,14 +95,14 @@ def emit_regression_task(recipe_source: str, baseline: str, record: dict[str, An
 
 @task(name="publish-verdicts", cache_policy=NO_CACHE)
 def publish_verdicts_task(recipe: Recipe, baseline: str, key: str, rows: list[dict[str, Any]], artifact: str) -> None:
-    """The checkpoint x domain table: a Prefect table artifact (key `<artifact>-<baseline>`) and `<key>.json`."""
-    Store.from_config(recipe.storage).write_bytes(f"{key}.json", json.dumps(rows, indent=1).encode())
+    """The checkpoint x domain table: a Prefect table artifact (key `<artifact>-<baseline>`) and the JSON at key."""
+    Store.from_config(recipe.storage).write_bytes(key, json.dumps(rows, indent=1).encode())
     ui_artifacts.create_table_artifact(rows, key=_artifact_key(artifact, baseline),
                                        description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain")
 
 
 @task(name="raise-baseline", cache_policy=NO_CACHE)
-def raise_baseline_task(recipe: Recipe, name: str, records: list[dict[str, Any]]) -> Baseline:
+def raise_baseline_task(recipe: Recipe, name: str, records: list[EvalRecord]) -> Baseline:
     store = Store.from_config(recipe.storage)
     baseline = load_baseline(store, name)
     for record in records:

@@ -20,7 +20,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from prefect import artifacts as ui_artifacts
 from prefect import get_run_logger, task
@@ -28,15 +28,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.filesystems import RemoteFileSystem, WritableFileSystem
 
+from artifacts import layout
 from artifacts.checkpoint import CheckpointRef, committed
+from artifacts.config import config_hash
+from artifacts.lease import hold_run
+from artifacts.records import EvalRecord
 from artifacts.report import RunReport
 from artifacts.store import Store, storage_options
 from artifacts.tracking import Tracker, register_stage
+from stages.config import MOPDConfig, StageConfig
 from stages.context import ListSink, StageContext
-from stages.dispatch import run_stage, stage_key
-from stages.evaluate import run_evaluate
+from stages.evaluate import evaluate_model
 from stages.gate import best_stages, decide
-from stages.recipe import MODEL_STAGE_KINDS, MOPDConfig, Recipe, StageConfig, config_hash
+from stages.kinds import StageInputs, kind_of, run_stage
+from stages.recipe import Recipe, validate_recipe
 from tasks.progress import stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
@@ -53,14 +58,14 @@ def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
 
 
 def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
-    """store + run id + stage + stage config hash + the digests of every input checkpoint (model, data, teachers).
+    """store + run id + stage + stage config hash + the digests of every input checkpoint (policy, read stages).
 
     The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
-    cfg = parameters["cfg"]
-    inputs = {"model": parameters["model"], **{f"data/{k}": v for k, v in parameters["data"].items()},
-              **{f"teacher/{k}": v for k, v in parameters["teachers"].items()}}
+    cfg, inputs = parameters["cfg"], parameters["inputs"]
+    digests = {"policy": inputs.policy.digest if inputs.policy else None,
+               **{f"stage/{name}": ref.digest for name, ref in inputs.stages.items()}}
     blob = json.dumps({"store": parameters["recipe"].storage.resolved_root(), "config": config_hash(cfg),
-                       "inputs": {k: v.digest if v else None for k, v in inputs.items()}}, sort_keys=True)
+                       "inputs": digests}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     return _artifact_key(parameters["run_id"], f"{parameters['index']:02d}-{cfg.name}-{digest}")
 
@@ -68,30 +73,27 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
 def result_storage(recipe: Recipe, run_id: str) -> Path | WritableFileSystem:
     """Where the run's task results and cache records live: beside its checkpoints, in the run's store."""
     store = Store.from_config(recipe.storage)
-    key = f"runs/{run_id}/prefect-results"
+    key = layout.results_key(run_id)
     if store.protocol == "file":
         return Path(store.path(key))  # Prefect makes it a LocalFileSystem; an unsaved block it refuses
     remote = RemoteFileSystem(basepath=store.uri(key), settings=storage_options(recipe.storage))
-    # Prefect reads remote result records back through a saved block (MEASURED.md), one per store location
+    # Prefect reads remote result records back only through a saved block (docs/MEASUREMENTS.md), one per store
     remote.save(f"cascade-results-{hashlib.sha256(store.uri(key).encode()).hexdigest()[:12]}", overwrite=True)
     return remote
 
 
 def compute_slot(kind: str) -> contextlib.AbstractContextManager:
-    """One slot of the compute limit around a training stage; data stages need none."""
-    if kind not in MODEL_STAGE_KINDS:
+    """One slot of the compute limit around a stage whose kind holds compute; data stages need none."""
+    if not kind_of(kind).holds_compute:
         return contextlib.nullcontext()
     return concurrency(compute_limit_name(), occupy=1)
 
 
 @task(name="stage", cache_key_fn=stage_cache_key, persist_result=True)
-def stage_task(
-    recipe: Recipe, run_id: str, cfg: StageConfig, index: int, model: CheckpointRef | None,
-    data: dict[str, CheckpointRef], teachers: dict[str, CheckpointRef],
-) -> CheckpointRef:
+def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs: StageInputs) -> CheckpointRef:
     """Run one stage (a recipe stage, or a gate's recovery stage at the index of the stage it recovers)."""
     store, report = open_report(recipe, run_id)
-    key = stage_key(run_id, index, cfg.name)
+    key = layout.stage_key(run_id, index, cfg.name)
     done = committed(store, key)
     if done is not None and done.config_hash == config_hash(cfg):
         entry = next((s for s in report.stages if s["name"] == cfg.name), {})
@@ -105,7 +107,7 @@ def stage_task(
     started = time.time()
     try:
         with compute_slot(cfg.kind):
-            result = run_stage(cfg, ctx, model, data, teachers)
+            result = run_stage(cfg, ctx, inputs)
     except BaseException:
         _record(store, report, cfg, "failed", None, time.time() - started, {})
         if tracker:
@@ -134,16 +136,15 @@ def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, 
 def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: CheckpointRef | None) -> dict[str, float]:
     """Scores of every domain after a stage; reused from the store when already computed."""
     store, report = open_report(recipe, run_id)
-    key = f"runs/{run_id}/evals/{index:02d}-{stage}.json"
+    key = layout.eval_key(run_id, index, stage)
     digest = model.digest if model else None
-    stored = json.loads(store.read_bytes(key)) if store.exists(key) else None
-    if stored is not None and stored.get("digest") == digest:  # a re-trained stage must be re-evaluated
-        scores = stored["scores"]
+    stored = EvalRecord.parse(store.read_bytes(key), store.uri(key)) if store.exists(key) else None
+    if stored is not None and stored.digest == digest:  # a re-trained stage must be re-evaluated
+        scores = stored.scores
     else:
-        ctx = StageContext(recipe, store, run_id, stage_key(run_id, index, stage), ListSink())
-        scores, rows = run_evaluate(ctx, model)
-        record = {"model": model.uri if model else None, "digest": digest, "scores": scores, "items": rows}
-        store.write_bytes(key, json.dumps(record).encode())
+        scores, rows = evaluate_model(recipe, model, store)
+        record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
+        store.write_bytes(key, record.to_json())
         if recipe.tracking.enabled:
             tracker = Tracker(recipe, run_id)
             tracker.log_scores(len(report.evals), scores)
@@ -220,14 +221,41 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     lines = [f"# {recipe.name}: run `{run_id}`", "", "| what | where |", "| --- | --- |"]
     if recipe.tracking.enabled:
         lines.append(f"| MLflow run | {Tracker(recipe, run_id).run_url()} |")
-    for what, key in (("run directory", f"runs/{run_id}"), ("recipe", f"runs/{run_id}/recipe.json"),
-                      ("report", f"runs/{run_id}/report.json"), ("evals", f"runs/{run_id}/evals")):
+    for what, key in (("run directory", layout.run_dir(run_id)), ("recipe", layout.recipe_key(run_id)),
+                      ("report", layout.report_key(run_id)), ("evals", layout.evals_dir(run_id))):
         lines.append(f"| {what} | `{store.uri(key)}` |")
     lines += ["", f"Resume from the terminal: `cascade resume {run_id} --store {store.uri('')}`"]
     text = "\n".join(lines)
     ui_artifacts.create_markdown_artifact(text, key=_artifact_key(run_id, "links"),
                                           description=f"MLflow run and store URIs of {run_id}")
     return text
+
+
+@contextlib.contextmanager
+def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
+    """A run's whole length, for every flow that writes one: its lease (re-entrant: the CLI may hold it
+    already), its recipe (the stored one when the run has one, else this one, stored now under the lease),
+    and, when the block raises, a FAILED finish of the report and the MLflow run."""
+    store = Store.from_config(recipe.storage)
+    with hold_run(store, run_id):
+        recipe = adopt_recipe(store, run_id, recipe)
+        try:
+            yield recipe
+        except BaseException:
+            finish_task(recipe, run_id, "FAILED")
+            raise
+
+
+def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
+    """The run's stored recipe when it has one (a resume, or a Retry of the flow run), else `recipe`, stored."""
+    key = layout.recipe_key(run_id)
+    if not store.exists(key):
+        store.write_bytes(key, recipe.model_dump_json(indent=1).encode())
+        return recipe
+    stored = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key))
+    if stored != recipe:
+        get_run_logger().info(f"continuing run {run_id} with its stored recipe {store.uri(key)}")
+    return stored
 
 
 @task(name="finish", cache_policy=NO_CACHE)

@@ -30,7 +30,7 @@ def prefect_harness():
 
 def micro_recipe(tmp_path, *overrides: str):
     """The micro recipe with its store and MLflow db under tmp_path."""
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
 
     return load_recipe(
         "micro",

@@ -1,46 +1,109 @@
-"""Layering, strictly one way: flows -> tasks -> stages, tasks -> artifacts; stages never see Prefect or MLflow."""
+"""Layering, strictly one way, and no import cycles, counting imports inside functions too.
+
+flows -> tasks -> stages -> artifacts; stages never see Prefect or MLflow; artifacts never import stages; the
+sandbox imports nothing of ours. An edge is `module -> the module it names` (`from a.b import c` names a.b.c
+when that is a module of ours, else a.b); importing a submodule also runs its package's __init__, which is not
+counted as an edge, so a package may re-export its submodules.
+"""
 
 import ast
+import shutil
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("stages", "artifacts", "tasks", "flows", "infra", "sandbox")
+FORBIDDEN = {
+    "stages": {"prefect", "mlflow", "tasks", "flows", "infra"},
+    "artifacts": {"prefect", "stages", "tasks", "flows", "infra", "sandbox"},
+    "tasks": {"flows", "infra"},
+    "sandbox": {"prefect", "mlflow", "tasks", "flows", "stages", "artifacts", "infra"},
+}
 
 
-def imported_modules(package: str) -> dict[str, set[str]]:
-    found = {}
-    for path in (ROOT / package).rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        names = set()
-        for node in ast.walk(tree):
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> every module it imports (ours and third-party top-level names), anywhere in the file."""
+    files = {module_name(root, p): p for pkg in PACKAGES for p in (root / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        names: set[str] = set()
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names.add(node.module.split(".")[0])
-        found[str(path.relative_to(ROOT))] = names
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    names.add(full if full in files else base)
+        graph[mod] = {n if n in files else n.split(".")[0] for n in names} - {mod}
+    return graph
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{mod} -> {dep}" for mod, deps in graph.items() for dep in deps
+                  if dep.split(".")[0] in FORBIDDEN.get(mod.split(".")[0], set()))
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
     return found
 
 
-@pytest.mark.parametrize(
-    "package, forbidden",
-    [
-        ("stages", {"prefect", "mlflow", "tasks", "flows"}),
-        ("artifacts", {"prefect", "tasks", "flows"}),
-        ("tasks", {"flows"}),
-    ],
-)
-def test_no_upward_imports(package, forbidden):
-    offenders = {f: sorted(names & forbidden) for f, names in imported_modules(package).items() if names & forbidden}
-    assert offenders == {}
+def test_no_upward_or_forbidden_imports():
+    assert layering_violations(import_graph(ROOT)) == []
 
 
-def test_stages_use_only_storage_and_checkpoints_from_artifacts():
-    allowed = {"artifacts.store", "artifacts.checkpoint"}
-    for path in (ROOT / "stages").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("artifacts"):
-                assert node.module in allowed, f"{path.relative_to(ROOT)} imports {node.module}"
+def test_no_import_cycles():
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
+    """The checks bite: the real tree plus one function-local artifacts -> stages import, and a two-module cycle."""
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "artifacts" / "probe.py").write_text("def f():\n    from stages.recipe import Recipe\n    return Recipe\n")
+    (tmp_path / "stages" / "probe_a.py").write_text("def f():\n    import stages.probe_b\n")
+    (tmp_path / "stages" / "probe_b.py").write_text("from stages import probe_a\n")
+    graph = import_graph(tmp_path)
+    assert layering_violations(graph) == ["artifacts.probe -> stages.recipe"]
+    assert cycles(graph) == [["stages.probe_a", "stages.probe_b"]]
 
 
 def test_prefect_artifacts_import_is_aliased():

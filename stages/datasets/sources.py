@@ -18,7 +18,9 @@ import fsspec
 from artifacts.store import storage_options
 from stages.domains import get_domain
 from stages.domains.base import Item
-from stages.recipe import FileSource, Recipe, SFTDataConfig, SharedSource, StorageConfig, SyntheticSource
+from artifacts.config import StorageConfig
+from stages.config import FileSource, SFTDataConfig, SharedSource, SyntheticSource
+from stages.recipe import Recipe
 
 PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
 

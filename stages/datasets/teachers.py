@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stages.domains.base import Item
-from stages.recipe import ModelTeacher, OpenAITeacher, OracleTeacher, Recipe
+from stages.config import ModelTeacher, OpenAITeacher, OracleTeacher
+from stages.recipe import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row
 
@@ -103,22 +104,13 @@ class ModelTeacherEngine:
 
 
 def load_teacher_model(source: str, recipe: Recipe, workdir: Path):
-    """(model, tokenizer) for "tiny", a named or HF-dir model, or a committed checkpoint (URI or directory)."""
-    from artifacts.checkpoint import committed, materialize
-    from artifacts.store import Store
-    from stages.model import SMOLLM2, initial_model, load_hf
+    """(model, tokenizer) for any model source (stages.model.resolve_model_dir); the recipe's for "tiny"."""
+    from stages.model import ModelSourceError, initial_model
 
-    if source == "tiny":
-        return initial_model(recipe.model, recipe.seed)
-    local = Path(source.removeprefix("file://"))
-    if source == SMOLLM2 or (local / "config.json").exists():
-        return load_hf(source)
-    store = Store(source if "://" in source else f"file://{local.resolve()}")
-    ref = committed(store, "")
-    if ref is None:
-        raise TeacherError(f"teacher source {source!r} is neither a model nor a committed checkpoint")
-    copy = materialize(store, ref, workdir / f"teacher-{ref.digest[:12]}")
-    return load_hf(copy / "model" if (copy / "model").exists() else copy)
+    try:
+        return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed, workdir)
+    except ModelSourceError as e:
+        raise TeacherError(f"teacher source {source!r}: {e}") from None
 
 
 class OpenAIChatTeacher:

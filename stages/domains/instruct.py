@@ -162,7 +162,7 @@ def prepare_ifeval_checkers() -> None:
         instructions.random = _checker_rng
         instructions_util.random = _checker_rng
 
-        from stages.recipe import cascade_home
+        from artifacts.config import cascade_home
 
         try:
             nltk.data.find("tokenizers/punkt_tab/english/")

@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerFast
 
 from stages.engines.base import Completion, RolloutEngine, SamplingParams
 from stages.engines.hf import HFEngine
-from stages.recipe import EngineConfig
+from stages.config import EngineConfig
 
 
 def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> RolloutEngine:

@@ -14,11 +14,11 @@ from typing import Literal, Protocol
 import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
+    max_new_tokens: int  # no default: each caller's budget comes from its own config (a domain's, a stage's)
     temperature: float = 1.0  # 0.0 means greedy
     top_p: float = 1.0
-    max_new_tokens: int = 64
     seed: int | None = None
 
 

@@ -38,7 +38,7 @@ def test_plan_lists_orphans_and_old_steps_and_deletes_nothing(store, tmp_path):
     assert plan.kept == ["runs/r/01-sft/steps/3", "runs/r/01-sft/steps/4"]
     assert plan.total_bytes == sum(sum(store.sizes(i.key).values()) for i in plan.items) > 40 + 40 + 2 * 100
     text = plan.render()
-    assert "would delete  runs/r/01-sft/steps/5" in text and "--delete" in text
+    assert "would delete  runs/r/01-sft/steps/5" in text and "run again with --yes" in text
     assert store.exists("runs/r/01-sft/steps/5/model/w.bin") and store.exists("runs/r/01-sft/steps/1/model/w.bin")
 
 

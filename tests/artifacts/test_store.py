@@ -3,7 +3,7 @@
 import pytest
 
 from artifacts.store import RetryPolicy, Store, is_transient, retrying, storage_options
-from stages.recipe import StorageConfig
+from artifacts.config import StorageConfig
 
 
 def test_keys_listing_and_sizes(any_store):

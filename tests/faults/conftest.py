@@ -78,7 +78,7 @@ def unverified(store: Store, prefix: str) -> dict[str, list[str]]:
 
 def s3_recipe(tmp_path: Path, endpoint: str, bucket: str, *overrides: str):
     """The fault recipe (kill.yaml) with its store in bucket on endpoint."""
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
 
     return load_recipe(str(KILL_RECIPE), [f"storage.root=s3://{bucket}/cascade", f"storage.endpoint_url={endpoint}",
                                           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides])

@@ -9,6 +9,7 @@ import torch
 import stages.context
 
 from artifacts.checkpoint import CheckpointError, committed, materialize
+from stages.kinds import StageInputs
 from stages.context import latest_step_checkpoint
 from stages.sft import run_sft
 from stages.sft_data import run_sft_data
@@ -26,14 +27,14 @@ def flip_byte(store, key: str, offset: int = 4096) -> None:
 def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypatch, caplog):
     recipe = s3_recipe(tmp_path, s3.url, new_bucket(s3.url))
     cfg = recipe.stage("sft")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data")).checkpoint
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()).checkpoint
     straight = stage_ctx(recipe, tmp_path / "a", "sft", run_id="straight")
-    run_sft(cfg, straight, None, data)
+    run_sft(cfg, straight, StageInputs(stages={"sft_data": data}))
 
     ctx = stage_ctx(recipe, tmp_path / "b", "sft")
     preempt_at(monkeypatch, stages.context, "write_checkpoint", 5)  # steps 1-4 committed
     with pytest.raises(Preempted):
-        run_sft(cfg, ctx, None, data)
+        run_sft(cfg, ctx, StageInputs(stages={"sft_data": data}))
     monkeypatch.undo()
     bad = f"{ctx.key}/steps/4/model/model.safetensors"
     flip_byte(ctx.store, bad)
@@ -50,7 +51,7 @@ def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypa
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cascade.checkpoint"):
-        run_sft(cfg, fresh, None, data)  # resumes from step 3, redoes 4-6
+        run_sft(cfg, fresh, StageInputs(stages={"sft_data": data}))  # resumes from step 3, redoes 4-6
     assert "model/model.safetensors does not match" in caplog.text
     resumed, reference = stage_weights(fresh), stage_weights(straight)
     for name, tensor in reference.items():
@@ -60,11 +61,11 @@ def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypa
 def test_every_step_corrupted_means_a_fresh_start_not_a_bad_load(s3, tmp_path, monkeypatch, caplog):
     recipe = s3_recipe(tmp_path, s3.url, new_bucket(s3.url))
     cfg = recipe.stage("sft")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data")).checkpoint
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
     ctx = stage_ctx(recipe, tmp_path, "sft")
     preempt_at(monkeypatch, stages.context, "write_checkpoint", 3)
     with pytest.raises(Preempted):
-        run_sft(cfg, ctx, None, data)
+        run_sft(cfg, ctx, StageInputs(stages={"sft_data": data}))
     monkeypatch.undo()
     for step in (1, 2):
         flip_byte(ctx.store, f"{ctx.key}/steps/{step}/state/trainer.pt", offset=100)

@@ -7,6 +7,7 @@ import torch
 
 import stages.context
 import stages.domains
+from stages.kinds import StageInputs
 from stages.context import ListSink
 from stages.domains.base import Domain, Item
 from stages.grpo import run_grpo
@@ -47,11 +48,11 @@ def attempt(stage: str, s3_url: str, tmp_path, name: str):
     if stage == "rl":
         recipe = grpo_recipe(s3_url)
         ctx = stage_ctx(recipe, tmp_path / name, "rl", sink=sink)
-        return recipe.stage("rl"), (lambda: run_grpo(recipe.stage("rl"), ctx, None)), ctx, sink
+        return recipe.stage("rl"), (lambda: run_grpo(recipe.stage("rl"), ctx, StageInputs())), ctx, sink
     recipe = s3_recipe(tmp_path, s3_url, new_bucket(s3_url))
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / name, "sft_data")).checkpoint
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / name, "sft_data"), StageInputs()).checkpoint
     ctx = stage_ctx(recipe, tmp_path / name, "sft", sink=sink)
-    return recipe.stage("sft"), (lambda: run_sft(recipe.stage("sft"), ctx, None, data)), ctx, sink
+    return recipe.stage("sft"), (lambda: run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))), ctx, sink
 
 
 @pytest.mark.parametrize("stage, series", [("sft", "loss"), ("rl", "reward")])

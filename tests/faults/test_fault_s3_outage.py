@@ -16,6 +16,7 @@ from botocore.exceptions import EndpointConnectionError
 
 from artifacts.checkpoint import MANIFEST, committed
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.sft import run_sft
 from stages.sft_data import run_sft_data
 from tests.artifacts.servers import have_s3rver, make_bucket, s3rver_server
@@ -57,11 +58,11 @@ def test_short_outage_is_ridden_out_by_retries(s3rver, tmp_path, monkeypatch):
     monkeypatch.setenv("CASCADE_STORE_ATTEMPTS", "8")
     monkeypatch.setenv("CASCADE_STORE_BACKOFF", "0.3")
     recipe = s3_recipe(tmp_path, s3rver.url, "outage")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data")).checkpoint
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
     ctx = stage_ctx(recipe, tmp_path, "sft")
     restart = lambda: threading.Timer(1.5, s3rver.start).start()  # noqa: E731 - back after 1.5 s
     kill_server_at(monkeypatch, s3rver, "steps/2", 2, on_kill=restart)
-    run_sft(recipe.stage("sft"), ctx, None, data)
+    run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
     assert committed(ctx.store, ctx.key) is not None
     assert unverified(ctx.store, ctx.key) == {}
 
@@ -71,15 +72,15 @@ def test_long_outage_fails_cleanly_then_resume_completes(s3rver, tmp_path, monke
     monkeypatch.setenv("CASCADE_STORE_BACKOFF", "0.1")
     recipe = s3_recipe(tmp_path, s3rver.url, "outage")
     cfg = recipe.stage("sft")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data")).checkpoint
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()).checkpoint
     straight = stage_ctx(recipe, tmp_path / "a", "sft", run_id="straight")
-    run_sft(cfg, straight, None, data)
+    run_sft(cfg, straight, StageInputs(stages={"sft_data": data}))
 
     ctx = stage_ctx(recipe, tmp_path / "b", "sft")
     kill_server_at(monkeypatch, s3rver, "steps/3", 3)
     started = time.time()
     with pytest.raises(Exception) as info:
-        run_sft(cfg, ctx, None, data)
+        run_sft(cfg, ctx, StageInputs(stages={"sft_data": data}))
     elapsed = time.time() - started
     assert isinstance(info.value, EndpointConnectionError) or "EndpointConnectionError" in repr(info.value), info.value
     notes = "\n".join(getattr(info.value, "__notes__", []))
@@ -91,7 +92,7 @@ def test_long_outage_fails_cleanly_then_resume_completes(s3rver, tmp_path, monke
     assert not ctx.store.exists(f"{ctx.key}/steps/3/{MANIFEST}") and committed(ctx.store, f"{ctx.key}/steps/3") is None
     assert committed(ctx.store, f"{ctx.key}/steps/2") is not None
     resumed = stage_ctx(recipe, tmp_path / "c", "sft")
-    run_sft(cfg, resumed, None, data)
+    run_sft(cfg, resumed, StageInputs(stages={"sft_data": data}))
     assert unverified(resumed.store, resumed.key) == {}
     for name, tensor in stage_weights(straight).items():
         assert torch.allclose(stage_weights(resumed)[name], tensor, atol=1e-6), name

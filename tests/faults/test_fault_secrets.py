@@ -14,7 +14,7 @@ import pytest
 
 from artifacts.store import Store
 from flows.cascade import cascade_flow
-from stages.recipe import load_recipe
+from flows.recipes import load_recipe
 from tests.faults.conftest import new_bucket
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

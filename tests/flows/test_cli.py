@@ -70,7 +70,7 @@ def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
 
     home = tmp_path / "home"
     store = Store(f"file://{home}")
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
 
     store.write_bytes("runs/busy/recipe.json", load_recipe("micro").model_dump_json().encode())
     with Lease(store, "busy"):
@@ -86,7 +86,7 @@ def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
 def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
     home = tmp_path / "home"
     from artifacts.store import Store
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
 
     store = Store(f"file://{home}")
     store.write_bytes("runs/r1/recipe.json", load_recipe("micro").model_dump_json().encode())

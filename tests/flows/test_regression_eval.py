@@ -19,6 +19,7 @@ import yaml
 
 import stages.domains
 from artifacts.checkpoint import read_manifest
+from artifacts.records import EvalRecord
 from artifacts.store import Store
 from stages.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
 from tests.artifacts.servers import BIN, Server, free_port
@@ -52,7 +53,7 @@ def test_drop_tolerance_and_verdict_per_domain():
 def test_raising_a_baseline_only_moves_domains_up():
     old = Baseline(name="b", domains={"math": BaselineEntry(score=0.5, checkpoint="a", uri="u-a"),
                                       "code": BaselineEntry(score=0.3, checkpoint="a", uri="u-a")})
-    new = raise_to(old, "b", {"checkpoint": "c", "model": "u-c", "scores": {"math": 0.4, "code": 0.6, "tool": 0.1}})
+    new = raise_to(old, "b", EvalRecord(checkpoint="c", model="u-c", scores={"math": 0.4, "code": 0.6, "tool": 0.1}))
     assert {d: (e.score, e.uri) for d, e in new.domains.items()} == {
         "math": (0.5, "u-a"), "code": (0.6, "u-c"), "tool": (0.1, "u-c")}
 

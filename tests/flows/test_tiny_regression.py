@@ -10,7 +10,7 @@ gate fires: drop 0.135 > 0.05), 0.28 after MOPD. The full-size run is in docs/LO
 import pytest
 
 from flows.cascade import cascade_flow
-from stages.recipe import load_recipe
+from flows.recipes import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 SCALED = [

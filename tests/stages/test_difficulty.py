@@ -7,12 +7,13 @@ import pytest
 import stages.domains
 from artifacts.checkpoint import materialize
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.context import ListSink, StageContext
 from stages.difficulty import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
 from stages.domains.base import Domain, Item
 from stages.engines.hf import HFEngine
 from stages.model import build_tiny_model, save_hf
-from stages.recipe import ModelConfig, RecipeError, load_recipe, validate_recipe
+from stages.config import ModelConfig, RecipeError, load_recipe, validate_recipe
 from stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -58,7 +59,7 @@ def run_filter(tmp_path, reference, run_id, **difficulty):
     store = Store.from_config(recipe.storage)
     (tmp_path / run_id).mkdir()
     ctx = StageContext(recipe, store, run_id, f"runs/{run_id}/00-difficulty", ListSink(), workdir=tmp_path / run_id)
-    result = run_difficulty(recipe.stages[0], ctx, None)
+    result = run_difficulty(recipe.stages[0], ctx, StageInputs())
     local = materialize(store, result.checkpoint, tmp_path / run_id / "out")
     rates = [json.loads(line) for line in (local / PASS_RATES_FILE).read_text().splitlines()]
     kept = [json.loads(line) for line in (local / PROMPTS_FILE).read_text().splitlines()]

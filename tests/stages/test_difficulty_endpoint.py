@@ -4,7 +4,7 @@ import pytest
 
 from stages.engines.vllm import VLLMEngine
 from stages.model import build_tiny_model, save_hf
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
 from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv

@@ -5,7 +5,7 @@ import torch
 from stages.engines.base import SamplingParams
 from stages.engines.hf import HFEngine
 from stages.model import build_tiny_model, prompt_ids
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)

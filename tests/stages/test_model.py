@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
 
 SAMPLES = ["Compute 7-3+9.", "7-3=4\n4+9=13\n\\boxed{13}", "- snow\n- ICE", "def f(x):\n    return x * 2", "héllo ✓"]

@@ -15,7 +15,7 @@ def leaf(values):
 def test_advantage_sign_pushes_toward_the_teacher():
     logp = leaf([[math.log(0.2), math.log(0.6)]])
     teacher = torch.tensor([[math.log(0.5), math.log(0.3)]])  # teacher likes token 0 more, token 1 less
-    loss = mopd_loss(logp, teacher, logp.detach(), torch.ones(1, 2), 2)
+    loss = mopd_loss(logp, teacher, logp.detach(), torch.ones(1, 2), 2, 0.5, 2.0)
     loss.backward()
     # gradient descent raises logp where the teacher is more confident, lowers it where less
     assert logp.grad[0, 0] < 0 < logp.grad[0, 1]
@@ -41,7 +41,7 @@ def test_ratio_one_reduces_to_reverse_kl_policy_gradient():
     teacher = torch.log_softmax(torch.randn(3, 4), -1)
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     n = int(mask.sum())
-    mopd_loss(logp, teacher, logp.detach(), mask, n).backward()
+    mopd_loss(logp, teacher, logp.detach(), mask, n, 0.5, 2.0).backward()
     # REINFORCE on reward -log(pi_train/pi_teacher) per token: grad = -(log teacher - log train) * mask / n
     expected = -(teacher - logp.detach()) * mask / n
     assert torch.allclose(logp.grad, expected, atol=1e-7)
@@ -49,7 +49,7 @@ def test_ratio_one_reduces_to_reverse_kl_policy_gradient():
 
 def test_teacher_equal_to_student_gives_zero_advantage_and_gradient():
     logp = leaf([[-0.5, -1.5, -2.5]])
-    loss = mopd_loss(logp, logp.detach().clone(), logp.detach() + 0.1, torch.ones(1, 3), 3)
+    loss = mopd_loss(logp, logp.detach().clone(), logp.detach() + 0.1, torch.ones(1, 3), 3, 0.5, 2.0)
     loss.backward()
     assert loss.item() == 0.0
     assert torch.count_nonzero(logp.grad) == 0
@@ -63,12 +63,12 @@ def test_micro_batches_equal_one_full_batch():
     mask = (torch.rand(6, 5) > 0.3).float()
     n = int(mask.sum())
     full = leaf(base.tolist())
-    mopd_loss(full, teacher, inf, mask, n).backward()
+    mopd_loss(full, teacher, inf, mask, n, 0.5, 2.0).backward()
     parts = leaf(base.tolist())
     total = 0.0
     for s in (slice(0, 2), slice(2, 5), slice(5, 6)):
-        loss = mopd_loss(parts[s], teacher[s], inf[s], mask[s], n)
+        loss = mopd_loss(parts[s], teacher[s], inf[s], mask[s], n, 0.5, 2.0)
         loss.backward()
         total += loss.item()
-    assert total == pytest.approx(mopd_loss(base, teacher, inf, mask, n).item(), abs=1e-6)
+    assert total == pytest.approx(mopd_loss(base, teacher, inf, mask, n, 0.5, 2.0).item(), abs=1e-6)
     assert torch.allclose(full.grad, parts.grad, atol=1e-7)

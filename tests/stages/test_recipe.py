@@ -2,7 +2,8 @@
 
 import pytest
 
-from stages.recipe import RECIPES_DIR, Recipe, RecipeError, load_recipe
+from flows.recipes import load_recipe
+from stages.recipe import RECIPES_DIR, Recipe, RecipeError
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -63,10 +64,10 @@ def test_replacing_the_stage_list_with_a_scalar_is_rejected():
         load_recipe("tiny", ["stages=3"])
 
 
-# --- the run form of the `cascade` deployment (stages.recipe.RunRequest) ---
+# --- the run form of the `cascade` deployment (flows.recipes.RunRequest) ---
 
 def test_run_form_overrides_apply_to_the_recipe():
-    from stages.recipe import RunRequest, request_recipe
+    from flows.recipes import RunRequest, request_recipe
 
     req = RunRequest(recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"],
                      storage_root="file:///tmp/x")
@@ -88,7 +89,7 @@ def test_run_form_overrides_apply_to_the_recipe():
 def test_run_form_rejects_bad_fields(fields, message):
     from pydantic import ValidationError
 
-    from stages.recipe import RunRequest
+    from flows.recipes import RunRequest
 
     with pytest.raises(ValidationError, match=message):
         RunRequest(**fields)
@@ -100,7 +101,8 @@ def test_run_form_rejects_bad_fields(fields, message):
     ({"domains": ["code"]}, "domains: ['code'] not in recipe micro"),
 ])
 def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
-    from stages.recipe import RecipeError, RunRequest, request_recipe
+    from flows.recipes import RunRequest, request_recipe
+    from stages.recipe import RecipeError
 
     with pytest.raises(RecipeError) as e:
         request_recipe(RunRequest(recipe="micro", **fields))

@@ -16,6 +16,7 @@ import pytest
 
 from artifacts.checkpoint import committed
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.context import ListSink, StageContext
 from stages.datasets.filters import ContaminationIndex, normalized_tokens
 from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
@@ -42,7 +43,7 @@ def recipe_with(tmp_path, stage: dict, domains: dict | None = None, name: str = 
 def build(recipe, tmp_path, name: str = "run"):
     store = Store.from_config(recipe.storage)
     ctx = StageContext(recipe, store, name, f"runs/{name}/00-sft_data", ListSink(), workdir=tmp_path)
-    return run_sft_data(recipe.stages[0], ctx), ctx
+    return run_sft_data(recipe.stages[0], ctx, StageInputs()), ctx
 
 
 def read_rows(ctx) -> list[dict]:
@@ -303,7 +304,7 @@ def test_missing_api_key_and_bad_rows_fail_before_anything_is_committed(tmp_path
 
 
 def test_shipped_recipes_build_with_dedup_and_decontamination(tmp_path):
-    from stages.recipe import load_recipe
+    from flows.recipes import load_recipe
     from tests.conftest import micro_recipe
 
     for name in ("tiny", "micro"):
@@ -350,7 +351,7 @@ def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
     from artifacts.checkpoint import write_checkpoint
     from stages.model import build_tiny_model, save_hf
-    from stages.recipe import ModelConfig
+    from stages.config import ModelConfig
     from tests.stages.rigged import rig_short_answers
 
     tokenizer = load_tokenizer()
@@ -373,7 +374,7 @@ def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
 
 
 def test_the_stage_checkpoint_carries_the_config_hash_the_task_layer_compares(tmp_path):
-    from stages.recipe import config_hash
+    from artifacts.config import config_hash
 
     recipe = recipe_with(tmp_path, {})
     result, _ = build(recipe, tmp_path)

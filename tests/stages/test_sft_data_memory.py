@@ -25,6 +25,7 @@ BUILD = """
 import json, sys, tempfile, time
 from pathlib import Path
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.context import ListSink, StageContext
 from stages.domains import register_domain
 from stages.domains.base import Domain, Item
@@ -50,7 +51,7 @@ recipe = validate_recipe({"domains": {"echo": {"train_size": rows, "heldout_size
                           "stages": [{"kind": "sft_data", "shard_rows": 50_000, "dedup": {"near": near}}]})
 ctx = StageContext(recipe, Store.from_config(recipe.storage), "m", "runs/m/00-sft_data", ListSink(), workdir=work)
 started = time.time()
-result = run_sft_data(recipe.stage("sft_data"), ctx)
+result = run_sft_data(recipe.stage("sft_data"), ctx, StageInputs())
 print(json.dumps({**result.metrics, "wall_s": time.time() - started}))
 """
 

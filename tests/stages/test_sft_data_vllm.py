@@ -18,6 +18,7 @@ import pytest
 
 from artifacts.checkpoint import committed, verify
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.context import ListSink, StageContext
 from stages.datasets.shards import DATA_DIR, shard_paths
 from stages.datasets.teachers import TeacherError
@@ -36,7 +37,7 @@ def upstream(tmp_path_factory):
     require_vllm_venv()
     from stages.engines.vllm import VLLMEngine
     from stages.model import build_tiny_model, save_hf
-    from stages.recipe import ModelConfig
+    from stages.config import ModelConfig
     from stages.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
@@ -123,7 +124,7 @@ def teacher_recipe(tmp_path, url: str, name: str, **teacher):
 def build(recipe, tmp_path, name: str):
     store = Store.from_config(recipe.storage)
     ctx = StageContext(recipe, store, name, f"runs/{name}/00-sft_data", ListSink(), workdir=tmp_path)
-    return run_sft_data(recipe.stages[0], ctx), ctx
+    return run_sft_data(recipe.stages[0], ctx, StageInputs()), ctx
 
 
 def rows_of(ctx) -> list[dict]:

@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 from stages.engines.base import SamplingParams
 from stages.engines.hf import HFEngine
 from stages.model import SMOLLM2, initial_model, load_hf, num_parameters, prompt_ids
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 
 pytestmark = [
     pytest.mark.slow,

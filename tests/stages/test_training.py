@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 import stages.domains
 from artifacts.store import Store
+from stages.kinds import StageInputs
 from stages.context import ListSink, StageContext
 from stages.domains.base import Domain, Item
 from stages.grpo import run_grpo
@@ -15,7 +16,7 @@ from stages.rollout import rollout_batch
 from stages.engines.base import Completion
 from stages.losses import grpo_loss, sft_loss, token_logprobs
 from stages.model import build_tiny_model
-from stages.recipe import ModelConfig
+from stages.config import ModelConfig
 from stages.sft import pad_batch, run_sft
 from stages.sft_data import run_sft_data
 from stages.tokenizer import load_tokenizer
@@ -97,16 +98,16 @@ def test_sft_resume_parity(tmp_path, monkeypatch):
     finals, losses = [], []
     for attempt, crash in (("straight", False), ("resumed", True)):
         recipe = micro_recipe(tmp_path / attempt)
-        data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data")).checkpoint
+        data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "sft", sink)
         if crash:
             crash_at_step(monkeypatch, "stages.sft.clip_and_step", 4)
             with pytest.raises(RuntimeError, match="preempted"):
-                run_sft(recipe.stage("sft"), ctx, None, data)
+                run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
             monkeypatch.undo()
             assert [s for s, _ in sink.rows] == [1, 2, 3]
-        run_sft(recipe.stage("sft"), ctx, None, data)
+        run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
         finals.append(weights(ctx))
         losses.append(sink.series("loss"))
     assert losses[1][:3] + losses[1][3:] == pytest.approx(losses[0], abs=1e-6)
@@ -157,7 +158,7 @@ def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
                     "group_size": 8, "lr": 1e-2, "checkpoint_every": 0}],
     })
     sink = ListSink()
-    result = run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), None)
+    result = run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), StageInputs())
     rewards = sink.series("reward")
     assert len(rewards) == 24
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6

@@ -81,7 +81,7 @@ def one_torch_thread():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from stages.model import build_tiny_model, save_hf
-    from stages.recipe import ModelConfig
+    from stages.config import ModelConfig
     from stages.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()

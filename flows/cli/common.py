@@ -1,0 +1,93 @@
+"""What every command group shares: the typer app, the console, and one-line errors for bad input.
+
+Bad input (an unknown recipe key, a missing file, a bad override, an unknown run id) is one line on stderr and
+exit code 2, checked before anything is written. The CLI parses and prints; the work is done by flows, tasks
+and stages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, help="Cascade: multi-stage post-training on Prefect.")
+console = Console()
+
+
+class CLIError(Exception):
+    """Bad user input: printed as one line, exit code 2."""
+
+
+def fail(message: str) -> None:
+    typer.echo(f"cascade: error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
+    from artifacts.lease import LeaseHeld
+    from artifacts.records import EvalRecordError
+    from stages.model import ModelSourceError
+    from stages.recipe import RecipeError
+    from stages.regression import BaselineError
+
+    return CLIError, RecipeError, LeaseHeld, ModelSourceError, BaselineError, EvalRecordError, LookupError
+
+
+def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn known bad-input errors into one line on stderr and exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except bad_input_errors() as e:
+            fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+
+    return wrapper
+
+
+def quiet_services() -> None:
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")  # 2 busy cores: 20 s is short
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def store_for(root: str | None):
+    from artifacts.config import StorageConfig
+    from artifacts.store import Store
+
+    return Store.from_config(StorageConfig(root=root))
+
+
+def valid_run_id(run_id: str) -> bool:
+    from flows.recipes import RUN_ID_PATTERN
+
+    return re.fullmatch(RUN_ID_PATTERN, run_id) is not None  # fullmatch: "$" alone lets "id\n" through
+
+
+def stored_recipe(store, run_id: str):
+    """The recipe a run executes, as stored with it; an unknown or unreadable run is bad input."""
+    from artifacts.layout import recipe_key
+    from stages.recipe import validate_recipe
+
+    key = recipe_key(run_id)
+    if not valid_run_id(run_id) or not store.exists(key):
+        raise CLIError(f"unknown run id {run_id!r} in {store.uri('runs')}")
+    try:
+        raw = json.loads(store.read_bytes(key))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CLIError(f"{store.uri(key)} is not valid JSON (truncated?)") from None
+    if not isinstance(raw, dict):
+        raise CLIError(f"{store.uri(key)} is not a recipe")
+    return validate_recipe(raw, source=store.uri(key))

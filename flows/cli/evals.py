@@ -1,0 +1,230 @@
+"""`cascade eval | grade`: a model on the held-out splits or real benchmarks; completions made elsewhere."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.cli.common import CLIError, app, console, guarded
+
+
+BENCHMARK_HELP = "Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple."
+DATA_FORMAT_HELP = (
+    "JSONL, one item per line, in the benchmark's own format (gsm8k: question + answer ending '#### N'; "
+    "aime24/amc23: problem + answer; mmlu_stem: question + choices + answer index; ifeval: prompt + "
+    "instruction_id_list + kwargs) or, for any benchmark, in the item format "
+    '{"prompt": "...", "meta": {...}, "reference": "...", "id": "..."}, where meta is what the domain\'s grader '
+    "reads (math: answer; mcqa: answer letter; longctx: answer; instruct: kind, n, word or IFEval's fields). "
+    "With --data, --benchmark may also name a domain (math, mcqa, ...) for item-format rows."
+)
+
+
+@app.command("eval")
+@guarded
+def eval_cmd(
+    model: str = typer.Argument(..., help="A checkpoint URI/dir (with MANIFEST.json), an HF model dir, 'tiny' or "
+                                          "'smollm2-135m'."),
+    recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains and held-out sizes to use."),
+    benchmark: Optional[str] = typer.Option(None, "--benchmark", help=BENCHMARK_HELP + " Without it: every "
+                                            "recipe domain's held-out split."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N items of each benchmark."),
+    samples: int = typer.Option(1, "--samples", help="Completions per item: 1 is greedy pass@1; K > 1 samples "
+                                "(T=0.8 unless --temperature) and adds unbiased pass@K."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Your own items instead of the benchmark's file: "
+                                        + DATA_FORMAT_HELP),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for scores.json and <benchmark>.jsonl "
+                                       "(prompt, completion, verdict per item); default $CASCADE_HOME/evals/<time>."),
+    max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Generation budget per completion."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature override."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per generate call."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads; on a busy machine 1 can be "
+                                          "many times faster than oversubscribed OpenMP threads."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Evaluate a model on every domain's held-out split, or on real benchmarks with --benchmark."""
+    if threads is not None:
+        if threads < 1:
+            raise CLIError(f"--threads must be >= 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    if benchmark is None:
+        if limit is not None or samples != 1 or data is not None or out is not None:
+            raise CLIError("--limit, --samples, --data and --out apply to --benchmark runs only")
+        _eval_heldout(model, recipe, as_json)
+        return
+    specs = _benchmark_specs(benchmark, data)
+    if data is not None:
+        _check_items_file(specs[0], data)  # a bad row is reported before a model loads or a file is written
+    for flag, value, low in (("--limit", limit, 1), ("--samples", samples, 1), ("--max-new-tokens", max_new_tokens, 1),
+                             ("--batch-size", batch_size, 1)):
+        if value is not None and value < low:
+            raise CLIError(f"{flag} must be >= {low}, got {value}")
+    if temperature is not None and temperature < 0:
+        raise CLIError(f"--temperature must be >= 0, got {temperature}")
+    tokenizer, engine = _load_for_benchmarks(model, recipe, batch_size)
+    settings = {"limit": limit, "samples": samples, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                "data": str(data) if data else None}
+    out_dir = out or _default_eval_dir()
+    try:
+        results = _run_benchmarks(engine, tokenizer, specs, settings, quiet=as_json,
+                                  save=lambda done: _write_benchmark_results(out_dir, model, settings, done))
+    finally:
+        engine.close()
+    _print_benchmark_scores(model, results, out_dir, as_json)
+
+
+def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
+    """Every recipe domain's held-out split, greedy pass@1 (the behaviour before --benchmark existed)."""
+    from stages.evaluate import evaluate_model
+
+    scores, _ = evaluate_model(_recipe_on(recipe, model))
+    if as_json:
+        typer.echo(json.dumps({"model": model, "scores": scores}))
+        return
+    table = Table("domain", "score", title=f"held-out pass@1: {model}")
+    for d, s in scores.items():
+        table.add_row(d, f"{s:.3f}")
+    console.print(table)
+
+
+def _recipe_on(recipe: str, model: str):
+    """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
+    from flows.recipes import load_recipe
+    from stages.model import resolve_model_dir
+
+    loaded = load_recipe(recipe)
+    if model != "tiny":
+        resolve_model_dir(model)  # a bad source is one line before any model loads
+    return loaded.model_copy(update={"model": loaded.model.model_copy(update={"source": model})})
+
+
+def _benchmark_specs(benchmark: str, data: Optional[Path]):
+    """The specs of comma-separated names; unknown names are a CLIError before any work."""
+    from stages.benchmarks import BenchmarkError, resolve_benchmarks
+
+    names = [n.strip() for n in benchmark.split(",") if n.strip()]
+    try:
+        return resolve_benchmarks(names, data)
+    except BenchmarkError as e:
+        raise CLIError(str(e)) from None
+
+
+def _check_items_file(spec, data: Path) -> None:
+    from stages.benchmarks import BenchmarkError, load_items
+
+    try:
+        if not load_items(spec, data_file=data):
+            raise CLIError(f"{data} holds no items")
+    except BenchmarkError as e:
+        raise CLIError(str(e)) from None
+
+
+def _load_for_benchmarks(model: str, recipe: str, batch_size: Optional[int]):
+    """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings."""
+    from stages.evaluate import open_policy
+
+    return open_policy(_recipe_on(recipe, model), batch_size=batch_size)
+
+
+def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save) -> list:
+    """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
+
+    `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
+    from stages.benchmarks import BenchmarkError, evaluate_benchmark
+
+    results = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=False, disable=quiet) as progress:
+        for spec in specs:
+            bar = progress.add_task(spec.name, total=None)
+
+            def update(done: int, total: int, bar=bar) -> None:
+                progress.update(bar, completed=done, total=total)
+
+            try:
+                results.append(evaluate_benchmark(
+                    engine, tokenizer, spec.name, settings["limit"], settings["samples"],
+                    data_file=settings["data"], max_new_tokens=settings["max_new_tokens"],
+                    temperature=settings["temperature"], progress=update))
+            except BenchmarkError as e:  # e.g. a bad row in --data: found before any generation
+                raise CLIError(str(e)) from None
+            save(results)
+    return results
+
+
+def _default_eval_dir() -> Path:
+    from artifacts.config import cascade_home
+
+    return cascade_home() / "evals" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _write_benchmark_results(out_dir: Path, model: str, settings: dict, results: list) -> None:
+    """scores.json plus <benchmark>.jsonl (one row per item and sample) in the output directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scores = {"model": model, "settings": settings,
+              "benchmarks": {r.name: {"domain": r.domain, "seconds": round(r.seconds, 1), **r.metrics} for r in results}}
+    (out_dir / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
+    for r in results:
+        with open(out_dir / f"{r.name}.jsonl", "w", encoding="utf-8") as f:
+            for row in r.rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _print_benchmark_scores(model: str, results: list, out_dir: Path, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"model": model, "scores": {r.name: r.metrics for r in results}, "out": str(out_dir)}))
+        return
+    table = Table("benchmark", "items", "metric", "score", "seconds", title=f"benchmarks: {model}")
+    for r in results:
+        shown = [k for k in r.metrics if k not in ("items", "samples")]
+        for i, key in enumerate(shown):
+            table.add_row(r.name if i == 0 else "", str(r.metrics["items"]) if i == 0 else "", key,
+                          f"{r.metrics[key]:.3f}", f"{r.seconds:.0f}" if i == 0 else "")
+    console.print(table)
+    console.print(f"per-item results: {out_dir}")
+
+
+@app.command("grade")
+@guarded
+def grade_cmd(
+    benchmark: Optional[str] = typer.Option(None, "--benchmark", help="The benchmark (or domain) whose grader to "
+                                            "use (required)."),
+    data: Optional[Path] = typer.Option(None, "--data", help="Completions to score (required): " + DATA_FORMAT_HELP + " Every row also "
+                              'needs "completion": the model\'s answer as a string.'),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Score completions made elsewhere. A bad row is reported with its line number and reason, and the other
+    rows are still graded; the exit code is 1 when any row could not be graded."""
+    from stages.benchmarks import BenchmarkError, grade_rows
+
+    if not benchmark or data is None:  # checked here, not by typer, so the error is one line like the others
+        raise CLIError("grade needs --benchmark NAME and --data FILE.jsonl")
+    if "," in benchmark:
+        raise CLIError("grade takes one --benchmark")
+    _benchmark_specs(benchmark, data)  # unknown name or missing file: one line, exit 2
+    try:
+        result = grade_rows(benchmark, data)
+    except BenchmarkError as e:
+        raise CLIError(str(e)) from None
+    if as_json:
+        verdicts = [{k: row[k] for k in ("row", "id", "score", "verdict", "details") if k in row} for row in result.rows]
+        typer.echo(json.dumps({"benchmark": benchmark, "scores": result.metrics, "errors": result.errors,
+                               "rows": verdicts}))
+    else:
+        table = Table("metric", "score", title=f"{benchmark}: {len(result.rows)} graded, {len(result.errors)} bad rows")
+        for key, value in result.metrics.items():
+            table.add_row(key, f"{value:.3f}" if isinstance(value, float) else str(value))
+        console.print(table)
+        for err in result.errors:
+            typer.echo(f"cascade: row {err['row']}: {err['error']}", err=True)
+    if result.errors:
+        raise typer.Exit(1)

@@ -1,0 +1,198 @@
+"""`cascade run | resume | status | report | gc`: start, continue, inspect and clean up runs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Any, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe, valid_run_id
+
+
+def new_run_id(recipe_name: str) -> str:
+    return f"{recipe_name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}".lower()
+
+
+def execute(recipe, run_id: str) -> None:
+    """The cascade flow in this process, with a progress bar per stage; then the forgetting matrix."""
+    from artifacts.layout import report_key
+    from artifacts.store import Store
+    from flows.cascade import cascade_flow
+    from tasks.progress import set_progress_factory
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        bars: dict[str, Any] = {}
+
+        def factory(label: str):
+            def update(done: int, total: int) -> None:
+                if label not in bars:
+                    bars[label] = progress.add_task(label, total=total)
+                progress.update(bars[label], completed=done, total=total)
+
+            return update
+
+        set_progress_factory(factory)
+        try:
+            report = cascade_flow(recipe, run_id)
+        finally:
+            set_progress_factory(None)
+    print_matrix(report)
+    console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
+
+
+def print_matrix(report) -> None:
+    domains, rows = report.forgetting_matrix()
+    table = Table(title=f"Forgetting matrix: held-out score after each stage ({report.run_id})")
+    table.add_column("after stage")
+    for d in domains:
+        table.add_column(d, justify="right")
+    for stage, scores in rows:
+        table.add_row(stage, *("-" if s is None else f"{s:.3f}" for s in scores))
+    console.print(table)
+    for g in report.gate:
+        console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
+                      f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}")
+
+
+@app.command()
+@guarded
+def run(
+    recipe: str = typer.Argument("tiny", help="A shipped recipe name (e.g. tiny) or a path to a YAML file."),
+    overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. stages.sft.steps=100"),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (default: RECIPE-DATE-TIME-XXXX)."),
+) -> None:
+    """Run a recipe end to end."""
+    from artifacts.layout import recipe_key, run_dir
+    from artifacts.lease import hold_run
+    from artifacts.store import Store
+    from flows.recipes import load_recipe
+
+    loaded = load_recipe(recipe, overrides or [])
+    run_id = run_id or new_run_id(loaded.name)
+    if not valid_run_id(run_id):
+        raise CLIError(f"bad run id {run_id!r}: use lowercase letters, digits, '.', '_' and '-'")
+    # the stored recipe names its store, so `cascade resume` finds the run wherever the environment points
+    loaded = loaded.model_copy(update={"storage": loaded.storage.model_copy(
+        update={"root": loaded.storage.resolved_root()})})
+    store = Store.from_config(loaded.storage)
+    if store.exists(recipe_key(run_id)):
+        raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
+    quiet_services()
+    with hold_run(store, run_id):  # before anything of the run is written: a racing writer is refused here
+        if store.exists(recipe_key(run_id)):
+            raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
+        console.print(f"run [bold]{run_id}[/bold]: recipe {loaded.name}, store {store.uri(run_dir(run_id))}")
+        execute(loaded, run_id)
+
+
+@app.command()
+@guarded
+def resume(
+    run_id: str = typer.Argument(..., help="The run to continue."),
+    store: Optional[str] = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
+) -> None:
+    """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint."""
+    from artifacts.lease import hold_run
+    from artifacts.store import Store
+
+    loaded = stored_recipe(store_for(store), run_id)
+    quiet_services()
+    with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up
+        console.print(f"resuming [bold]{run_id}[/bold]")
+        execute(loaded, run_id)
+
+
+def _load_report(st, run_id: str):
+    """The run's report; an unreadable one (a truncated write) is reported, not fatal for the listing."""
+    from pydantic import ValidationError
+
+    from artifacts.layout import report_key
+    from artifacts.report import RunReport
+
+    try:
+        return RunReport.load(st, run_id)
+    except (ValidationError, ValueError, UnicodeDecodeError):
+        raise CLIError(f"{st.uri(report_key(run_id))} is not a valid report (truncated?)") from None
+
+
+@app.command()
+@guarded
+def status(
+    run_id: Optional[str] = typer.Argument(None, help="A run id; without it, every run in the store."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """Show runs, or one run's stages, evals and gate decisions."""
+    from artifacts.layout import RUNS, recipe_key
+    from artifacts.report import RunReport
+
+    st = store_for(store)
+    if run_id is None:
+        summary = []
+        for r in (r for r in st.list_dirs(RUNS) if st.exists(recipe_key(r))):
+            try:
+                rep = _load_report(st, r)
+                stages = [[s["name"], s["status"]] for s in rep.stages] if rep else []
+            except CLIError as e:
+                stages = [["report", f"unreadable ({e})"]]
+            summary.append({"run_id": r, "stages": stages})
+        if as_json:
+            typer.echo(json.dumps(summary))
+            return
+        table = Table("run id", "stages")
+        for row in summary:
+            table.add_row(row["run_id"], ", ".join(f"{n}:{s}" for n, s in row["stages"]) or "(not started)")
+        console.print(table)
+        return
+    recipe = stored_recipe(st, run_id)
+    report = _load_report(st, run_id) or RunReport(run_id=run_id, recipe=recipe.name)
+    if as_json:
+        typer.echo(report.model_dump_json())
+        return
+    table = Table("stage", "kind", "status", "seconds", "checkpoint", title=f"run {run_id}")
+    done = {s["name"]: s for s in report.stages}
+    for cfg in recipe.stages:
+        s = done.get(cfg.name, {})
+        table.add_row(cfg.name, cfg.kind, s.get("status", "pending"), str(s.get("seconds", "")), s.get("checkpoint") or "")
+    console.print(table)
+    print_matrix(report)
+
+
+@app.command()
+@guarded
+def report(
+    run_id: str = typer.Argument(...),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """Print a run's forgetting matrix and gate decisions."""
+    st = store_for(store)
+    stored_recipe(st, run_id)
+    rep = _load_report(st, run_id)
+    if rep is None:
+        raise CLIError(f"run {run_id!r} has no report yet")
+    print_matrix(rep)
+
+
+@app.command("gc")
+@guarded
+def gc_cmd(
+    run_ids: Optional[list[str]] = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
+    keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
+    delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
+    from artifacts.gc import gc
+
+    if keep < 1:
+        raise CLIError(f"--keep must be >= 1, got {keep}")
+    st = store_for(store)
+    for r in run_ids or []:
+        stored_recipe(st, r)
+    typer.echo(gc(st, run_ids or None, keep_last=keep, delete=delete).render())

@@ -1,0 +1,154 @@
+"""What a user asks for, turned into a validated recipe: `key=value` overrides and the Prefect run form.
+
+Both edit the raw recipe mapping and then validate it with `stages.recipe.validate_recipe`, so a bad value is
+refused by the same bounds whether it comes from a file, an override or the form. The form's fields are typed
+(`RunRequest`), so the Prefect server refuses a bad value before a run exists; what needs the recipe (a stage
+name that is not in it) is a RecipeError when the flow starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import yaml
+from pydantic import Field
+
+from artifacts.config import Strict
+from stages.config import LearningRate, Steps
+from stages.domains import DOMAIN_CLASSES
+from stages.kinds import KINDS
+from stages.recipe import (
+    RECIPES_DIR,
+    Recipe,
+    RecipeError,
+    parse_recipe_text,
+    read_recipe_file,
+    resolve_recipe_path,
+    validate_recipe,
+)
+
+RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
+DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]
+RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,80}$"
+
+
+def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:
+    """A shipped recipe by name, or a YAML file, with `a.b.c=value` overrides applied, validated."""
+    path = resolve_recipe_path(name_or_path)
+    raw = read_recipe_file(path)
+    for item in overrides or []:
+        apply_override(raw, item)
+    return validate_recipe(raw, source=str(path))
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply `a.b.c=value` in place. Stages are addressed by name: `stages.sft.steps=10`."""
+    if "=" not in item:
+        raise RecipeError(f"bad override {item!r}: expected key=value")
+    key, _, text = item.partition("=")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise RecipeError(f"bad override {item!r}: value is not valid YAML") from None
+    parts = key.strip().split(".")
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        node = _descend(node, part, ".".join(parts[: i + 1]), item)
+    if not isinstance(node, dict):
+        where = ".".join(parts[:-1])
+        what = "a stage by name" if isinstance(node, list) else "a mapping"
+        raise RecipeError(f"bad override {item!r}: {where} is not a mapping (address {what}, then a field)")
+    node[parts[-1]] = value
+
+
+def _descend(node: Any, part: str, path: str, item: str) -> Any:
+    if isinstance(node, list):
+        for entry in node:
+            if isinstance(entry, dict) and entry.get("name", entry.get("kind")) == part:
+                return entry
+        names = [e.get("name", e.get("kind")) for e in node if isinstance(e, dict)]
+        raise RecipeError(f"bad override {item!r}: no stage named {part!r} (stages: {names})")
+    if not isinstance(node, dict):
+        raise RecipeError(f"bad override {item!r}: {path} is not a mapping")
+    return node.setdefault(part, {})
+
+
+class StageOverride(Strict):
+    steps: Steps | None = None
+    lr: LearningRate | None = None
+
+
+class RunRequest(Strict):
+    """The run form of the `cascade` deployment: a shipped recipe (a dropdown) or a YAML path/URI, plus typed
+    overrides of the fields users change most. Its types and bounds are the form's JSON schema."""
+
+    recipe: RecipeName = "tiny"
+    recipe_uri: str | None = Field(None, description="A recipe YAML path or file:// / s3:// URI; replaces `recipe`.")
+    steps: Steps | None = Field(None, description="Steps of every training stage (sft, grpo, mopd).")
+    lr: LearningRate | None = Field(None, description="Peak learning rate of every training stage.")
+    stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
+    domains: list[DomainName] | None = Field(
+        None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL or "
+        "difficulty stage left with none of its domains is dropped.")
+    storage_root: str | None = Field(None, pattern=r"^(file|s3)://.+", description="file:///dir or s3://bucket/prefix")
+    run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
+
+
+def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = None) -> Recipe:
+    """The recipe a run form asks for: the named or given recipe with the form's overrides applied.
+
+    `read_uri(uri) -> bytes` reads a recipe given by URI (the caller owns storage access)."""
+    source = req.recipe_uri or req.recipe
+    if req.recipe_uri and "://" in req.recipe_uri:
+        if read_uri is None:
+            raise RecipeError(f"cannot read recipe URI {req.recipe_uri!r} here")
+        raw = parse_recipe_text(read_uri(req.recipe_uri).decode(), req.recipe_uri)
+        raw.setdefault("name", Path(req.recipe_uri).stem)
+    else:
+        raw = read_recipe_file(resolve_recipe_path(source))
+    _override_stages(raw, req)
+    if req.domains is not None:
+        _restrict_domains(raw, req.domains, source)
+    if req.storage_root is not None:
+        raw.setdefault("storage", {})["root"] = req.storage_root
+    return validate_recipe(raw, source=source)
+
+
+def _override_stages(raw: dict[str, Any], req: RunRequest) -> None:
+    stages = raw.get("stages") or []
+    names = [s.get("name", s.get("kind")) for s in stages]
+    unknown = sorted(set(req.stages) - set(names))
+    if unknown:
+        raise RecipeError(f"stages: no stage named {unknown} (stages: {names})")
+    for stage, name in zip(stages, names):
+        row = KINDS.get(stage.get("kind"))
+        if row is None or not row.trains:
+            if name in req.stages:
+                raise RecipeError(f"stages.{name}: a {stage.get('kind')} stage has no steps or lr")
+            continue
+        per_stage = req.stages.get(name, StageOverride())
+        for field in ("steps", "lr"):
+            value = getattr(per_stage, field) if getattr(per_stage, field) is not None else getattr(req, field)
+            if value is not None:
+                stage[field] = value
+
+
+def _restrict_domains(raw: dict[str, Any], keep: list[str], source: str) -> None:
+    """Only `keep` of the recipe's domains; a stage that names domains and is left with none is dropped."""
+    declared = raw.get("domains") or {}
+    missing = sorted(set(keep) - set(declared))
+    if missing:
+        raise RecipeError(f"domains: {missing} not in recipe {source} (it has {sorted(declared)})")
+    raw["domains"] = {d: spec for d, spec in declared.items() if d in keep}
+    kept = []
+    for stage in raw.get("stages") or []:
+        listed = stage.get("domains")
+        if listed is not None:
+            stage["domains"] = [d for d in listed if d in keep]
+            if not stage["domains"]:
+                continue
+        if stage.get("teachers"):
+            stage["teachers"] = {d: t for d, t in stage["teachers"].items() if d in keep}
+        kept.append(stage)
+    raw["stages"] = kept

@@ -1,0 +1,329 @@
+"""The config models of every recipe section and stage kind: the one place every default and bound lives.
+
+Every model forbids unknown keys, so a typo is an error, not a silently ignored setting. Every number has
+bounds, so a recipe file, a `key=value` override and the Prefect run form all refuse the same bad values
+(`steps: 0`, `lr: -1`, `steps: true`) before anything runs. Which config belongs to which stage kind, and what a
+kind reads and makes, is the registry's business (`stages/kinds.py`); the recipe that ties them together is
+`stages/recipe.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
+
+from artifacts.config import Strict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
+
+def _no_bool(value: object) -> object:
+    """YAML reads `true` as a bool, and pydantic would take it as 1 or 1.0."""
+    if isinstance(value, bool):
+        raise ValueError("Input should be a number, not a boolean")
+    return value
+
+
+# Bounds shared by every field of the same meaning. Integers are strict (`true` is not a step count); rates
+# are lax about strings because PyYAML reads `1e-4` (no dot) as the string "1e-4", but refuse booleans.
+Steps = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+Count = Annotated[int, Field(strict=True, ge=1, le=100_000_000)]  # sizes, batch sizes, samples per prompt
+Every = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]  # a period in steps; 0: never
+Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+LearningRate = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+Fraction = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1e6, allow_inf_nan=False)]
+Positive = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1e6, allow_inf_nan=False)]
+Temperature = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=10.0, allow_inf_nan=False)]
+TopP = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class ModelConfig(Strict):
+    source: str = "tiny"  # "tiny" | "smollm2-135m" | an HF model dir | a checkpoint URI
+    hidden_size: Count = 256  # the tiny architecture; ignored for other sources
+    num_layers: Count = 4
+    num_heads: Count = 4
+    intermediate_size: Count = 688
+    bf16_autocast: bool = True  # measured 1.6x faster training on avx512_bf16 CPUs, same accuracy or better
+
+
+class EngineConfig(Strict):
+    kind: Literal["hf", "vllm"] = "hf"
+    url: str | None = None  # an external OpenAI-compatible vLLM server instead of a managed one
+    batch_size: Count = 128  # sequences per generate call of the HF engine (training rollouts and evals)
+
+
+class DomainSpec(Strict):
+    train_size: Count = 4000
+    heldout_size: Count = 500  # 500+ items resolve a ~4-point gain (docs/LOG.md)
+    max_new_tokens: Count = 64
+    tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
+
+
+class EvalConfig(Strict):
+    enabled: bool = True
+
+
+# --- the sft_data stage: sources, teachers, filters ---
+
+class SourceDraw(Strict):
+    """How many rows a source contributes, counted before filtering: a count, or a share of train_size."""
+
+    count: int | None = Field(None, strict=True, ge=0, le=100_000_000)
+    share: Positive | None = None  # of the domain's train_size
+    # Neither: a synthetic source draws train_size rows, a file source all of its rows.
+
+    @model_validator(mode="after")
+    def _count_or_share(self) -> SourceDraw:
+        if self.count is not None and self.share is not None:
+            raise ValueError("give a source `count` or a `share`, not both")
+        return self
+
+    def rows(self, train_size: int) -> int | None:
+        """Rows to draw; None: every row the source has."""
+        if self.count is not None:
+            return self.count
+        if self.share is not None:
+            return round(self.share * train_size)
+        return None
+
+
+class SyntheticSource(SourceDraw):
+    kind: Literal["synthetic"] = "synthetic"  # the domain's own generator, train split
+
+
+class SharedSource(SourceDraw):
+    kind: Literal["shared"] = "shared"
+    file: str  # relative to the stage's data_root, e.g. math/gsm8k_train.jsonl
+    format: str  # a benchmark whose native row format the file has (gsm8k: question, answer "... #### 72")
+
+
+class FileSource(SourceDraw):
+    kind: Literal["file"] = "file"
+    path: str  # a local path or any fsspec URL (s3://bucket/key); .jsonl, .jsonl.gz or .parquet
+    format: Literal["jsonl", "parquet"] | None = None  # None: from the suffix
+    prompt_field: str = "prompt"
+    reference_field: str = "reference"  # the oracle teacher's answer; other teachers do not need it
+    meta_field: str = "meta"  # what the domain's grader reads (math: {"answer": "72"}); optional
+
+
+DataSource = Annotated[Union[SyntheticSource, SharedSource, FileSource], Field(discriminator="kind")]
+
+
+class OracleTeacher(Strict):
+    kind: Literal["oracle"] = "oracle"  # the source's reference answer
+
+
+class GenerationTeacher(Strict):
+    temperature: Temperature = 0.0
+    max_new_tokens: Count | None = None  # None: the domain's max_new_tokens
+    batch_size: Count = 64  # prompts per generate call (openai: requests in flight)
+
+
+class ModelTeacher(GenerationTeacher):
+    kind: Literal["model"] = "model"
+    source: str  # "tiny", "smollm2-135m", an HF model dir, or a checkpoint (URI or dir with MANIFEST.json)
+
+
+class OpenAITeacher(GenerationTeacher):
+    kind: Literal["openai"] = "openai"
+    url: str = Field(pattern=r"^https?://")  # the API base, e.g. http://127.0.0.1:8000/v1
+    model: str
+    api_key_env: str | None = Field(None, pattern=ENV_NAME)  # the NAME of the variable holding the key
+    timeout_s: Positive = 60.0
+    max_retries: int = Field(4, strict=True, ge=0, le=100)  # per request, on 5xx, connection errors and timeouts
+    backoff_s: NonNegative = 0.5  # doubled per retry ...
+    max_backoff_s: NonNegative = 8.0  # ... up to this
+
+
+TeacherConfig = Annotated[Union[OracleTeacher, ModelTeacher, OpenAITeacher], Field(discriminator="kind")]
+
+
+class DedupConfig(Strict):
+    exact: bool = True  # hash of the normalized prompt + response
+    near: bool = True  # MinHash LSH over word shingles of prompt + response
+    threshold: Fraction = 0.9  # estimated Jaccard at which a row is a near-duplicate
+    num_perm: Count = 64
+    shingle: Count = 3  # words per shingle
+
+
+class DecontaminationConfig(Strict):
+    enabled: bool = True
+    ngram: Count = 13  # eval prompts shorter than this must appear whole (see stages/datasets/filters.py)
+    benchmarks: list[str] = []  # benchmark files evaluated besides every recipe domain's held-out split
+
+
+# --- stage configs: every kind's config derives from StageConfig ---
+
+Product = Literal["policy", "dataset", "prompts", "reward_model"]
+
+
+class StageConfig(Strict):
+    """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
+    inputs, and what each must have made; the recipe checks them, the flow hands their checkpoints over."""
+
+    kind: str
+    name: str
+
+    def reads(self) -> dict[str, Product]:
+        return {}
+
+
+class TrainingConfig(StageConfig):
+    """What every training stage has: a step budget, a peak learning rate, step checkpoints."""
+
+    steps: Steps
+    lr: LearningRate
+    weight_decay: NonNegative = 0.0
+    grad_clip: Positive = 1.0
+    checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
+    keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
+
+
+class SFTDataConfig(StageConfig):
+    kind: Literal["sft_data"] = "sft_data"
+    name: str = "sft_data"
+    domains: list[str] | None = None  # None: every recipe domain
+    sources: dict[str, list[DataSource]] = {}  # domain -> sources; a domain not listed: its synthetic generator
+    teacher: TeacherConfig = OracleTeacher()
+    teachers: dict[str, TeacherConfig] = {}  # per-domain override of `teacher`
+    verify: bool = True  # rejection sampling: keep a generated answer only if the domain's grader passes it
+    dedup: DedupConfig = DedupConfig()
+    decontamination: DecontaminationConfig = DecontaminationConfig()
+    max_tokens: Count = 1024  # prompt + response tokens as SFT sees them; the tiny model's context
+    shard_rows: Count = 4096  # source rows per shard: the unit of commit and of resume
+    data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        from stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+        if self.data_root is None:
+            return DEFAULT_DATA_ROOT
+        return (REPO_ROOT / self.data_root).resolve()
+
+    def domain_sources(self, domain: str) -> list[BaseModel]:
+        return self.sources.get(domain) or [SyntheticSource()]
+
+    def domain_teacher(self, domain: str) -> BaseModel:
+        return self.teachers.get(domain, self.teacher)
+
+
+class SFTConfig(TrainingConfig):
+    kind: Literal["sft"] = "sft"
+    name: str = "sft"
+    data: str = "sft_data"  # the sft_data stage whose dataset this trains on
+    steps: Steps = 600
+    batch_size: Count = 32
+    micro_batch_size: Count = 32
+    lr: LearningRate = 3e-3
+    min_lr_ratio: Fraction = 0.1
+    warmup_steps: Every = 30
+    weight_decay: NonNegative = 0.01
+    checkpoint_every: Every = 200
+
+    def reads(self) -> dict[str, Product]:
+        return {self.data: "dataset"}
+
+
+class DifficultyConfig(StageConfig):
+    """k rollouts of a reference model per train prompt; prompts it solves too often are dropped."""
+
+    kind: Literal["difficulty"] = "difficulty"
+    name: str = "difficulty"
+    domains: list[str]
+    # an earlier model stage | an HF model dir | "smollm2-135m" | http(s)://host:port of an OpenAI-compatible server
+    reference: str = "sft"
+    reference_tokenizer: str | None = None  # endpoint only: HF dir or "smollm2-135m" it serves; None: the tiny one
+    prompts_per_domain: Count | None = None  # the first N of each domain's train split; None: all train_size of them
+    k: Count = 8  # rollouts per prompt
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    drop_solved_at: Count | None = None  # drop prompts solved in >= this many of k rollouts; None: k (every time)
+    unsolved: Literal["keep", "drop", "keep_fraction"] = "keep"  # prompts solved 0/k times
+    unsolved_fraction: Fraction | None = None  # with unsolved=keep_fraction: the share of them kept (seeded draw)
+
+    @model_validator(mode="after")
+    def _check_thresholds(self) -> DifficultyConfig:
+        if self.drop_solved_at is not None and not 1 <= self.drop_solved_at <= self.k:
+            raise ValueError(f"stage {self.name!r}: drop_solved_at must be between 1 and k={self.k}, "
+                             f"got {self.drop_solved_at}")
+        if (self.unsolved == "keep_fraction") != (self.unsolved_fraction is not None):
+            raise ValueError(f"stage {self.name!r}: unsolved_fraction is required with unsolved=keep_fraction, "
+                             "and only then")
+        return self
+
+    @property
+    def solved_threshold(self) -> int:
+        return self.k if self.drop_solved_at is None else self.drop_solved_at
+
+    def reads(self) -> dict[str, Product]:
+        return {self.reference: "policy"} if reference_kind(self.reference) == "stage" else {}
+
+
+def reference_kind(reference: str) -> Literal["endpoint", "model", "stage"]:
+    """How a model reference is read: a URL, a model source (path or named model), else a stage name."""
+    if reference.startswith(("http://", "https://")):
+        return "endpoint"
+    if reference == SMOLLM2 or "/" in reference or reference.startswith((".", "~")):
+        return "model"
+    return "stage"
+
+
+class OnPolicyConfig(TrainingConfig):
+    """What every on-policy stage (GRPO, MOPD) shares: sample from the current policy, one update per batch."""
+
+    steps: Steps = 60
+    prompts_per_step: Count = 16
+    group_size: Count = 8  # samples per prompt
+    micro_batch_size: Count = 64  # sequences per forward/backward; the loss is normalized globally
+    lr: LearningRate = 5e-5
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+
+
+class GraderReward(Strict):
+    """The domain's own grader scores each rollout: the same function the eval uses."""
+
+    kind: Literal["grader"] = "grader"
+
+
+RewardConfig = Annotated[Union[GraderReward], Field(discriminator="kind")]
+
+
+class GRPOConfig(OnPolicyConfig):
+    kind: Literal["grpo"] = "grpo"
+    name: str
+    domains: list[str]
+    std_eps: Positive = 1e-6
+    prompts: str | None = None  # an earlier difficulty stage whose kept prompts to train on; None: the train split
+    reward: RewardConfig = GraderReward()
+    # The mean |log pi_train - log pi_inf| over every sampled token needs a no-grad forward over the dropped
+    # groups; off, the metric covers the kept groups only and the step skips that forward.
+    mismatch_over_dropped: bool = True
+
+    def reads(self) -> dict[str, Product]:
+        return {self.prompts: "prompts"} if self.prompts else {}
+
+
+class MOPDConfig(OnPolicyConfig):
+    kind: Literal["mopd"] = "mopd"
+    name: str = "mopd"
+    domains: list[str] | None = None  # None: every domain that has a teacher
+    teachers: dict[str, str] = {}  # domain -> earlier stage whose checkpoint teaches it; the gate fills it on recovery
+    steps: Steps = 40  # the paper converges in ~30-50 steps
+    group_size: Count = 4  # token-level teacher signal needs fewer samples per prompt than a group baseline
+    eps_low: Fraction = 0.5
+    eps_high: Annotated[float, BeforeValidator(_no_bool), Field(ge=1.0, le=1e3)] = 2.0
+    teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
+
+    def reads(self) -> dict[str, Product]:
+        return {stage: "policy" for stage in self.teachers.values()}
+
+
+class GateConfig(Strict):
+    policy: Literal["recover", "warn", "fail"] = "warn"
+    max_recoveries: int = Field(1, strict=True, ge=0, le=100)  # MOPD recoveries per run; past it the gate warns
+    recovery: MOPDConfig = MOPDConfig(name="recovery")  # teachers come from the eval history

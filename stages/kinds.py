@@ -1,0 +1,139 @@
+"""The registry of stage kinds: one row per kind, read by everything that treats kinds differently.
+
+A row says what a kind is: its config class, its run function, whether it starts from the run's newest policy,
+what it makes, and whether it holds the compute slot while it runs. What a stage reads besides the policy is
+its config's `reads()` (earlier stage name -> the product that stage must have made). Every run function has
+one signature, `run(cfg, ctx, inputs) -> StageResult`.
+
+Who reads the registry:
+- the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
+  that make the right product; a row's `check` adds what only that kind knows;
+- the dispatcher (`run_stage` below) and the flow's input wiring (`flows/cascade.py`);
+- the compute slot and the stage cache key (`tasks/stages.py`);
+- the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`.
+
+Adding a kind is one row: `register_kind(StageKind(...))` (docs/ARCHITECTURE.md has the checklist).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from stages.config import (
+    DifficultyConfig,
+    GRPOConfig,
+    MOPDConfig,
+    Product,
+    SFTConfig,
+    SFTDataConfig,
+    StageConfig,
+    TrainingConfig,
+)
+
+if TYPE_CHECKING:
+    from artifacts.checkpoint import CheckpointRef
+    from stages.context import StageContext, StageResult
+
+# check(cfg, earlier stage configs, recipe domains) raises ValueError for what only this kind knows is wrong
+StageCheck = Callable[[Any, list[StageConfig], set[str]], None]
+
+
+@dataclass(frozen=True)
+class StageInputs:
+    """What a stage starts from: the newest policy (None: the recipe's initial model), and the checkpoint of
+    every earlier stage its config `reads()`, by stage name."""
+
+    policy: CheckpointRef | None = None
+    stages: dict[str, CheckpointRef] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageKind:
+    kind: str  # the recipe's `kind:`
+    config: type[StageConfig]
+    run: Callable[[Any, StageContext, StageInputs], StageResult]
+    makes: Product  # "policy": the next policy, evaluated and gated after the stage
+    takes_policy: bool  # starts from the newest policy of the run
+    holds_compute: bool  # holds a slot of the compute limit while it runs
+    check: StageCheck | None = None
+
+    @property
+    def trains(self) -> bool:
+        """A training stage: the run form may override its steps and learning rate."""
+        return issubclass(self.config, TrainingConfig)
+
+
+KINDS: dict[str, StageKind] = {}
+
+
+def register_kind(row: StageKind) -> None:
+    """Add (or replace) a stage kind: the built-in ones below, a user's own, or a test's."""
+    KINDS[row.kind] = row
+
+
+def unregister_kind(kind: str) -> None:
+    KINDS.pop(kind, None)
+
+
+def kind_of(kind: str) -> StageKind:
+    if kind not in KINDS:
+        raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
+    return KINDS[kind]
+
+
+def run_stage(cfg: StageConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    return kind_of(cfg.kind).run(cfg, ctx, inputs)
+
+
+def _lazy(module: str, function: str) -> Callable[..., Any]:
+    """A run function imported on first call: the recipe validates without loading torch and the models."""
+
+    def run(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
+        return getattr(importlib.import_module(module), function)(cfg, ctx, inputs)
+
+    run.__qualname__ = f"{module}.{function}"
+    return run
+
+
+def _check_sft_data(cfg: SFTDataConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    extra = sorted((set(cfg.sources) | set(cfg.teachers)) - set(cfg.domains or domains))
+    if extra:
+        raise ValueError(f"stage {cfg.name!r} gives sources or teachers for domain(s) {extra} it does not build")
+
+
+def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    if cfg.prompts is None:
+        return
+    source = next(s for s in earlier if s.name == cfg.prompts)
+    unfiltered = sorted(set(cfg.domains) - set(source.domains))
+    if unfiltered:
+        raise ValueError(f"stage {cfg.name!r} trains on domain(s) {unfiltered} that difficulty stage "
+                         f"{cfg.prompts!r} does not filter")
+
+
+def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    if not cfg.teachers:
+        raise ValueError(f"stage {cfg.name!r}: a mopd stage needs `teachers` (domain: earlier model stage)")
+    missing = sorted(set(cfg.teachers) - domains)
+    if missing:
+        raise ValueError(f"stage {cfg.name!r} names teacher domain(s) {missing} not declared in `domains`")
+    untaught = sorted(set(cfg.domains or []) - set(cfg.teachers))
+    if untaught:
+        raise ValueError(f"stage {cfg.name!r} has no teacher for domain(s) {untaught}")
+
+
+for _row in (
+    StageKind("sft_data", SFTDataConfig, _lazy("stages.sft_data", "run_sft_data"), makes="dataset",
+              takes_policy=False, holds_compute=False, check=_check_sft_data),
+    StageKind("sft", SFTConfig, _lazy("stages.sft", "run_sft"), makes="policy", takes_policy=True,
+              holds_compute=True),
+    StageKind("difficulty", DifficultyConfig, _lazy("stages.difficulty", "run_difficulty"), makes="prompts",
+              takes_policy=False, holds_compute=False),
+    StageKind("grpo", GRPOConfig, _lazy("stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
+              holds_compute=True, check=_check_grpo),
+    StageKind("mopd", MOPDConfig, _lazy("stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
+              holds_compute=True, check=_check_mopd),
+):
+    register_kind(_row)
