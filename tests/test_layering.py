@@ -1,4 +1,5 @@
-"""Layering, strictly one way: flows -> tasks -> stages, tasks -> artifacts; stages never see Prefect or MLflow."""
+"""Layering, strictly one way: flows -> tasks -> stages -> sandbox, tasks -> artifacts; stages never see Prefect or
+MLflow, and sandbox (stdlib only) sees nothing of the project."""
 
 import ast
 from pathlib import Path
@@ -28,6 +29,7 @@ def imported_modules(package: str) -> dict[str, set[str]]:
         ("stages", {"prefect", "mlflow", "tasks", "flows"}),
         ("artifacts", {"prefect", "tasks", "flows"}),
         ("tasks", {"flows"}),
+        ("sandbox", {"prefect", "mlflow", "tasks", "flows", "stages", "artifacts"}),
     ],
 )
 def test_no_upward_imports(package, forbidden):

@@ -1,4 +1,4 @@
-"""Hostile-program tests for stages.sandbox.
+"""Hostile-program tests for the sandbox package.
 
 Every hostile program is written so that it exits 0 only if its attack worked;
 the test then checks three things: the verdict is not "pass" (reward 0), the
@@ -19,10 +19,10 @@ import uuid
 
 import pytest
 
-from stages.sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
+from sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SANDBOX_FILE = os.path.join(PROJECT_ROOT, "stages", "sandbox.py")
+SANDBOX_FILE = os.path.join(PROJECT_ROOT, "sandbox", "runner.py")
 FAST = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256)
 MODE = isolation_mode()
 LAYERS = set(MODE.split("+"))
