@@ -15,7 +15,8 @@ Every program runs under a small launcher: this very file executed as a script
 * ``mntns``   - a private mount namespace in which every mount is remounted
   read-only and nosuid; /tmp is an empty read-only tmpfs holding the working
   directory (a small writable tmpfs, the only writable place apart from a
-  private /dev/shm); /var/tmp, /run, /root, /home, the caller's $HOME and this
+  private /dev/shm; both bounded in bytes and in inodes, so a flood of empty
+  files cannot pin kernel memory either); /var/tmp, /run, /root, /home, the caller's $HOME and this
   project's checkout are hidden under empty read-only tmpfs mounts.
 * ``userns``  - only when the caller is not root: a user namespace so that the
   namespaces above can be created unprivileged; U then drops every capability.
@@ -49,7 +50,8 @@ What it does NOT provide
 * No cgroup limits: total memory is per-process RLIMIT_AS times max_processes;
   CPU contention with the host is not throttled, only bounded in time.
 * Without mntns the host's world-writable directories (/tmp, /var/tmp, /dev/shm)
-  stay writable and world-readable files stay readable.  Without pidns and
+  stay writable and world-readable files stay readable, and the working
+  directory is on the host's /tmp, bounded by RLIMIT_FSIZE per file only.  Without pidns and
   setuid (non-root caller, no namespaces) the program runs as the caller's uid:
   it can read the caller's files and /proc/<pid>/environ and signal the
   caller's processes.  Such modes are reported honestly in ``isolation``.
@@ -104,6 +106,7 @@ class SandboxLimits:
     file_size_mb: int = 16  # RLIMIT_FSIZE
     open_files: int = 64  # RLIMIT_NOFILE
     output_bytes: int = 65536  # stdout/stderr each truncated to this
+    max_inodes: int = 4096  # nr_inodes of each writable tmpfs (working directory, /dev/shm)
 
 
 @dataclass(frozen=True)
@@ -800,7 +803,9 @@ def _setup_mounts(libc, config: dict, layers: set[str], code: bytes) -> None:
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     os.mkdir(workdir, 0o700)
     size_mb = max(32, 2 * int(limits["file_size_mb"]))
-    opts = f"size={size_mb}m,mode=700,uid={owner},gid={owner}"
+    # An empty file costs no tmpfs block but ~1 KiB of kernel memory: only nr_inodes bounds a flood of them.
+    inodes = int(limits["max_inodes"])
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=700,uid={owner},gid={owner}"
     _mount(libc, "tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     program = os.path.join(workdir, "main.py")
     with open(program, "wb") as fh:
@@ -810,7 +815,8 @@ def _setup_mounts(libc, config: dict, layers: set[str], code: bytes) -> None:
     _mount(libc, None, "/tmp", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm"):
         # Writable (POSIX semaphores of multiprocessing need it) but private.
-        _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16m,mode=1777")
+        _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               f"size=16m,nr_inodes={inodes},mode=1777")
     for path in ["/var/tmp", "/run"] + list(config["hide"]):
         if os.path.isdir(path) and not os.path.islink(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")

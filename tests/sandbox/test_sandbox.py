@@ -433,6 +433,27 @@ def test_large_finite_output_is_truncated():
     assert verdict.stdout == "y" * 4096
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", [".", "/dev/shm"])
+def test_inode_flood_stops_at_the_tmpfs_bound(where):
+    if not HAS_MNTNS:
+        pytest.skip("without a mount namespace the working directory is on the host's /tmp (documented)")
+    # Empty files take no tmpfs blocks but ~1 KiB of kernel memory each: only nr_inodes bounds them.
+    code = f"""
+    import os, sys
+    for made in range(50_000):
+        try:
+            os.close(os.open(os.path.join({where!r}, f"f{{made}}"), os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError as exc:
+            print(made, exc.strerror)
+            sys.exit(1)
+    print(made + 1, "files")
+    """
+    verdict = hostile(code, SandboxLimits(cpu_seconds=5, wall_seconds=8.0))
+    made, reason = verdict.stdout.split(maxsplit=1)
+    assert int(made) <= SandboxLimits().max_inodes and reason.strip() == "No space left on device", verdict
+
+
 # ---------------------------------------------------------------- filesystem
 
 
