@@ -433,6 +433,60 @@ def test_large_finite_output_is_truncated():
     assert verdict.stdout == "y" * 4096
 
 
+MEMORY_ESCAPES = {
+    # Pages of a memfd are not in the address space, so RLIMIT_AS does not count them.
+    "memfd": """
+        import os, sys
+        chunk = b"x" * 2**24
+        for i in range(40):
+            try:
+                os.write(os.memfd_create("hoard"), chunk)
+            except OSError as exc:
+                print(i * 16, "MiB held;", exc)
+                sys.exit(1)
+        print(40 * 16, "MiB held")
+    """,
+    # The same through a SysV segment: filled while attached, kept after shmdt().
+    "sysv-shm": """
+        import ctypes, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype, libc.shmat.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        libc.shmdt.argtypes = [ctypes.c_void_p]
+        for i in range(40):
+            segment = libc.shmget(0, 2**24, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+            if segment < 0:
+                print(i * 16, "MiB held; shmget errno", ctypes.get_errno())
+                sys.exit(1)
+            addr = libc.shmat(segment, None, 0)
+            ctypes.memset(addr, 1, 2**24)
+            libc.shmdt(addr)
+        print(40 * 16, "MiB held")
+    """,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack", sorted(MEMORY_ESCAPES))
+def test_memory_outside_the_address_space_is_denied(attack):
+    verdict = hostile(MEMORY_ESCAPES[attack], SandboxLimits(cpu_seconds=5, wall_seconds=8.0, memory_mb=128))
+    assert verdict.status == "fail", verdict
+    assert verdict.stdout.startswith("0 MiB held"), verdict.stdout  # not a page of host memory was taken
+
+
+@pytest.mark.timeout(60)
+def test_sysv_queues_and_semaphores_are_denied():
+    # Kernel memory as well (32k queues of 16 KiB each by default), and without an IPC namespace they outlive the run.
+    code = """
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    made = {"msgget": libc.msgget(0, 0o1600), "semget": libc.semget(0, 1, 0o1600)}  # IPC_PRIVATE, IPC_CREAT | 0600
+    print(made)
+    sys.exit(0 if max(made.values()) >= 0 else 1)
+    """
+    verdict = hostile(code)
+    assert verdict.status == "fail", verdict
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("where", [".", "/dev/shm"])
 def test_inode_flood_stops_at_the_tmpfs_bound(where):
