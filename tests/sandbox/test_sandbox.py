@@ -663,6 +663,129 @@ def test_network_is_unreachable_whatever_the_mode(listener, attack):
     _assert_no_connection(listener)
 
 
+def _unhidden_dir() -> str:
+    """A fresh world-searchable directory that the sandbox does not hide, like a host service's socket directory."""
+    for parent in ("/var/lib", "/srv", "/opt", "/mnt"):
+        if os.path.isdir(parent) and os.access(parent, os.W_OK) and _world_accessible(parent, 0o005):
+            path = tempfile.mkdtemp(prefix="cascade-sbx-sock-", dir=parent)
+            os.chmod(path, 0o755)
+            return path
+    pytest.skip("no writable, world-searchable directory outside the hidden paths")
+
+
+@pytest.fixture
+def unix_services():
+    """Host services any uid may talk to: a stream and a datagram socket file (mode 777, as /dev/log or a
+    carelessly chmod-ed docker.sock), and a stream socket in the abstract namespace."""
+    where = _unhidden_dir()
+    addresses = {
+        "STREAM": os.path.join(where, "stream.sock"),
+        "DGRAM": os.path.join(where, "dgram.sock"),
+        "ABSTRACT": f"\0cascade-sbx-{uuid.uuid4().hex}",
+    }
+    servers = []
+    try:
+        for name, kind in (("STREAM", socket.SOCK_STREAM), ("DGRAM", socket.SOCK_DGRAM), ("ABSTRACT", socket.SOCK_STREAM)):
+            srv = socket.socket(socket.AF_UNIX, kind)
+            servers.append(srv)
+            srv.bind(addresses[name])
+            if kind == socket.SOCK_STREAM:
+                srv.listen(8)
+            if name != "ABSTRACT":
+                os.chmod(addresses[name], 0o777)
+            srv.setblocking(False)
+        yield addresses, servers
+    finally:
+        for srv in servers:
+            srv.close()
+        shutil.rmtree(where)
+
+
+def _received(servers: list[socket.socket]) -> bytes:
+    got = b""
+    for srv in servers:
+        try:
+            if srv.type == socket.SOCK_DGRAM:
+                got += srv.recv(4096)
+            else:
+                conn, _ = srv.accept()
+                conn.settimeout(1.0)
+                got += b"<connected>" + conn.recv(4096)
+                conn.close()
+        except (BlockingIOError, socket.timeout):
+            continue
+    return got
+
+
+UNIX_ATTACKS = {
+    "path-connect": """
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(STREAM)
+        s.sendall(b"exfiltrated")
+    """,
+    "abstract-connect": """
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(ABSTRACT)
+        s.sendall(b"exfiltrated")
+    """,
+    # A datagram pair is made without socket(), and can still address any socket file.
+    "socketpair-sendto": """
+        import socket
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        a.sendto(b"exfiltrated", DGRAM)
+    """,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack", sorted(UNIX_ATTACKS))
+def test_unix_sockets_of_the_host_are_unreachable(unix_services, attack):
+    addresses, servers = unix_services
+    code = "".join(f"{name} = {address!r}\n" for name, address in addresses.items())
+    verdict = hostile(code + textwrap.dedent(UNIX_ATTACKS[attack]))
+    assert verdict.status == "fail", verdict
+    assert _received(servers) == b""
+
+
+@pytest.mark.timeout(60)
+def test_local_ipc_still_works():
+    """What the standard library builds on socketpair() and pipes keeps working: asyncio, multiprocessing."""
+    code = """
+    import asyncio, multiprocessing, socket
+    a, b = socket.socketpair()
+    a.sendall(b"ping")
+    assert b.recv(4) == b"ping"
+    async def double(x):
+        await asyncio.sleep(0.01)
+        return 2 * x
+    async def main():
+        return await asyncio.gather(*(double(i) for i in range(3)))
+    assert asyncio.run(main()) == [0, 2, 4]
+    with multiprocessing.Pool(2) as pool:
+        assert pool.map(abs, [-1, -2, 3]) == [1, 2, 3]
+    print("ok")
+    """
+    verdict = run_python(textwrap.dedent(code), SandboxLimits(cpu_seconds=5, wall_seconds=10.0))
+    assert verdict.passed and verdict.stdout == "ok\n", verdict
+    assert_host_clean()
+
+
+@pytest.mark.timeout(60)
+def test_socket_preamble_mode_blocks_new_sockets_but_not_local_ipc():
+    """The last-resort mode (neither netns nor seccomp) is never chosen where those work: run it directly."""
+    from sandbox.runner import _execute
+
+    layers = ("setuid", "rlimits", "socket-preamble") if os.geteuid() == 0 else ("rlimits", "socket-preamble")
+    for family in ("AF_UNIX", "AF_INET"):
+        blocked = _execute(f"import socket\nsocket.socket(socket.{family})\n", FAST, layers)
+        assert blocked.status == "fail" and "sockets disabled by sandbox" in blocked.stderr, blocked
+    local = _execute("import asyncio, socket\nsocket.socketpair()\nasyncio.run(asyncio.sleep(0))\n", FAST, layers)
+    assert local.passed, local
+    assert_host_clean()
+
+
 # ---------------------------------------------------------------- non-root callers
 
 
