@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sandbox import SandboxLimits, run_many
 from stages.domains.base import Domain, Item
 from stages.domains.benchdata import read_jsonl
-from stages.sandbox import SandboxLimits, run_many
 
 OPS = {"plus": "+", "minus": "-", "times": "*"}
 TEMPLATES = ("Write f(x): {words}.", "Write f(x) = {words}.", "Code f(x): {words}.")

@@ -15,8 +15,10 @@ Every program runs under a small launcher: this very file executed as a script
 * ``mntns``   - a private mount namespace in which every mount is remounted
   read-only and nosuid; /tmp is an empty read-only tmpfs holding the working
   directory (a small writable tmpfs, the only writable place apart from a
-  private /dev/shm); /var/tmp, /run, /root, /home, the caller's $HOME and this
-  project's checkout are hidden under empty read-only tmpfs mounts.
+  private /dev/shm; both bounded in bytes and in inodes, so a flood of empty
+  files cannot pin kernel memory either); /var/tmp, /run, /root, /home, the
+  caller's $HOME and this project's checkout are hidden under empty read-only
+  tmpfs mounts.
 * ``userns``  - only when the caller is not root: a user namespace so that the
   namespaces above can be created unprivileged; U then drops every capability.
 * ``setuid``  - only when the caller is root: U runs as an otherwise unused uid
@@ -24,14 +26,28 @@ Every program runs under a small launcher: this very file executed as a script
   CASCADE_SANDBOX_UID_BASE; a uid that still owns processes is skipped), so
   RLIMIT_NPROC is enforced (root ignores it) and nothing owned by root
   (/root, /etc/shadow, the caller) is reachable or signallable.
-* ``seccomp`` - a seccomp-bpf filter: socket() for anything but AF_UNIX,
-  namespace/mount syscalls, ptrace, bpf, io_uring, keyrings, perf and
-  userfaultfd fail with EPERM.  Survives exec, so it covers subprocesses too.
+* ``seccomp`` - a seccomp-bpf filter; these fail with EPERM:
+  - socket() of every family, AF_UNIX included: netns separates only abstract
+    Unix sockets, and a read-only mount does not stop connect(), so a host
+    service on a socket file the sandbox uid may write (a world-writable
+    /dev/log, a chmod-ed docker.sock) would otherwise be reachable;
+  - socketpair() other than AF_UNIX/SOCK_STREAM: a stream pair is born
+    connected and cannot be pointed at a socket file (a datagram pair can be,
+    with sendto); asyncio and multiprocessing's pipes need nothing more;
+  - memfd_create, memfd_secret and SysV shmget/semget/msgget: their memory is
+    in no address space, so RLIMIT_AS does not count it;
+  - namespace/mount syscalls, ptrace, bpf, io_uring, keyrings, perf and
+    userfaultfd.
+  Survives exec, so it covers subprocesses too.
 * ``rlimits`` - CPU seconds, address space, processes, file size, open files,
-  no core dumps.  Always on.
+  no core dumps.  Always on.  RLIMIT_AS is the only memory limit (there is no
+  cgroup layer, see below): the mode string says which guards ran, ``rlimits``
+  always and, with ``seccomp``, the denial of memory outside the address space.
 * ``socket-preamble`` - last resort when neither netns nor seccomp can run:
-  socket.socket is replaced before the program starts.  Python-level only:
-  ctypes or a subprocess bypass it.  The mode string says so when it is used.
+  socket.socket is replaced before the program starts so that no new socket
+  of any family can be made (socketpair() still works).  Python-level only:
+  ctypes, _socket or a subprocess bypass it.  The mode string says so when it
+  is used.
 
 Always: a minimal environment built from scratch (no AWS_*, MLFLOW_*, tokens,
 keys or passwords of the caller), ``-I -B`` isolated interpreter, a fresh
@@ -46,15 +62,26 @@ orphan survives a verdict.
 What it does NOT provide
 ------------------------
 * No kernel isolation: a kernel exploit escapes (use a VM/gVisor for that).
-* No cgroup limits: total memory is per-process RLIMIT_AS times max_processes;
+* No cgroup limits: total memory is per-process RLIMIT_AS times max_processes
+  (plus the tmpfs sizes); kernel memory held in pipes and socket buffers is
+  bounded only through the open-file and process limits.  Without ``seccomp``
+  (an architecture other than x86_64/aarch64) memfd and SysV shared memory
+  escape RLIMIT_AS.  A cgroup (v2 memory.max/pids.max) would bound all of it,
+  but needs a writable v2 hierarchy with those controllers, which the machines
+  this was built on lack (memory and pids are on cgroup v1 there).
   CPU contention with the host is not throttled, only bounded in time.
 * Without mntns the host's world-writable directories (/tmp, /var/tmp, /dev/shm)
-  stay writable and world-readable files stay readable.  Without pidns and
-  setuid (non-root caller, no namespaces) the program runs as the caller's uid:
-  it can read the caller's files and /proc/<pid>/environ and signal the
-  caller's processes.  Such modes are reported honestly in ``isolation``.
+  stay writable and world-readable files stay readable, and the working
+  directory is on the host's /tmp, bounded by RLIMIT_FSIZE per file only.
+  Without pidns and setuid (non-root caller, no namespaces) the program runs
+  as the caller's uid: it can read the caller's files and /proc/<pid>/environ
+  and signal the caller's processes.  Such modes are reported honestly in ``isolation``.
 * World-readable files outside the hidden paths (/usr, /etc/passwd, other
   checkouts) stay readable; nothing can be written there.
+* Without ``seccomp`` a host service on a socket file that the program's uid
+  may write is reachable.  With it, programs that need socket() fail:
+  multiprocessing's Manager and forkserver start method (the default fork one
+  works), logging's SysLogHandler.
 * Only the exit status is judged: a program that calls os._exit(0) before
   the grader's appended asserts run "passes".  Graders that need more should
   print a per-run nonce after the asserts and check stdout for it.
@@ -104,6 +131,7 @@ class SandboxLimits:
     file_size_mb: int = 16  # RLIMIT_FSIZE
     open_files: int = 64  # RLIMIT_NOFILE
     output_bytes: int = 65536  # stdout/stderr each truncated to this
+    max_inodes: int = 4096  # nr_inodes of each writable tmpfs (working directory, /dev/shm)
 
 
 @dataclass(frozen=True)
@@ -129,17 +157,17 @@ _BACKSTOP_GRACE = 5.0  # seconds the caller waits beyond wall_seconds before kil
 _STATUS_MAX = 1 << 16
 
 _PREAMBLE = """\
-import socket as _s, _socket, runpy as _r
+import socket as _s, runpy as _r
 class _NoNet(_s.socket):
-    def __init__(self, family=-1, *a, **k):
-        if family not in (-1, _s.AF_UNIX):
-            raise PermissionError(1, "network disabled by sandbox")
-        super().__init__(family, *a, **k)
+    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+        if fileno is None:  # a new socket; socketpair() and accept() wrap existing fds
+            raise PermissionError(1, "sockets disabled by sandbox")
+        super().__init__(family, type, proto, fileno)
 _s.socket = _s.SocketType = _NoNet
 def _deny(*a, **k):
-    raise PermissionError(1, "network disabled by sandbox")
+    raise PermissionError(1, "sockets disabled by sandbox")
 _s.create_connection = _s.getaddrinfo = _s.fromfd = _deny
-del _s, _socket
+del _s
 _r.run_path("main.py", run_name="__main__")
 """
 
@@ -800,7 +828,9 @@ def _setup_mounts(libc, config: dict, layers: set[str], code: bytes) -> None:
     _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     os.mkdir(workdir, 0o700)
     size_mb = max(32, 2 * int(limits["file_size_mb"]))
-    opts = f"size={size_mb}m,mode=700,uid={owner},gid={owner}"
+    # An empty file costs no tmpfs block but ~1 KiB of kernel memory: only nr_inodes bounds a flood of them.
+    inodes = int(limits["max_inodes"])
+    opts = f"size={size_mb}m,nr_inodes={inodes},mode=700,uid={owner},gid={owner}"
     _mount(libc, "tmpfs", workdir, "tmpfs", MS_NOSUID | MS_NODEV, opts)
     program = os.path.join(workdir, "main.py")
     with open(program, "wb") as fh:
@@ -810,7 +840,8 @@ def _setup_mounts(libc, config: dict, layers: set[str], code: bytes) -> None:
     _mount(libc, None, "/tmp", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm"):
         # Writable (POSIX semaphores of multiprocessing need it) but private.
-        _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16m,mode=1777")
+        _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+               f"size=16m,nr_inodes={inodes},mode=1777")
     for path in ["/var/tmp", "/run"] + list(config["hide"]):
         if os.path.isdir(path) and not os.path.islink(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")
@@ -931,20 +962,26 @@ def _drop_capabilities() -> None:
 # aarch64: asm-generic/unistd.h).  audit arch: AUDIT_ARCH_X86_64 / _AARCH64.
 _SECCOMP_ARCHES = {
     "x86_64": {
-        "audit": 0xC000003E, "socket": 41, "clone": 56, "clone3": 435,
+        "audit": 0xC000003E, "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435,
         "deny": [101, 155, 161, 165, 166, 175, 246, 248, 249, 250, 272, 298, 308, 313, 321, 323,
                  425, 428, 429, 430, 431, 432, 442],
+        "unaccounted": [29, 64, 68, 319, 447],
     },
     "aarch64": {
-        "audit": 0xC00000B7, "socket": 198, "clone": 220, "clone3": 435,
+        "audit": 0xC00000B7, "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435,
         "deny": [39, 40, 41, 51, 97, 104, 105, 117, 217, 218, 219, 241, 268, 273, 280, 282,
                  425, 428, 429, 430, 431, 432, 442],
+        "unaccounted": [194, 190, 186, 279, 447],
     },
 }
 # deny = ptrace, pivot_root, chroot, mount, umount2, init_module, kexec_load,
 # add_key, request_key, keyctl, unshare, perf_event_open, setns, finit_module,
 # bpf, userfaultfd, io_uring_setup (io_uring could open sockets), open_tree,
 # move_mount, fsopen, fsconfig, fsmount, mount_setattr.
+# unaccounted = shmget, semget, msgget, memfd_create, memfd_secret: memory that
+# is in no address space, so RLIMIT_AS does not see it (40 memfds of 16 MB held
+# 640 MiB under a 128 MB limit); SysV objects would even outlive the run where
+# there is no IPC namespace.  Nothing in the standard library needs them.
 
 
 def _seccomp_arch() -> dict | None:
@@ -955,19 +992,27 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     arch = _seccomp_arch()
     if arch is None:
         raise OSError("seccomp filter not available for this architecture")
-    ld_abs, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    ld_abs, jeq, jge, jset, and_k, ret = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
     allow, kill = 0x7FFF0000, 0x80000000
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
     clone_new_mask = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
     prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch["audit"]), (ret, 0, 0, kill), (ld_abs, 0, 0, 0)]
     if arch["audit"] == 0xC000003E:  # x32 ABI numbers (bit 30) on x86_64
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
-    for nr in arch["deny"]:
+    for nr in arch["deny"] + arch["unaccounted"]:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
     # clone3 hides its flags in memory; glibc falls back to clone on ENOSYS.
     prog += [(jeq, 0, 1, arch["clone3"]), (ret, 0, 0, enosys)]
-    # socket(): only AF_UNIX (args[0] low word at offset 16).
-    prog += [(jeq, 0, 4, arch["socket"]), (ld_abs, 0, 0, 16), (jeq, 0, 1, 1), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    # No socket() of any family: netns cuts AF_INET* off, but an AF_UNIX socket
+    # can connect() to any socket file the uid may write (a read-only mount
+    # does not stop that), e.g. a world-writable /dev/log or docker.sock.
+    prog += [(jeq, 0, 1, arch["socket"]), (ret, 0, 0, eperm)]
+    # socketpair(): AF_UNIX SOCK_STREAM only (asyncio and multiprocessing use
+    # it).  A stream pair is born connected and refuses connect() and sendto()
+    # with an address; a datagram pair could still address any socket file.
+    # args[0] (family) and args[1] (type, flags masked off) at offsets 16, 24.
+    prog += [(jeq, 0, 7, arch["socketpair"]), (ld_abs, 0, 0, 16), (jeq, 0, 4, 1), (ld_abs, 0, 0, 24),
+             (and_k, 0, 0, 0xF), (jeq, 0, 1, 1), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
     # clone(): no new namespaces (flags are args[0]).
     prog += [(jeq, 0, 4, arch["clone"]), (ld_abs, 0, 0, 16), (jset, 0, 1, clone_new_mask), (ret, 0, 0, eperm),
              (ret, 0, 0, allow)]

@@ -1,4 +1,4 @@
-"""Hostile-program tests for stages.sandbox.
+"""Hostile-program tests for the sandbox package.
 
 Every hostile program is written so that it exits 0 only if its attack worked;
 the test then checks three things: the verdict is not "pass" (reward 0), the
@@ -19,10 +19,10 @@ import uuid
 
 import pytest
 
-from stages.sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
+from sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SANDBOX_FILE = os.path.join(PROJECT_ROOT, "stages", "sandbox.py")
+SANDBOX_FILE = os.path.join(PROJECT_ROOT, "sandbox", "runner.py")
 FAST = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256)
 MODE = isolation_mode()
 LAYERS = set(MODE.split("+"))
@@ -433,6 +433,81 @@ def test_large_finite_output_is_truncated():
     assert verdict.stdout == "y" * 4096
 
 
+MEMORY_ESCAPES = {
+    # Pages of a memfd are not in the address space, so RLIMIT_AS does not count them.
+    "memfd": """
+        import os, sys
+        chunk = b"x" * 2**24
+        for i in range(40):
+            try:
+                os.write(os.memfd_create("hoard"), chunk)
+            except OSError as exc:
+                print(i * 16, "MiB held;", exc)
+                sys.exit(1)
+        print(40 * 16, "MiB held")
+    """,
+    # The same through a SysV segment: filled while attached, kept after shmdt().
+    "sysv-shm": """
+        import ctypes, sys
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.shmat.restype, libc.shmat.argtypes = ctypes.c_void_p, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        libc.shmdt.argtypes = [ctypes.c_void_p]
+        for i in range(40):
+            segment = libc.shmget(0, 2**24, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+            if segment < 0:
+                print(i * 16, "MiB held; shmget errno", ctypes.get_errno())
+                sys.exit(1)
+            addr = libc.shmat(segment, None, 0)
+            ctypes.memset(addr, 1, 2**24)
+            libc.shmdt(addr)
+        print(40 * 16, "MiB held")
+    """,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack", sorted(MEMORY_ESCAPES))
+def test_memory_outside_the_address_space_is_denied(attack):
+    verdict = hostile(MEMORY_ESCAPES[attack], SandboxLimits(cpu_seconds=5, wall_seconds=8.0, memory_mb=128))
+    assert verdict.status == "fail", verdict
+    assert verdict.stdout.startswith("0 MiB held"), verdict.stdout  # not a page of host memory was taken
+
+
+@pytest.mark.timeout(60)
+def test_sysv_queues_and_semaphores_are_denied():
+    # Kernel memory as well (32k queues of 16 KiB each by default), and without an IPC namespace they outlive the run.
+    code = """
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    made = {"msgget": libc.msgget(0, 0o1600), "semget": libc.semget(0, 1, 0o1600)}  # IPC_PRIVATE, IPC_CREAT | 0600
+    print(made)
+    sys.exit(0 if max(made.values()) >= 0 else 1)
+    """
+    verdict = hostile(code)
+    assert verdict.status == "fail", verdict
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", [".", "/dev/shm"])
+def test_inode_flood_stops_at_the_tmpfs_bound(where):
+    if not HAS_MNTNS:
+        pytest.skip("without a mount namespace the working directory is on the host's /tmp (documented)")
+    # Empty files take no tmpfs blocks but ~1 KiB of kernel memory each: only nr_inodes bounds them.
+    code = f"""
+    import os, sys
+    for made in range(50_000):
+        try:
+            os.close(os.open(os.path.join({where!r}, f"f{{made}}"), os.O_CREAT | os.O_WRONLY, 0o600))
+        except OSError as exc:
+            print(made, exc.strerror)
+            sys.exit(1)
+    print(made + 1, "files")
+    """
+    verdict = hostile(code, SandboxLimits(cpu_seconds=5, wall_seconds=8.0))
+    made, reason = verdict.stdout.split(maxsplit=1)
+    assert int(made) <= SandboxLimits().max_inodes and reason.strip() == "No space left on device", verdict
+
+
 # ---------------------------------------------------------------- filesystem
 
 
@@ -586,6 +661,129 @@ def test_network_is_unreachable_whatever_the_mode(listener, attack):
     verdict = hostile(code)
     assert verdict.status == "fail", verdict
     _assert_no_connection(listener)
+
+
+def _unhidden_dir() -> str:
+    """A fresh world-searchable directory that the sandbox does not hide, like a host service's socket directory."""
+    for parent in ("/var/lib", "/srv", "/opt", "/mnt"):
+        if os.path.isdir(parent) and os.access(parent, os.W_OK) and _world_accessible(parent, 0o005):
+            path = tempfile.mkdtemp(prefix="cascade-sbx-sock-", dir=parent)
+            os.chmod(path, 0o755)
+            return path
+    pytest.skip("no writable, world-searchable directory outside the hidden paths")
+
+
+@pytest.fixture
+def unix_services():
+    """Host services any uid may talk to: a stream and a datagram socket file (mode 777, as /dev/log or a
+    carelessly chmod-ed docker.sock), and a stream socket in the abstract namespace."""
+    where = _unhidden_dir()
+    addresses = {
+        "STREAM": os.path.join(where, "stream.sock"),
+        "DGRAM": os.path.join(where, "dgram.sock"),
+        "ABSTRACT": f"\0cascade-sbx-{uuid.uuid4().hex}",
+    }
+    servers = []
+    try:
+        for name, kind in (("STREAM", socket.SOCK_STREAM), ("DGRAM", socket.SOCK_DGRAM), ("ABSTRACT", socket.SOCK_STREAM)):
+            srv = socket.socket(socket.AF_UNIX, kind)
+            servers.append(srv)
+            srv.bind(addresses[name])
+            if kind == socket.SOCK_STREAM:
+                srv.listen(8)
+            if name != "ABSTRACT":
+                os.chmod(addresses[name], 0o777)
+            srv.setblocking(False)
+        yield addresses, servers
+    finally:
+        for srv in servers:
+            srv.close()
+        shutil.rmtree(where)
+
+
+def _received(servers: list[socket.socket]) -> bytes:
+    got = b""
+    for srv in servers:
+        try:
+            if srv.type == socket.SOCK_DGRAM:
+                got += srv.recv(4096)
+            else:
+                conn, _ = srv.accept()
+                conn.settimeout(1.0)
+                got += b"<connected>" + conn.recv(4096)
+                conn.close()
+        except (BlockingIOError, socket.timeout):
+            continue
+    return got
+
+
+UNIX_ATTACKS = {
+    "path-connect": """
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(STREAM)
+        s.sendall(b"exfiltrated")
+    """,
+    "abstract-connect": """
+        import socket
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(ABSTRACT)
+        s.sendall(b"exfiltrated")
+    """,
+    # A datagram pair is made without socket(), and can still address any socket file.
+    "socketpair-sendto": """
+        import socket
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        a.sendto(b"exfiltrated", DGRAM)
+    """,
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("attack", sorted(UNIX_ATTACKS))
+def test_unix_sockets_of_the_host_are_unreachable(unix_services, attack):
+    addresses, servers = unix_services
+    code = "".join(f"{name} = {address!r}\n" for name, address in addresses.items())
+    verdict = hostile(code + textwrap.dedent(UNIX_ATTACKS[attack]))
+    assert verdict.status == "fail", verdict
+    assert _received(servers) == b""
+
+
+@pytest.mark.timeout(60)
+def test_local_ipc_still_works():
+    """What the standard library builds on socketpair() and pipes keeps working: asyncio, multiprocessing."""
+    code = """
+    import asyncio, multiprocessing, socket
+    a, b = socket.socketpair()
+    a.sendall(b"ping")
+    assert b.recv(4) == b"ping"
+    async def double(x):
+        await asyncio.sleep(0.01)
+        return 2 * x
+    async def main():
+        return await asyncio.gather(*(double(i) for i in range(3)))
+    assert asyncio.run(main()) == [0, 2, 4]
+    with multiprocessing.Pool(2) as pool:
+        assert pool.map(abs, [-1, -2, 3]) == [1, 2, 3]
+    print("ok")
+    """
+    verdict = run_python(textwrap.dedent(code), SandboxLimits(cpu_seconds=5, wall_seconds=10.0))
+    assert verdict.passed and verdict.stdout == "ok\n", verdict
+    assert_host_clean()
+
+
+@pytest.mark.timeout(60)
+def test_socket_preamble_mode_blocks_new_sockets_but_not_local_ipc():
+    """The last-resort mode (neither netns nor seccomp) is never chosen where those work: run it directly."""
+    from sandbox.runner import _execute
+
+    layers = ("setuid", "rlimits", "socket-preamble") if os.geteuid() == 0 else ("rlimits", "socket-preamble")
+    for family in ("AF_UNIX", "AF_INET"):
+        blocked = _execute(f"import socket\nsocket.socket(socket.{family})\n", FAST, layers)
+        assert blocked.status == "fail" and "sockets disabled by sandbox" in blocked.stderr, blocked
+    local = _execute("import asyncio, socket\nsocket.socketpair()\nasyncio.run(asyncio.sleep(0))\n", FAST, layers)
+    assert local.passed, local
+    assert_host_clean()
 
 
 # ---------------------------------------------------------------- non-root callers
