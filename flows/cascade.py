@@ -76,7 +76,7 @@ def _named(task, recipe: Recipe, run_id: str, what: str):
 def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
     """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
     return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
-                       stages={name: made[name] for name in stage.reads()})
+                       stages={read.stage: made[read.stage] for read in stage.reads()})
 
 
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:

@@ -10,7 +10,7 @@ kind reads and makes, is the registry's business (`stages/kinds.py`); the recipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
@@ -161,6 +161,15 @@ class DecontaminationConfig(Strict):
 Product = Literal["policy", "dataset", "prompts", "reward_model"]
 
 
+class Read(NamedTuple):
+    """An earlier stage a stage reads: through which field, which stage, and what that stage must make."""
+
+    field: str
+    stage: str
+    product: Product
+    hint: str = ""  # appended to the error when no such stage exists
+
+
 class StageConfig(Strict):
     """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
     inputs, and what each must have made; the recipe checks them, the flow hands their checkpoints over."""
@@ -168,8 +177,8 @@ class StageConfig(Strict):
     kind: str
     name: str
 
-    def reads(self) -> dict[str, Product]:
-        return {}
+    def reads(self) -> list[Read]:
+        return []
 
 
 class TrainingConfig(StageConfig):
@@ -224,8 +233,8 @@ class SFTConfig(TrainingConfig):
     weight_decay: NonNegative = 0.01
     checkpoint_every: Every = 200
 
-    def reads(self) -> dict[str, Product]:
-        return {self.data: "dataset"}
+    def reads(self) -> list[Read]:
+        return [Read("data", self.data, "dataset")]
 
 
 class DifficultyConfig(StageConfig):
@@ -259,8 +268,11 @@ class DifficultyConfig(StageConfig):
     def solved_threshold(self) -> int:
         return self.k if self.drop_solved_at is None else self.drop_solved_at
 
-    def reads(self) -> dict[str, Product]:
-        return {self.reference: "policy"} if reference_kind(self.reference) == "stage" else {}
+    def reads(self) -> list[Read]:
+        if reference_kind(self.reference) != "stage":
+            return []
+        return [Read("reference", self.reference, "policy",
+                     hint=f"; a model is an HF model dir (a path), {SMOLLM2!r} or an http(s):// endpoint")]
 
 
 def reference_kind(reference: str) -> Literal["endpoint", "model", "stage"]:
@@ -304,8 +316,8 @@ class GRPOConfig(OnPolicyConfig):
     # groups; off, the metric covers the kept groups only and the step skips that forward.
     mismatch_over_dropped: bool = True
 
-    def reads(self) -> dict[str, Product]:
-        return {self.prompts: "prompts"} if self.prompts else {}
+    def reads(self) -> list[Read]:
+        return [Read("prompts", self.prompts, "prompts")] if self.prompts else []
 
 
 class MOPDConfig(OnPolicyConfig):
@@ -319,8 +331,8 @@ class MOPDConfig(OnPolicyConfig):
     eps_high: Annotated[float, BeforeValidator(_no_bool), Field(ge=1.0, le=1e3)] = 2.0
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
 
-    def reads(self) -> dict[str, Product]:
-        return {stage: "policy" for stage in self.teachers.values()}
+    def reads(self) -> list[Read]:
+        return [Read(f"teachers.{domain}", stage, "policy") for domain, stage in self.teachers.items()]
 
 
 class GateConfig(Strict):

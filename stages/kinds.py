@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
+from artifacts.checkpoint import CheckpointRef
 from stages.config import (
     DifficultyConfig,
     GRPOConfig,
@@ -32,9 +33,9 @@ from stages.config import (
     TrainingConfig,
 )
 
-if TYPE_CHECKING:
-    from artifacts.checkpoint import CheckpointRef
-    from stages.context import StageContext, StageResult
+# A stage's run function: run(cfg, ctx: stages.context.StageContext, inputs: StageInputs) -> StageResult.
+# (Typed loosely: stages.context imports the recipe, which imports this registry.)
+StageRun = Callable[[Any, Any, "StageInputs"], Any]
 
 # check(cfg, earlier stage configs, recipe domains) raises ValueError for what only this kind knows is wrong
 StageCheck = Callable[[Any, list[StageConfig], set[str]], None]
@@ -53,7 +54,7 @@ class StageInputs:
 class StageKind:
     kind: str  # the recipe's `kind:`
     config: type[StageConfig]
-    run: Callable[[Any, StageContext, StageInputs], StageResult]
+    run: StageRun
     makes: Product  # "policy": the next policy, evaluated and gated after the stage
     takes_policy: bool  # starts from the newest policy of the run
     holds_compute: bool  # holds a slot of the compute limit while it runs
@@ -83,14 +84,14 @@ def kind_of(kind: str) -> StageKind:
     return KINDS[kind]
 
 
-def run_stage(cfg: StageConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+def run_stage(cfg: StageConfig, ctx: Any, inputs: StageInputs) -> Any:
     return kind_of(cfg.kind).run(cfg, ctx, inputs)
 
 
-def _lazy(module: str, function: str) -> Callable[..., Any]:
+def _lazy(module: str, function: str) -> StageRun:
     """A run function imported on first call: the recipe validates without loading torch and the models."""
 
-    def run(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    def run(cfg: Any, ctx: Any, inputs: StageInputs) -> Any:
         return getattr(importlib.import_module(module), function)(cfg, ctx, inputs)
 
     run.__qualname__ = f"{module}.{function}"

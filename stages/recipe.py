@@ -107,10 +107,11 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
     missing = sorted(set(getattr(stage, "domains", None) or []) - domains)
     if missing:
         raise ValueError(f"stage {stage.name!r} names domain(s) {missing} not declared in `domains`")
-    for name, product in stage.reads().items():
-        if not any(s.name == name and kind_of(s.kind).makes == product for s in earlier):
-            makers = "/".join(sorted(k for k, row in KINDS.items() if row.makes == product))
-            raise ValueError(f"stage {stage.name!r} reads {name!r}, which no earlier {makers} stage writes")
+    for read in stage.reads():
+        if not any(s.name == read.stage and kind_of(s.kind).makes == read.product for s in earlier):
+            makers = "/".join(sorted(k for k, row in KINDS.items() if row.makes == read.product))
+            raise ValueError(f"stage {stage.name!r} reads {read.field} {read.stage!r}, which no earlier {makers} "
+                             f"stage writes{read.hint}")
     row = kind_of(stage.kind)
     if row.check is not None:
         row.check(stage, earlier, domains)
@@ -194,10 +195,11 @@ def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
         return Recipe.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        if err["type"] == "stage":  # a stage's own error carries its full path
-            raise RecipeError(f"{source}: {err['msg']}") from None
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise RecipeError(f"{source}: {where}: {err['msg']}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "stage" or not err["loc"]:  # a stage's own error carries its full path
+            raise RecipeError(f"{source}: {msg}") from None
+        where = ".".join(str(p) for p in err["loc"])
+        raise RecipeError(f"{source}: {where}: {msg}") from None
 
 
 def load_recipe(name_or_path: str = "tiny") -> Recipe:

@@ -13,7 +13,9 @@ from stages.difficulty import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_d
 from stages.domains.base import Domain, Item
 from stages.engines.hf import HFEngine
 from stages.model import build_tiny_model, save_hf
-from stages.config import ModelConfig, RecipeError, load_recipe, validate_recipe
+from flows.recipes import load_recipe
+from stages.config import ModelConfig
+from stages.recipe import RecipeError, validate_recipe
 from stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -123,7 +125,7 @@ def test_keep_fraction_draw_depends_on_the_seed():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["stages.difficulty.reference=sftt"], "reference 'sftt' is not an earlier model stage"),
+    (["stages.difficulty.reference=sftt"], "reads reference 'sftt', which no earlier grpo/mopd/sft stage writes"),
     (["stages.difficulty.drop_solved_at=9"], "drop_solved_at must be between 1 and k=8, got 9"),
     (["stages.difficulty.unsolved=keep_fraction"], "unsolved_fraction is required with unsolved=keep_fraction"),
     (["stages.if_rl.prompts=nope"], "reads prompts 'nope', which no earlier difficulty stage writes"),
@@ -139,5 +141,5 @@ def test_bad_difficulty_config_is_one_line_error(overrides, message):
 def test_reference_must_come_before_the_filter():
     raw = {"domains": {"math": {}}, "stages": [{"kind": "difficulty", "domains": ["math"]}, {"kind": "sft_data"},
                                                 {"kind": "sft"}]}
-    with pytest.raises(RecipeError, match="reference 'sft' is not an earlier model stage"):
+    with pytest.raises(RecipeError, match="reads reference 'sft', which no earlier grpo/mopd/sft stage writes"):
         validate_recipe(raw)

@@ -53,7 +53,7 @@ def test_unknown_recipe_and_missing_file():
 
 def test_stage_must_read_an_earlier_dataset():
     raw = {"domains": {"math": {}}, "stages": [{"kind": "sft", "data": "missing"}]}
-    with pytest.raises(RecipeError, match="which no earlier sft_data stage writes"):
+    with pytest.raises(RecipeError, match="reads data .missing., which no earlier sft_data stage writes"):
         from stages.recipe import validate_recipe
 
         validate_recipe(raw)
