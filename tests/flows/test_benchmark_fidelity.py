@@ -391,3 +391,14 @@ def test_benchmarks_without_a_shipped_file_ask_for_data():
     for name in ("math", "aime25", "hmmt", "mmlu_pro", "gpqa", "ifbench", "livecodebench"):
         with pytest.raises(BenchmarkError, match=f"'{name}' ships no data file: give its rows with --data"):
             load_items(benchmark_registry()[name])
+
+
+def test_eval_reads_a_benchmark_from_a_url(tmp_path, monkeypatch):
+    monkeypatch.setenv("CASCADE_HOME", str(tmp_path / "home"))
+    (tmp_path / "gpqa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gpqa_rows(3)))
+    result = CliRunner().invoke(app, ["eval", "tiny", "--benchmark", "gpqa", "--data", f"file://{tmp_path}/gpqa.jsonl",
+                                      "--max-new-tokens", "4", "--json", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["scores"]["gpqa"]["items"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "out" / "gpqa.jsonl").read_text().splitlines()]
+    assert "(A) " in rows[0]["prompt"] and "right 0" in rows[0]["prompt"]
