@@ -8,18 +8,25 @@ score and a training reward measure one thing. A sample counts as correct when i
   1 - C(n-c, k) / C(n, k) per item, averaged over items. Domains may add their own metrics through two optional
   hooks: `grade_details(item, completion) -> dict` (JSON-able, with a "score") and `summarize_details(details)
   -> dict[str, float]` (IFEval's prompt- and instruction-level strict/loose accuracy).
+  Items whose `meta["groups"]` names axes (MATH's level and subject, MMLU-Pro's category) also get pass@1 per
+  group, as `pass@1/<axis>=<value>`.
 - `grade_rows` scores completions made elsewhere: each row is a benchmark item plus a `completion`. A bad row
-  gets an error with its row number and the rest are still graded.
+  gets an error with its row number and the rest are still graded. A `BenchmarkError` raised while parsing or
+  grading a row (an instruction id the checkers do not know) is about the whole file, and stops the grade.
 
 Item files: each benchmark's loader reads its file under the data root (benchdata.DEFAULT_DATA_ROOT,
-`<repo>/../shared/data`, unless given). A user's own JSONL is accepted in two formats: the benchmark's native row format (the loader's
+`<repo>/../shared/data`, unless given); benchmarks without a shipped file read only the user's `--data`. A user's
+file is a local path or an fsspec URL (`s3://...`, `https://...`, `hf://datasets/<org>/<name>/<file>`, which
+fsspec resolves through huggingface_hub), in JSON lines (optionally .gz), a JSON array (.json), CSV (.csv) or
+Parquet (.parquet), and its rows are in one of two formats: the benchmark's native row format (the loader's
 `parse_row`), or the domain-neutral item format `{"prompt": str, "meta": {...}, "reference": str, "id": str}`
 where `meta` holds what the domain's grader reads.
 """
 
 from __future__ import annotations
 
-import gzip
+import csv
+import io
 import json
 import math
 import time
@@ -39,15 +46,50 @@ class BenchmarkError(ValueError):
     """Bad benchmark input (unknown name, unreadable file): a one-line message for the user."""
 
 
-def read_jsonl_lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
-    """(1-based line number, row or the error that line raised) for each non-blank line; .gz is read as text."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:  # a bad byte fails its row, not the file
-        yield from parse_jsonl_lines(f)
+def is_url(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+def read_jsonl_lines(location: str | Path) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(1-based row number, row or the error that row raised) for each row of a local file or fsspec URL.
+
+    The format follows the name: .parquet, .csv, .json (a JSON array, or JSON lines as the BFCL files are), else
+    JSON lines; a .gz (or other compression suffix fsspec knows) is decompressed first.
+    """
+    import fsspec
+
+    name = str(location)
+    stem = name[: -len(".gz")] if name.endswith(".gz") else name
+    if stem.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fsspec.open(name, "rb") as f:
+            rows = pq.read_table(f).to_pylist()
+        yield from enumerate(rows, 1)
+        return
+    # errors="replace": a bad byte fails its row, not the file
+    with fsspec.open(name, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
+        if stem.endswith(".csv"):
+            yield from enumerate(csv.DictReader(f), 1)
+        elif stem.endswith(".json") and (text := f.read()).lstrip().startswith("["):
+            yield from parse_json_array(text)
+        else:
+            yield from parse_jsonl_lines(text.splitlines() if stem.endswith(".json") else f)
+
+
+def parse_json_array(text: str) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(1-based position, row or error) for each element of a JSON array of objects."""
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        yield 1, ValueError(f"not valid JSON ({e.msg} at line {e.lineno})")
+        return
+    for number, row in enumerate(rows, 1):
+        yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
 
 
 def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
-    """read_jsonl_lines over any open text stream (a local file, an fsspec file)."""
+    """(line number, row or error) for each non-blank line of any open text stream (a local file, an fsspec file)."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -59,15 +101,24 @@ def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any
         yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every row of a JSONL (or .jsonl.gz) file; the first bad line is an error naming the file and line."""
-    path = Path(path)
-    if not path.is_file():
-        raise BenchmarkError(f"data file not found: {path}")
+def read_rows(location: str | Path) -> list[tuple[int, dict[str, Any] | Exception]]:
+    """Every (row number, row or error) of a file or URL; one that cannot be read at all is a BenchmarkError."""
+    if not is_url(location) and not Path(location).is_file():
+        raise BenchmarkError(f"data file not found: {location}")
+    try:
+        return list(read_jsonl_lines(location))
+    except (OSError, ImportError, ValueError) as e:  # unreachable URL, no such remote file, corrupt Parquet
+        hint = " (cascade sets HF_HUB_OFFLINE=1 unless you set it: HF_HUB_OFFLINE=0 reads hf:// URLs)" \
+            if str(location).startswith("hf://") else ""
+        raise BenchmarkError(f"cannot read {location}: {describe(e)}{hint}") from e
+
+
+def read_jsonl(location: str | Path) -> list[dict[str, Any]]:
+    """Every row of a data file or URL (see read_jsonl_lines); the first bad row is an error naming it."""
     rows = []
-    for number, row in read_jsonl_lines(path):
+    for number, row in read_rows(location):
         if isinstance(row, Exception):
-            raise BenchmarkError(f"{path}:{number}: {row}")
+            raise BenchmarkError(f"{location}:{number}: {row}")
         rows.append(row)
     return rows
 
@@ -77,13 +128,16 @@ class JsonlBenchmark:
     """Loader of one benchmark file: `loader(data_root)` reads `data_root/relpath` and parses every row.
 
     `parse_row(row, index) -> Item` is exposed so a user's own file in the same format loads the same way.
+    `relpath=None`: no file ships with the project (the data's license or size); only `--data` gives items.
     """
 
     name: str
-    relpath: str
+    relpath: str | None
     parse_row: Callable[[dict[str, Any], int], Item]
 
     def __call__(self, data_root: str | Path) -> list[Item]:
+        if self.relpath is None:
+            raise BenchmarkError(f"{self.name!r} ships no data file: give its rows with --data FILE_OR_URL")
         path = Path(data_root) / self.relpath
         rows = read_jsonl(path)
         items = []
@@ -155,7 +209,7 @@ def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) ->
         raise BenchmarkError("no benchmark given")
     if data_file is not None and len(names) != 1:
         raise BenchmarkError("--data needs exactly one --benchmark (it says which format and grader the file uses)")
-    if data_file is not None and not Path(data_file).is_file():
+    if data_file is not None and not is_url(data_file) and not Path(data_file).is_file():
         raise BenchmarkError(f"data file not found: {data_file}")
     registry = benchmark_registry()
     specs = []
@@ -216,8 +270,9 @@ def score_items(domain: Domain, items: list[Item], completions: list[list[str]])
     return [[float(d["score"]) for d in group] for group in details], details
 
 
-def summarize(domain: Domain, scores: list[list[float]], details: list[list[dict]], samples: int) -> dict[str, float]:
-    """pass@1, pass@k (k = samples > 1), mean score, and the domain's own metrics."""
+def summarize(domain: Domain, items: list[Item], scores: list[list[float]], details: list[list[dict]],
+              samples: int) -> dict[str, float]:
+    """pass@1, pass@k (k = samples > 1), mean score, pass@1 per group, and the domain's own metrics."""
     if not scores:
         return {"items": 0, "samples": samples}
     metrics: dict[str, float] = {"items": len(scores), "samples": samples}
@@ -227,10 +282,20 @@ def summarize(domain: Domain, scores: list[list[float]], details: list[list[dict
         metrics[f"pass@{k}"] = sum(per_item) / len(per_item)
     flat = [x for s in scores for x in s]
     metrics["mean_score"] = sum(flat) / len(flat)
+    metrics.update(pass_at_1_by_group(items, scores))
     summary_fn = getattr(domain, "summarize_details", None)
     if summary_fn is not None:
         metrics.update(summary_fn([d for group in details for d in group]))
     return metrics
+
+
+def pass_at_1_by_group(items: list[Item], scores: list[list[float]]) -> dict[str, float]:
+    """`pass@1/<axis>=<value>` for every group an item's `meta["groups"]` puts it in, sorted by key."""
+    members: dict[str, list[float]] = {}
+    for item, s in zip(items, scores, strict=True):
+        for axis, value in (item.meta.get("groups") or {}).items():
+            members.setdefault(f"pass@1/{axis}={value}", []).append(pass_at_k(len(s), sum(map(is_correct, s)), 1))
+    return {key: sum(v) / len(v) for key, v in sorted(members.items())}
 
 
 def _length_order(prompts: list[list[int]]) -> list[int]:
@@ -286,7 +351,7 @@ def evaluate_benchmark(
     for item, group, sc, det in zip(items, groups, scores, details):
         for j, (comp, s, d) in enumerate(zip(group, sc, det)):
             rows.append(_row(spec, item, j, comp.text, s, d, finish_reason=comp.finish_reason))
-    metrics = summarize(domain, scores, details, samples)
+    metrics = summarize(domain, items, scores, details, samples)
     return BenchmarkResult(spec.name, spec.domain, metrics, rows, seconds=time.monotonic() - started)
 
 
@@ -303,8 +368,8 @@ def grade_rows(name: str, data_file: str | Path, progress: Progress | None = Non
     started = time.monotonic()
     spec = resolve_benchmarks([name], data_file)[0]
     domain = get_domain(spec.domain)
-    lines = list(read_jsonl_lines(Path(data_file)))
-    scores, details, rows, errors = [], [], [], []
+    lines = read_rows(data_file)
+    items, scores, details, rows, errors = [], [], [], [], []
     for done, (number, row) in enumerate(lines, 1):
         try:
             if isinstance(row, Exception):
@@ -315,14 +380,17 @@ def grade_rows(name: str, data_file: str | Path, progress: Progress | None = Non
             item = spec.parse_row(row, number - 1)
             item_scores, item_details = score_items(domain, [item], [[completion]])
             s, d = item_scores[0][0], item_details[0][0]
+        except BenchmarkError as e:  # about the file, not this row (e.g. an instruction id no checker knows)
+            raise BenchmarkError(f"{data_file}: row {number}: {e}") from e
         except Exception as e:  # noqa: BLE001 - any failure is this row's problem; the others still get graded
             errors.append({"row": number, "error": describe(e)})
         else:
+            items.append(item)
             scores.append([s])
             details.append([d])
             rows.append(_row(spec, item, 0, completion, s, d, row=number))
         if progress is not None:
             progress(done, len(lines))
-    metrics = summarize(domain, scores, details, 1)
+    metrics = summarize(domain, items, scores, details, 1)
     metrics["errors"] = len(errors)
     return BenchmarkResult(spec.name, spec.domain, metrics, rows, errors, time.monotonic() - started)

@@ -16,9 +16,11 @@ from rich.table import Table
 from flows.cli.common import CLIError, app, console, guarded
 
 
-BENCHMARK_HELP = "Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple."
+BENCHMARK_HELP = ("Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple; math, "
+                  "aime25, hmmt, mmlu_pro, gpqa, ifbench and livecodebench read --data (see docs/BENCHMARKS.md).")
 DATA_FORMAT_HELP = (
-    "JSONL, one item per line, in the benchmark's own format (gsm8k: question + answer ending '#### N'; "
+    "A local file or fsspec URL (hf://datasets/..., s3://...; JSONL, .json, .csv or .parquet), one item per row, "
+    "in the benchmark's own format (gsm8k: question + answer ending '#### N'; "
     "aime24/amc23: problem + answer; mmlu_stem: question + choices + answer index; ifeval: prompt + "
     "instruction_id_list + kwargs) or, for any benchmark, in the item format "
     '{"prompt": "...", "meta": {...}, "reference": "...", "id": "..."}, where meta is what the domain\'s grader '
@@ -38,7 +40,7 @@ def eval_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N items of each benchmark."),
     samples: int = typer.Option(1, "--samples", help="Completions per item: 1 is greedy pass@1; K > 1 samples "
                                 "(T=0.8 unless --temperature) and adds unbiased pass@K."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Your own items instead of the benchmark's file: "
+    data: Optional[str] = typer.Option(None, "--data", help="Your own items instead of the benchmark's file: "
                                         + DATA_FORMAT_HELP),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for scores.json and <benchmark>.jsonl "
                                        "(prompt, completion, verdict per item); default $CASCADE_HOME/evals/<time>."),
@@ -107,7 +109,7 @@ def _recipe_on(recipe: str, model: str):
     return loaded.model_copy(update={"model": loaded.model.model_copy(update={"source": model})})
 
 
-def _benchmark_specs(benchmark: str, data: Optional[Path]):
+def _benchmark_specs(benchmark: str, data: Optional[str]):
     """The specs of comma-separated names; unknown names are a CLIError before any work."""
     from stages.benchmarks import BenchmarkError, resolve_benchmarks
 
@@ -118,7 +120,7 @@ def _benchmark_specs(benchmark: str, data: Optional[Path]):
         raise CLIError(str(e)) from None
 
 
-def _check_items_file(spec, data: Path) -> None:
+def _check_items_file(spec, data: str) -> None:
     from stages.benchmarks import BenchmarkError, load_items
 
     try:
@@ -198,7 +200,7 @@ def _print_benchmark_scores(model: str, results: list, out_dir: Path, as_json: b
 def grade_cmd(
     benchmark: Optional[str] = typer.Option(None, "--benchmark", help="The benchmark (or domain) whose grader to "
                                             "use (required)."),
-    data: Optional[Path] = typer.Option(None, "--data", help="Completions to score (required): " + DATA_FORMAT_HELP + " Every row also "
+    data: Optional[str] = typer.Option(None, "--data", help="Completions to score (required): " + DATA_FORMAT_HELP + " Every row also "
                               'needs "completion": the model\'s answer as a string.'),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:

@@ -28,6 +28,8 @@ Real benchmarks (eval):
   asserts, which name the function). Program: code + test_setup_code + test_list; challenge tests not run.
 Both use sandbox limits of 5 CPU-s / 10 wall-s (HumanEval's harness uses a 3 s timeout; ours is looser
 because 2 shared cores run programs in parallel with training).
+- "livecodebench": stdin/stdout contest problems from the user's file, graded per test with LiveCodeBench's
+  time limits and output comparison; see stages/domains/livecodebench.py.
 
 Completion format: the first ```python (or bare ```) block that defines a function, else the first block,
 else the raw text; when raw text does not parse, the part from its first `def`/`import`/`from`/`class` line.
@@ -46,14 +48,17 @@ from pathlib import Path
 from typing import Callable
 
 from sandbox import SandboxLimits, run_many
+from stages.benchmarks import JsonlBenchmark
 from stages.domains.base import Domain, Item
 from stages.domains.benchdata import read_jsonl
+from stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
 OPS = {"plus": "+", "minus": "-", "times": "*"}
 TEMPLATES = ("Write f(x): {words}.", "Write f(x) = {words}.", "Code f(x): {words}.")
 TEST_INPUTS = (-7, -2, 0, 1, 3, 6, 11)
 SYNTHETIC_LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5.0)  # our programs are a few asserts
 BENCHMARK_LIMITS = SandboxLimits(cpu_seconds=5, wall_seconds=10.0)
+LIVECODEBENCH_TEST_CPU_S = 6  # RLIMIT_CPU is per process: each test's process gets LiveCodeBench's 6 s
 MBPP_TEST_IDS = range(11, 511)  # the MBPP paper's test split
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
@@ -251,7 +256,8 @@ class CodeDomain(Domain):
         return run_jobs([build_job(it, c, fast) for it, c in zip(items, completions, strict=True)])
 
     def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
-        return {"humaneval": load_humaneval, "mbpp": load_mbpp}
+        return {"humaneval": load_humaneval, "mbpp": load_mbpp,
+                "livecodebench": JsonlBenchmark("livecodebench", None, livecodebench_item)}
 
 
 def build_job(item: Item, completion: str, fast: bool = True) -> Job:
@@ -266,6 +272,10 @@ def build_job(item: Item, completion: str, fast: bool = True) -> Job:
     if m["kind"] == "mbpp":
         tests = "\n".join(m["tests"])
         return Job(f"{code}\n\n{m['setup']}\n{tests}\n", BENCHMARK_LIMITS)
+    if m["kind"] == "livecodebench":
+        limits = SandboxLimits(cpu_seconds=LIVECODEBENCH_TEST_CPU_S,
+                               wall_seconds=livecodebench_wall_seconds(len(m["tests"])))
+        return Job(livecodebench_program(code, m["tests"]), limits)
     raise ValueError(f"unknown code item kind {m['kind']!r}")
 
 

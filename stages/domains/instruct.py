@@ -1,4 +1,4 @@
-"""Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words); IFEval.
+"""Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words); IFEval, IFBench.
 
 Synthetic constraint kinds follow MEASURED.md's learnable set. Every check is a pure function of the response,
 so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
@@ -9,6 +9,12 @@ instruction passes if any of: the response, without its first line, without its 
 also with `*` removed, passes). `grade()` is strict prompt-level accuracy (every instruction followed);
 `ifeval_verdicts()` gives the per-instruction strict/loose results, and `summarize_details()` turns them into
 IFEval's four numbers (prompt- and instruction-level, strict and loose).
+
+IFBench (AllenAI's 58 out-of-distribution instruction types: word-count ranges, palindromes, nested quotes, CSV
+templates, ...) reads the same row shape (`key`, `prompt`, `instruction_id_list`, `kwargs`), from the user's file
+(allenai/IFBench_test; nothing ships), and is graded the same way with the IFBench checkers that if-verifiable
+ships (`if_verifiable.ifbench`), with the same four numbers. An instruction id that the benchmark's checkers do
+not know is an error naming the id (`BenchmarkError`: the whole grade stops), never a silent pass or fail.
 
 Deviations from Google's reference evaluation, and why:
 - NLTK's punkt sentence model (used to count sentences and to word-tokenize for capital-word counts) cannot be
@@ -25,17 +31,26 @@ Deviations from Google's reference evaluation, and why:
   kwargs, so the verdict is reproducible and the grader never touches the global `random` state.
 - if-verifiable returns no instruction results for an empty response, which would drop those instructions from
   the instruction-level denominator; we count them as failed, as Google's reference does.
+- IFBench's checker module downloads NLTK data when imported; we import it with downloads off (offline they
+  only print errors). Two IFBench checkers need NLTK data that no wheel here carries: `ratio:stop_words` (the
+  `stopwords` corpus) and `words:start_verb` (the `averaged_perceptron_tagger_eng` tagger). Without that data
+  installed (`python -m nltk.downloader stopwords averaged_perceptron_tagger_eng`), grading them is an error
+  that names the missing data, not a silent fail.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import random
+import re
 import threading
 from pathlib import Path
 from typing import Any, Callable
+from unittest import mock
 
-from stages.benchmarks import JsonlBenchmark
+from stages.benchmarks import BenchmarkError, JsonlBenchmark
 from stages.domains.base import Domain, Item
 
 TOPICS = {
@@ -113,7 +128,10 @@ def oracle_response(kind: str, n: int, topic: str, word: str, rng: random.Random
 
 _checkers_ready = threading.Lock()
 _checkers_prepared = False
-_checker_rng = random.Random()  # stands in for `random` inside if-verifiable's checkers; see prepare_ifeval_checkers
+_checker_rng = random.Random()  # stands in for `random` inside if-verifiable's checkers; see checker_classes
+CHECKER_PACKAGES = {"ifeval": "if_verifiable.ifeval", "ifbench": "if_verifiable.ifbench"}
+BENCHMARK_TITLES = {"ifeval": "IFEval", "ifbench": "IFBench"}
+MISSING_NLTK_DATA = re.compile(r"Resource\s+\W*(?:\[\d+m)?([\w.-]+)")
 _build_lock = threading.Lock()  # seeding and drawing from _checker_rng must not interleave across threads
 
 
@@ -146,21 +164,14 @@ def _write_punkt_tab(root: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def prepare_ifeval_checkers() -> None:
-    """Once per process: make NLTK's punkt data findable offline, seed langdetect, isolate the checkers' RNG."""
+def prepare_checkers() -> None:
+    """Once per process: make NLTK's punkt data findable offline and seed langdetect."""
     global _checkers_prepared
     with _checkers_ready:
         if _checkers_prepared:
             return
         import langdetect
         import nltk
-        from if_verifiable.ifeval import instructions, instructions_util
-
-        # A checker draws a random argument when an item's kwargs are missing or invalid (IFEval items 1122 and
-        # 1129 ask to count "#" and "!" as letters). From the global `random` that verdict would change run to run and the grader
-        # would shift the training RNG; a private generator, reseeded per instruction, keeps both stable.
-        instructions.random = _checker_rng
-        instructions_util.random = _checker_rng
 
         from artifacts.config import cascade_home
 
@@ -174,10 +185,25 @@ def prepare_ifeval_checkers() -> None:
         _checkers_prepared = True
 
 
-def ifeval_checker_classes() -> dict[str, Any]:
-    from if_verifiable.ifeval.instructions_registry import INSTRUCTION_DICT
+@functools.lru_cache(maxsize=None)
+def checker_classes(benchmark: str) -> dict[str, Any]:
+    """instruction id -> checker class, from the benchmark's if-verifiable registry (ifeval or ifbench).
 
-    return dict(INSTRUCTION_DICT)
+    A checker draws a random argument when an item's kwargs are missing or invalid (IFEval items 1122 and 1129 ask
+    to count "#" and "!" as letters). From the global `random` that verdict would change run to run and the grader
+    would shift the training RNG; a private generator, reseeded per instruction, keeps both stable.
+    """
+    import nltk
+
+    if benchmark not in CHECKER_PACKAGES:
+        raise BenchmarkError(f"no instruction checkers for {benchmark!r}; known: {', '.join(CHECKER_PACKAGES)}")
+    prepare_checkers()
+    package = CHECKER_PACKAGES[benchmark]
+    with mock.patch.object(nltk, "download", lambda *args, **kwargs: False):  # IFBench downloads on import
+        registry = importlib.import_module(f"{package}.instructions_registry")
+    for module in ("instructions", "instructions_util"):
+        importlib.import_module(f"{package}.{module}").random = _checker_rng
+    return dict(registry.INSTRUCTION_DICT)
 
 
 def loose_variants(response: str) -> list[str]:
@@ -199,17 +225,31 @@ def _follows(checker: Any, text: str) -> bool:
         return False
     try:
         return bool(checker.check_following(text))
-    except Exception:  # noqa: BLE001 - a response that crashes a checker has not shown it follows the instruction
+    except Exception as e:  # noqa: BLE001 - a response that crashes a checker has not shown it follows the instruction
+        if type(e) is LookupError:  # NLTK data missing: the checker cannot judge any response
+            missing = MISSING_NLTK_DATA.search(str(e))
+            raise BenchmarkError(f"instruction {checker.id!r} needs NLTK data that is not installed "
+                                 f"({missing.group(1) if missing else e}); see `python -m nltk.downloader`") from None
         return False
 
 
-def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str) -> Any:
-    """Google's checker for one instruction, configured from the item's kwargs (and prompt, where it needs it)."""
-    prepare_ifeval_checkers()
+def unknown_instruction_ids(benchmark: str, instruction_ids: list[str]) -> str | None:
+    """An error naming the ids that the benchmark's checkers do not know, or None when it knows them all."""
+    unknown = sorted(set(instruction_ids) - set(checker_classes(benchmark)))
+    if not unknown:
+        return None
+    return f"unknown {BENCHMARK_TITLES[benchmark]} instruction id{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
+
+
+def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str, benchmark: str = "ifeval") -> Any:
+    """The benchmark's checker for one instruction, configured from the item's kwargs (and prompt, where needed)."""
+    classes = checker_classes(benchmark)
+    if instruction_id not in classes:
+        raise BenchmarkError(unknown_instruction_ids(benchmark, [instruction_id]))
     args = {k: v for k, v in (args or {}).items() if v is not None}  # the HF copy of IFEval pads kwargs with nulls
     with _build_lock:
         _checker_rng.seed(f"{instruction_id}|{json.dumps(args, sort_keys=True)}")
-        checker = ifeval_checker_classes()[instruction_id](instruction_id)
+        checker = classes[instruction_id](instruction_id)
         checker.build_description(**args)
         wanted = checker.get_instruction_args()
         if wanted and "prompt" in wanted:  # repeat_prompt checks against the prompt itself
@@ -217,29 +257,34 @@ def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str)
     return checker
 
 
-def ifeval_verdicts(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str) -> list[dict[str, Any]]:
-    """Per instruction: {"id", "strict", "loose"}, with Google's checkers and loose variants."""
+def ifeval_verdicts(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str,
+                    benchmark: str = "ifeval") -> list[dict[str, Any]]:
+    """Per instruction: {"id", "strict", "loose"}, with the benchmark's checkers and Google's loose variants."""
     response = strip_thinking(response)
     variants = loose_variants(response)
     verdicts = []
     for instruction_id, args in zip(instruction_ids, kwargs, strict=True):
-        checker = build_checker(instruction_id, args, prompt)
+        checker = build_checker(instruction_id, args, prompt, benchmark)
         strict = _follows(checker, response)
         loose = strict or any(_follows(checker, v) for v in variants[1:])
         verdicts.append({"id": instruction_id, "strict": strict, "loose": loose})
     return verdicts
 
 
-def parse_ifeval(row: dict[str, Any], index: int) -> Item:
-    """IFEval rows: key, prompt, instruction_id_list, kwargs (one dict per instruction)."""
-    ids, kwargs = list(row["instruction_id_list"]), list(row["kwargs"])
-    if not isinstance(row["prompt"], str) or not ids or len(ids) != len(kwargs):
-        raise ValueError("need a prompt and one kwargs object per instruction id")
-    unknown = sorted(set(ids) - set(ifeval_checker_classes()))
-    if unknown:
-        raise ValueError(f"unknown IFEval instruction id(s) {unknown}")
-    meta = {"benchmark": "ifeval", "instruction_id_list": ids, "kwargs": kwargs}
-    return Item("instruct", f"ifeval-{row.get('key', index)}", row["prompt"], "", meta)
+def parse_instruction_rows(benchmark: str) -> Callable[[dict[str, Any], int], Item]:
+    """IFEval / IFBench rows: key, prompt, instruction_id_list, kwargs (one dict per instruction)."""
+
+    def parse(row: dict[str, Any], index: int) -> Item:
+        ids, kwargs = list(row["instruction_id_list"]), list(row["kwargs"])
+        if not isinstance(row["prompt"], str) or not ids or len(ids) != len(kwargs):
+            raise ValueError("need a prompt and one kwargs object per instruction id")
+        unknown = unknown_instruction_ids(benchmark, ids)
+        if unknown:
+            raise BenchmarkError(unknown)
+        meta = {"benchmark": benchmark, "instruction_id_list": ids, "kwargs": kwargs}
+        return Item("instruct", f"{benchmark}-{row.get('key', index)}", row["prompt"], "", meta)
+
+    return parse
 
 
 def ifeval_summary(details: list[dict[str, Any]]) -> dict[str, float]:
@@ -276,7 +321,8 @@ class InstructDomain(Domain):
         m = item.meta
         if "instruction_id_list" not in m:
             return {"score": float(check(m["kind"], m["n"], m["word"], completion.strip()))}
-        verdicts = ifeval_verdicts(m["instruction_id_list"], m["kwargs"], item.prompt, completion)
+        verdicts = ifeval_verdicts(m["instruction_id_list"], m["kwargs"], item.prompt, completion,
+                                   m.get("benchmark", "ifeval"))
         strict = all(v["strict"] for v in verdicts)
         loose = all(v["loose"] for v in verdicts)
         return {"score": float(strict), "prompt_strict": strict, "prompt_loose": loose, "instructions": verdicts}
@@ -285,4 +331,8 @@ class InstructDomain(Domain):
         return ifeval_summary(details)
 
     def benchmarks(self) -> dict[str, Callable]:
-        return {"ifeval": JsonlBenchmark("ifeval", "instruction_following/ifeval_input_data.jsonl", parse_ifeval)}
+        return {
+            "ifeval": JsonlBenchmark("ifeval", "instruction_following/ifeval_input_data.jsonl",
+                                     parse_instruction_rows("ifeval")),
+            "ifbench": JsonlBenchmark("ifbench", None, parse_instruction_rows("ifbench")),
+        }

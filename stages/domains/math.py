@@ -1,4 +1,4 @@
-"""Math: multi-step integer arithmetic with worked steps and a `\\boxed{}` answer; GSM8K, AIME24, AMC23.
+"""Math: multi-step integer arithmetic with worked steps and a `\\boxed{}` answer; GSM8K, AIME24/25, AMC23, HMMT, MATH.
 
 Synthetic items are sized by MEASURED.md: two operations of + and - on single-digit operands is what a ~3M
 model learns in minutes; `*` or two-digit operands are not. Operands include 0 so the held-out split has ~400
@@ -7,6 +7,19 @@ distinct problems.
 Grader (the RL reward and the eval metric, synthetic and real alike): the content of the *last* `\\boxed{...}`
 (braces balanced, so `\\boxed{\\frac{1}{2}}` works) is compared with the gold answer by `math-verify`
 equivalence (so `\\boxed{18.0}`, `\\boxed{\\$18}` and `\\boxed{025}` match 18 / 25). No box, no credit.
+Gold answers are LaTeX, parsed as math-verify parses them (`\\boxed{<gold>}`), so every shape math-verify knows
+is graded as it grades it: tuples `\\left( 3, \\frac{\\pi}{2} \\right)`, intervals `(3,4]`, `(-\\infty, 0]`, unions
+`(0,9) \\cup (9,36)`, sets `\\{1\\pm\\sqrt{5},-2\\}` and comma lists `1,-2` (in any order: math-verify reads them
+as sets), `x \\in [-2,7]`, `\\dfrac`, degrees, `\\text{...}` units and wrappers, percentages. Only GSM8K's gold
+numbers drop their thousands commas. A gold answer is parsed once per process (`parsed_gold`, cached), so a
+grade parses only the completion.
+
+Real benchmarks (file shapes; all are pass@1 of this grader):
+- gsm8k: `question`, `answer` (worked solution ending `#### <number>`); shipped.
+- aime24, amc23 (shipped), aime25, hmmt (the user's file): `problem` (or `question`), `answer` (a string or a
+  number), optional `solution` and `id`.
+- math (MATH / MATH-500 style, the user's file): `problem`, `answer`, optional `solution`, `level`, `subject`
+  (or MATH's `type`), `unique_id`; reports pass@1 per level and per subject besides the overall score.
 
 Deviations from the public benchmarks' usual grading, and why:
 - GSM8K is usually scored by regex on the last number of free text. We ask for `\\boxed{}` in the prompt
@@ -20,6 +33,7 @@ Deviations from the public benchmarks' usual grading, and why:
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -56,20 +70,33 @@ def boxed_answer(text: str) -> str | None:
     return last_boxed(text)
 
 
+def verify_timeout() -> int | None:
+    """math-verify's signal-based timeout in the main thread; none (see MAX_ANSWER_CHARS) in any other."""
+    return VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+@functools.lru_cache(maxsize=65536)
+def parsed_gold(gold: str) -> tuple:
+    """math-verify's parse of a gold answer (LaTeX), once per process: grading then parses only the completion."""
+    from math_verify import parse  # imported late: ~0.5 s, and only graders of real answers need it
+
+    return tuple(parse(f"\\boxed{{{gold}}}", parsing_timeout=verify_timeout()))
+
+
 def math_equal(gold: str, answer: str) -> bool:
     """math-verify equivalence of two answer strings (LaTeX or plain), safe to call from any thread."""
     if answer == gold:
         return True
     if not answer or len(answer) > MAX_ANSWER_CHARS:
         return False
-    from math_verify import parse, verify  # imported late: ~0.5 s, and only graders of real answers need it
+    from math_verify import parse, verify
 
-    timeout = VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
-    parsed_gold = parse(f"\\boxed{{{gold}}}", parsing_timeout=timeout)
+    timeout = verify_timeout()
+    gold_parsed = parsed_gold(gold)
     parsed = parse(f"\\boxed{{{answer}}}", parsing_timeout=timeout)
-    if not parsed_gold or not parsed:
+    if not gold_parsed or not parsed:
         return False
-    return bool(verify(parsed_gold, parsed, timeout_seconds=timeout))
+    return bool(verify(list(gold_parsed), parsed, timeout_seconds=timeout))
 
 
 def worked_solution(operands: list[int], ops: list[str]) -> tuple[str, int]:
@@ -81,34 +108,43 @@ def worked_solution(operands: list[int], ops: list[str]) -> tuple[str, int]:
     return "\n".join(lines) + f"\n\\boxed{{{value}}}", value
 
 
-def number_text(value: Any) -> str:
-    """A gold answer as text: 27.0 -> "27" (AMC stores floats), "1,234" -> "1234" (GSM8K writes commas)."""
+def gold_text(value: Any) -> str:
+    """A gold answer as LaTeX text: 27.0 -> "27" (AMC stores floats); a string as written, trimmed of `$...$`."""
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
-    return str(value).replace(",", "").strip()
+    text = str(value).strip()
+    return text[1:-1].strip() if len(text) > 1 and text[0] == text[-1] == "$" else text
 
 
-def real_item(benchmark: str, key: Any, question: str, answer: Any, solution: str = "") -> Item:
+def real_item(benchmark: str, key: Any, question: str, gold: str, solution: str = "",
+              groups: dict[str, str] | None = None) -> Item:
     prompt = f"{question.strip()}\n\n{BOX_INSTRUCTION}"
-    gold = number_text(answer)
     reference = f"{solution.strip()}\n\n\\boxed{{{gold}}}" if solution else f"\\boxed{{{gold}}}"
-    return Item("math", f"{benchmark}-{key}", prompt, reference, {"answer": gold, "benchmark": benchmark})
+    meta = {"answer": gold, "benchmark": benchmark, **({"groups": groups} if groups else {})}
+    return Item("math", f"{benchmark}-{key}", prompt, reference, meta)
 
 
 def parse_gsm8k(row: dict, index: int) -> Item:
-    """GSM8K rows: question, answer = worked solution ending with `#### <number>`."""
+    """GSM8K rows: question, answer = worked solution ending with `#### <number>` (commas are thousands)."""
     solution, sep, final = row["answer"].rpartition("####")
     if not sep:
         raise ValueError("GSM8K answer has no '####' final-answer marker")
-    return real_item("gsm8k", index, row["question"], final, solution)
+    return real_item("gsm8k", index, row["question"], final.replace(",", "").strip(), solution)
 
 
 def parse_competition(benchmark: str) -> Callable[[dict, int], Item]:
-    """AIME24 / AMC23 rows: problem (or question), answer (a string or a float), optional solution and id."""
+    """Competition and MATH rows: problem (or question), answer (a string or a number), optional solution, id
+    (or MATH-500's unique_id), and the groups MATH reports by: level, subject (or MATH's type)."""
 
     def parse(row: dict, index: int) -> Item:
         question = row.get("problem") or row["question"]
-        return real_item(benchmark, row.get("id", index), question, row["answer"], row.get("solution", ""))
+        gold = gold_text(row["answer"])
+        if not gold:
+            raise ValueError("empty 'answer'")
+        groups = {axis: str(row[field]) for axis, field in (("level", "level"), ("subject", "type"),
+                                                           ("subject", "subject")) if row.get(field) not in (None, "")}
+        key = row.get("unique_id", row.get("id", index))
+        return real_item(benchmark, key, question, gold, row.get("solution") or "", groups)
 
     return parse
 
@@ -137,4 +173,7 @@ class MathDomain(Domain):
             "gsm8k": JsonlBenchmark("gsm8k", "math/gsm8k_test.jsonl", parse_gsm8k),
             "aime24": JsonlBenchmark("aime24", "math/aime24.jsonl", parse_competition("aime24")),
             "amc23": JsonlBenchmark("amc23", "math/amc23.jsonl", parse_competition("amc23")),
+            "aime25": JsonlBenchmark("aime25", None, parse_competition("aime25")),
+            "hmmt": JsonlBenchmark("hmmt", None, parse_competition("hmmt")),
+            "math": JsonlBenchmark("math", None, parse_competition("math")),
         }

@@ -175,11 +175,10 @@ def draws_random_argument(instruction_id, kwargs):
     """Whether the checker's configuration depends on its RNG (kwargs missing or invalid)."""
     from stages.domains import instruct
 
-    instruct.prepare_ifeval_checkers()
     configs = []
     for seed in range(4):
         instruct._checker_rng.seed(seed)
-        checker = instruct.ifeval_checker_classes()[instruction_id](instruction_id)
+        checker = instruct.checker_classes("ifeval")[instruction_id](instruction_id)
         checker.build_description(**kwargs)
         configs.append(checker.get_instruction_args())
     return any(c != configs[0] for c in configs)

@@ -134,5 +134,5 @@ def test_mbpp_reference_code_passes_and_mutants_fail():
 
 
 def test_benchmarks_are_registered():
-    assert set(CODE.benchmarks()) == {"humaneval", "mbpp"}
+    assert set(CODE.benchmarks()) == {"humaneval", "mbpp", "livecodebench"}
     assert run_jobs([]) == []
