@@ -121,7 +121,7 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
 
 def _check_sources(cfg: SFTDataConfig) -> None:
     """Local files must exist and shared formats must be known before any work starts."""
-    from stages.benchmarks import benchmark_registry
+    from stages.domains.benchdata import benchmark_registry
 
     known = {name: spec.domain for name, spec in benchmark_registry().items()}
     unknown = sorted(set(cfg.decontamination.benchmarks) - set(known))

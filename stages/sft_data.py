@@ -230,7 +230,7 @@ def drop(counts: dict[str, SourceCounts], cands: list[Candidate], flags: list[bo
 
 
 def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
-    from stages.benchmarks import describe
+    from stages.domains.benchdata import describe
 
     try:
         return domain.grade_batch([c.row.item for c in cands], [c.text for c in cands])
@@ -242,7 +242,7 @@ def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
 
 def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
     """Every prompt the recipe evaluates on: each domain's held-out split, and the named benchmark files."""
-    from stages.benchmarks import load_items, resolve_benchmarks
+    from stages.domains.benchdata import load_items, resolve_benchmarks
 
     for name, spec in recipe.domains.items():
         yield from (item.prompt for item in get_domain(name).iter_items("heldout", spec.heldout_size, recipe.seed))

@@ -111,7 +111,7 @@ def _recipe_on(recipe: str, model: str):
 
 def _benchmark_specs(benchmark: str, data: Optional[str]):
     """The specs of comma-separated names; unknown names are a CLIError before any work."""
-    from stages.benchmarks import BenchmarkError, resolve_benchmarks
+    from stages.domains.benchdata import BenchmarkError, resolve_benchmarks
 
     names = [n.strip() for n in benchmark.split(",") if n.strip()]
     try:
@@ -121,7 +121,7 @@ def _benchmark_specs(benchmark: str, data: Optional[str]):
 
 
 def _check_items_file(spec, data: str) -> None:
-    from stages.benchmarks import BenchmarkError, load_items
+    from stages.domains.benchdata import BenchmarkError, load_items
 
     try:
         if not load_items(spec, data_file=data):

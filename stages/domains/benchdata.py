@@ -1,39 +1,215 @@
-"""Where the real benchmark files live, and one reader for them.
+"""The benchmark registry and the readers of benchmark files: which benchmarks exist, and how their rows load.
 
-The files are the copies in `shared/data/` (see its README and MANIFEST.tsv), which sits beside the project
-checkout: `<checkout>/../shared/data`. Benchmark loaders take the data root as an argument so a test or a
-recipe can point at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ.
+Every domain declares its benchmarks (`Domain.benchmarks()`: name -> a loader of the domain's item rows);
+`benchmark_registry()` gathers them, so a recipe checks benchmark names here without importing the eval harness
+(`stages/benchmarks.py`). The shipped files are the copies in `shared/data/`, which sits beside the project
+checkout: `<checkout>/../shared/data`. Loaders take the data root as an argument so a test or a recipe can point
+at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ. A user's own file is
+a local path or an fsspec URL, in JSON lines (optionally .gz), a JSON array, CSV or Parquet.
 """
 
 from __future__ import annotations
 
-import gzip
+import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
+
+from stages.domains import DOMAIN_CLASSES, domain_names, get_domain
+from stages.domains.base import Item
 
 # stages/domains/benchdata.py -> parents[2] is the checkout; shared/ is its sibling.
 DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
-def iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Rows of a JSON-lines file, gzipped or not (by suffix).
+class BenchmarkError(ValueError):
+    """Bad benchmark input (unknown name, unreadable file): a one-line message for the user."""
 
-    Blank lines are skipped and a missing final newline is fine (mbpp.jsonl has none); the BFCL files are
-    JSON lines despite their `.json` suffix, so the suffix says nothing about the format here.
+
+def is_url(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+def read_jsonl_lines(location: str | Path) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(1-based row number, row or the error that row raised) for each row of a local file or fsspec URL.
+
+    The format follows the name: .parquet, .csv, .json (a JSON array, or JSON lines as the BFCL files are), else
+    JSON lines; a .gz (or other compression suffix fsspec knows) is decompressed first.
     """
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+    import fsspec
+
+    name = str(location)
+    stem = name[: -len(".gz")] if name.endswith(".gz") else name
+    if stem.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        with fsspec.open(name, "rb") as f:
+            rows = pq.read_table(f).to_pylist()
+        yield from enumerate(rows, 1)
+        return
+    # errors="replace": a bad byte fails its row, not the file
+    with fsspec.open(name, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
+        if stem.endswith(".csv"):
+            yield from enumerate(csv.DictReader(f), 1)
+        elif stem.endswith(".json") and (text := f.read()).lstrip().startswith("["):
+            yield from parse_json_array(text)
+        else:
+            yield from parse_jsonl_lines(text.splitlines() if stem.endswith(".json") else f)
+
+
+def parse_json_array(text: str) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(1-based position, row or error) for each element of a JSON array of objects."""
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        yield 1, ValueError(f"not valid JSON ({e.msg} at line {e.lineno})")
+        return
+    for number, row in enumerate(rows, 1):
+        yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
+
+
+def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(line number, row or error) for each non-blank line of any open text stream (a local file, an fsspec file)."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
+
+
+def read_rows(location: str | Path) -> list[tuple[int, dict[str, Any] | Exception]]:
+    """Every (row number, row or error) of a file or URL; one that cannot be read at all is a BenchmarkError."""
+    if not is_url(location) and not Path(location).is_file():
+        raise BenchmarkError(f"data file not found: {location}")
+    try:
+        return list(read_jsonl_lines(location))
+    except (OSError, ImportError, ValueError) as e:  # unreachable URL, no such remote file, corrupt Parquet
+        hint = " (cascade sets HF_HUB_OFFLINE=1 unless you set it: HF_HUB_OFFLINE=0 reads hf:// URLs)" \
+            if str(location).startswith("hf://") else ""
+        raise BenchmarkError(f"cannot read {location}: {describe(e)}{hint}") from e
+
+
+def read_jsonl(location: str | Path) -> list[dict[str, Any]]:
+    """Every row of a data file or URL (see read_jsonl_lines); the first bad row is an error naming it."""
+    rows = []
+    for number, row in read_rows(location):
+        if isinstance(row, Exception):
+            raise BenchmarkError(f"{location}:{number}: {row}")
+        rows.append(row)
+    return rows
+
+
+@dataclass(frozen=True)
+class JsonlBenchmark:
+    """Loader of one benchmark file: `loader(data_root)` reads `data_root/relpath` and parses every row.
+
+    `parse_row(row, index) -> Item` is exposed so a user's own file in the same format loads the same way.
+    `relpath=None`: no file ships with the project (the data's license or size); only `--data` gives items.
+    """
+
+    name: str
+    relpath: str | None
+    parse_row: Callable[[dict[str, Any], int], Item]
+
+    def __call__(self, data_root: str | Path) -> list[Item]:
+        if self.relpath is None:
+            raise BenchmarkError(f"{self.name!r} ships no data file: give its rows with --data FILE_OR_URL")
+        path = Path(data_root) / self.relpath
+        rows = read_jsonl(path)
+        items = []
+        for index, row in enumerate(rows):
             try:
-                yield json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not a JSON line: {e}") from None
+                items.append(self.parse_row(row, index))
+            except (KeyError, TypeError, ValueError) as e:
+                raise BenchmarkError(f"{path}: row {index + 1}: {describe(e)}") from e
+        return items
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        raise FileNotFoundError(f"benchmark file missing: {path} (expected the shared/data copy; see its README)")
-    return list(iter_jsonl(path))
+@dataclass(frozen=True)
+class BenchmarkSpec:
+    name: str
+    domain: str
+    loader: Callable[[Path], list[Item]] | None  # None: a domain named directly, for the user's own item file
+
+    def parse_row(self, row: dict[str, Any], index: int) -> Item:
+        """One row of a user file: the domain-neutral item format, else the benchmark's native format."""
+        if "meta" in row and "prompt" in row:
+            if not isinstance(row["meta"], dict) or not isinstance(row["prompt"], str):
+                raise ValueError("item rows need 'prompt' (a string) and 'meta' (an object)")
+            item_id = str(row.get("id", f"{self.name}-{index}"))
+            return Item(self.domain, item_id, row["prompt"], str(row.get("reference", "")), row["meta"])
+        native = getattr(self.loader, "parse_row", None)
+        if native is None:
+            raise ValueError(f"{self.name!r} reads only item rows: {{\"prompt\": ..., \"meta\": {{...}}}}")
+        return native(row, index)
+
+
+def describe(error: BaseException) -> str:
+    """A one-line reason: a KeyError says which field is missing."""
+    if isinstance(error, KeyError):
+        return f"missing field {error.args[0]!r}"
+    return str(error) or type(error).__name__
+
+
+def benchmark_registry() -> dict[str, BenchmarkSpec]:
+    """name -> spec for every benchmark of every domain whose module exists."""
+    specs: dict[str, BenchmarkSpec] = {}
+    for domain_name in domain_names():
+        try:
+            domain = get_domain(domain_name)
+        except ModuleNotFoundError as e:
+            module = DOMAIN_CLASSES.get(domain_name, ":").split(":")[0]
+            if e.name != module:
+                raise
+            continue  # a registered domain whose module has not landed yet has no benchmarks to offer
+        for name, loader in domain.benchmarks().items():
+            if name in specs:
+                raise ValueError(f"benchmark {name!r} is declared by both {specs[name].domain!r} and {domain_name!r}")
+            specs[name] = BenchmarkSpec(name, domain_name, loader)
+    return specs
+
+
+def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) -> list[BenchmarkSpec]:
+    """Specs for the given names, checked before any work. With a user file, a domain name is accepted too."""
+    if not names:
+        raise BenchmarkError("no benchmark given")
+    if data_file is not None and len(names) != 1:
+        raise BenchmarkError("--data needs exactly one --benchmark (it says which format and grader the file uses)")
+    if data_file is not None and not is_url(data_file) and not Path(data_file).is_file():
+        raise BenchmarkError(f"data file not found: {data_file}")
+    registry = benchmark_registry()
+    specs = []
+    for name in names:
+        if name in registry:
+            specs.append(registry[name])
+        elif data_file is not None and name in domain_names():
+            specs.append(BenchmarkSpec(name, name, None))
+        else:
+            raise BenchmarkError(f"unknown benchmark {name!r}; known: {', '.join(sorted(registry))}")
+    return specs
+
+
+def load_items(spec: BenchmarkSpec, data_root: str | Path | None = None, data_file: str | Path | None = None,
+               limit: int | None = None) -> list[Item]:
+    """The benchmark's items (the first `limit`), from its own file or the user's `data_file`."""
+    if data_file is not None:
+        items = []
+        for index, row in enumerate(read_jsonl(data_file)):
+            try:
+                items.append(spec.parse_row(row, index))
+            except (KeyError, TypeError, ValueError) as e:
+                raise BenchmarkError(f"{data_file}: row {index + 1}: {describe(e)}") from e
+    elif spec.loader is None:
+        raise BenchmarkError(f"{spec.name!r} is a domain, not a benchmark: give its items with --data")
+    else:
+        root = Path(data_root) if data_root is not None else DEFAULT_DATA_ROOT
+        try:
+            items = spec.loader(root)
+        except (OSError, ValueError) as e:  # a missing or corrupt shared file: one line for the user
+            raise BenchmarkError(f"benchmark {spec.name!r}: {describe(e)}") from e
+    return items[:limit] if limit is not None else items

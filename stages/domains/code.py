@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Callable
 
 from sandbox import SandboxLimits, run_many
-from stages.benchmarks import JsonlBenchmark
+from stages.domains.benchdata import JsonlBenchmark
 from stages.domains.base import Domain, Item
 from stages.domains.benchdata import read_jsonl
 from stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
-from stages.benchmarks import BenchmarkError, JsonlBenchmark
+from stages.domains.benchdata import BenchmarkError, JsonlBenchmark
 from stages.domains.base import Domain, Item
 
 TOPICS = {

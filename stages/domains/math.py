@@ -39,7 +39,7 @@ import random
 import threading
 from typing import Any, Callable
 
-from stages.benchmarks import JsonlBenchmark
+from stages.domains.benchdata import JsonlBenchmark
 from stages.domains.base import Domain, Item
 
 TEMPLATES = ("Compute {expr}.", "What is {expr}?", "Evaluate {expr}.")

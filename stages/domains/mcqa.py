@@ -36,7 +36,7 @@ import re
 from dataclasses import replace
 from typing import Any, Callable
 
-from stages.benchmarks import JsonlBenchmark
+from stages.domains.benchdata import JsonlBenchmark
 from stages.domains.base import Domain, Item
 
 LETTERS = "ABCDEFGHIJ"

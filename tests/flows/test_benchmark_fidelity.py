@@ -20,9 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
-from stages.benchmarks import benchmark_registry
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
-from stages.domains.benchdata import read_jsonl as read_shipped
+from stages.domains.benchdata import DEFAULT_DATA_ROOT, benchmark_registry, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,7 +194,7 @@ def test_gpqa_seeded_shuffle_gold_passes_wrong_fails(tmp_path):
 @pytest.mark.parametrize("name, limit", [("gsm8k", 100), ("aime24", 30), ("amc23", 40), ("mmlu_stem", 200)])
 def test_shipped_benchmarks_gold_reference_passes_corrupted_fails(tmp_path, name, limit):
     spec = benchmark_registry()[name]
-    rows = read_shipped(DEFAULT_DATA_ROOT / spec.loader.relpath)[:limit]
+    rows = read_jsonl(DEFAULT_DATA_ROOT / spec.loader.relpath)[:limit]
     items = [spec.parse_row(r, i) for i, r in enumerate(rows)]
     scores, _ = grade(tmp_path, name, [{**r, "completion": it.reference} for r, it in zip(rows, items)])
     assert scores["pass@1"] == 1.0
@@ -351,7 +349,7 @@ def test_livecodebench_refuses_functional_tests_and_code_in_compressed_tests():
 def test_every_benchmark_reads_a_url_and_hf_urls_resolve_through_huggingface_hub(tmp_path):
     import fsspec
 
-    from stages.benchmarks import load_items, resolve_benchmarks
+    from stages.domains.benchdata import load_items, resolve_benchmarks
 
     with fsspec.open("memory://cascade-test/gpqa.jsonl", "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in gpqa_rows(4)))
@@ -386,7 +384,7 @@ def test_csv_and_parquet_files_read_as_rows(tmp_path):
 
 
 def test_benchmarks_without_a_shipped_file_ask_for_data():
-    from stages.benchmarks import BenchmarkError, load_items
+    from stages.domains.benchdata import BenchmarkError, load_items
 
     for name in ("math", "aime25", "hmmt", "mmlu_pro", "gpqa", "ifbench", "livecodebench"):
         with pytest.raises(BenchmarkError, match=f"'{name}' ships no data file: give its rows with --data"):

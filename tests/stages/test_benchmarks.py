@@ -6,15 +6,8 @@ import threading
 
 import pytest
 
-from stages.benchmarks import (
-    BenchmarkError,
-    benchmark_registry,
-    evaluate_benchmark,
-    grade_rows,
-    load_items,
-    pass_at_k,
-    resolve_benchmarks,
-)
+from stages.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
+from stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
 from stages.domains import get_domain
 from stages.engines.base import Completion
 from stages.model import prompt_ids
