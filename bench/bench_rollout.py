@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
     model = build_tiny_model(ModelConfig(), len(tokenizer), seed=0).eval()
     items = get_domain("math").generate("train", args.prompts, seed=0)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-    # Seeded requests go to vLLM one prompt each (see stages/engines/vllm.py); --unseeded batches 64 per request.
+    # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
