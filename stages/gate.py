@@ -1,4 +1,4 @@
-"""Regression gate (DESIGN.md): after every stage, compare each domain with its best score so far in the run.
+"""Regression gate: after every stage, compare each domain with its best score so far in the run.
 
 A domain fires when best - now > tolerance (absolute score points, per domain in the recipe). The policy says
 what the flow does: `warn` records and continues, `fail` stops the run, `recover` runs MOPD with the best

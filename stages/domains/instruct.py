@@ -1,7 +1,7 @@
 """Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words); IFEval, IFBench.
 
-Synthetic constraint kinds follow MEASURED.md's learnable set. Every check is a pure function of the response,
-so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
+Synthetic constraint kinds follow the learnable set in docs/MEASUREMENTS.md. Every check is a pure function of
+the response, so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
 
 IFEval (541 prompts, `instruction_id_list` + `kwargs`) is graded with Google's verifiable-instruction checkers as
 shipped by the PyPI package `if-verifiable`, in Google's two modes: strict (the response as is) and loose (the

@@ -1,7 +1,7 @@
 """Math: multi-step integer arithmetic with worked steps and a `\\boxed{}` answer; GSM8K, AIME24/25, AMC23, HMMT, MATH.
 
-Synthetic items are sized by MEASURED.md: two operations of + and - on single-digit operands is what a ~3M
-model learns in minutes; `*` or two-digit operands are not. Operands include 0 so the held-out split has ~400
+Synthetic items are sized by docs/MEASUREMENTS.md: two operations of + and - on single-digit operands is what a
+~3M model learns in minutes; `*` or two-digit operands are not. Operands include 0 so the held-out split has ~400
 distinct problems.
 
 Grader (the RL reward and the eval metric, synthetic and real alike): the content of the *last* `\\boxed{...}`

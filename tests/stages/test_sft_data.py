@@ -280,9 +280,9 @@ def test_parquet_user_file_and_sft_reads_the_shards(tmp_path):
     ({"teacher": {"kind": "model"}}, "teacher.model.source: Field required"),
     ({"teacher": {"kind": "human"}}, "does not match any of the expected tags"),
     ({"decontamination": {"benchmarks": ["gsm9k"]}}, "unknown benchmark(s) ['gsm9k']"),
-    ({"decontamination": {"ngram": 0}}, "decontamination.ngram: Input should be greater than 0"),
+    ({"decontamination": {"ngram": 0}}, "decontamination.ngram: Input should be greater than or equal to 1"),
     ({"dedup": {"threshold": 1.5}}, "dedup.threshold: Input should be less than or equal to 1"),
-    ({"shard_rows": 0}, "shard_rows: Input should be greater than 0"),
+    ({"shard_rows": 0}, "shard_rows: Input should be greater than or equal to 1"),
 ])
 def test_bad_sft_data_settings_are_one_line_errors(tmp_path, stage, message):
     with pytest.raises(RecipeError) as err:
