@@ -173,6 +173,18 @@ def committed(store: Store, key: str) -> CheckpointRef | None:
     )
 
 
+def adoptable(store: Store, key: str) -> tuple[CheckpointRef | None, list[str]]:
+    """Whether the checkpoint at key may be adopted instead of rebuilt: (ref, []) when it is committed and every
+    file verifies (list, sizes, sha256); (None, problems) when something is there that does not verify (a torn,
+    deleted or rewritten manifest, a flipped byte); (None, []) when nothing of a final checkpoint is there."""
+    problems = verify(store, key)
+    if not problems:
+        return committed(store, key), []
+    if not store.exists(f"{key}/{MANIFEST}") and not any(not p.startswith("steps/") for p in store.sizes(key)):
+        return None, []  # never committed, at most step checkpoints: a stage to run (or resume), not to rebuild
+    return None, problems
+
+
 def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]:
     """Delete all but the newest `keep` committed step checkpoints of a stage while it runs; returns the steps
     deleted. Resume needs only the newest valid one; a long run must not fill the store with the rest."""

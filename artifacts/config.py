@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 
 class Strict(BaseModel):
@@ -29,11 +29,22 @@ def cascade_home() -> Path:
     return Path(os.environ.get("CASCADE_HOME", "~/.cascade")).expanduser()
 
 
+STORE_SCHEMES = ("file://", "s3://")
+
+
 class StorageConfig(Strict):
     root: str | None = None  # None: $CASCADE_STORE, else file://$CASCADE_HOME; or s3://bucket/prefix
     endpoint_url: str | None = None  # None: AWS_ENDPOINT_URL or the AWS default
     region: str | None = None
     profile: str | None = None
+
+    @field_validator("root")
+    @classmethod
+    def _known_scheme(cls, root: str | None) -> str | None:
+        """A store persists checkpoints: file:// (or a local path) and s3:// are what this project tests."""
+        if root is not None and "://" in root and not root.startswith(STORE_SCHEMES):
+            raise ValueError(f"unsupported store {root.split('://')[0]}://; use file:///path or s3://bucket/prefix")
+        return root
 
     def resolved_root(self) -> str:
         return self.root or os.environ.get("CASCADE_STORE") or f"file://{cascade_home()}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from artifacts.checkpoint import committed
+from artifacts.checkpoint import CheckpointError, committed, read_manifest
 from artifacts.layout import MANIFEST, RUNS, run_dir, step_key
 from artifacts.lease import describe, is_live, read_lease
 from artifacts.store import Store
@@ -45,6 +45,7 @@ class GCPlan:
     pruned: list[GCItem] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # committed step checkpoints kept
     skipped: list[str] = field(default_factory=list)  # "run: why", for leased runs
+    unreadable: list[str] = field(default_factory=list)  # checkpoints whose manifest does not parse: kept, listed
     deleted: bool = False
 
     @property
@@ -60,6 +61,8 @@ class GCPlan:
         verb = "deleted" if self.deleted else "would delete"
         lines = [f"{verb}  {i.key}  ({_size(i.bytes)}; {i.reason})" for i in self.items]
         lines += [f"skipped run {s}" for s in self.skipped]
+        lines += [f"kept  {k}  ({MANIFEST} does not parse: inspect it, or `cascade resume` rebuilds the stage)"
+                  for k in self.unreadable]
         lines.append(f"{self.store}: {len(self.orphans)} orphaned partial upload(s), {len(self.pruned)} old step "
                      f"checkpoint(s) beyond the last {self.keep_last} per stage, {_size(self.total_bytes)} "
                      f"{verb.replace('would delete', 'to free')}; {len(self.kept)} step checkpoint(s) kept")
@@ -92,10 +95,21 @@ def plan_gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2) 
     return plan
 
 
+def _unreadable_manifest(store: Store, key: str) -> bool:
+    """A manifest is there but does not parse: its files may be all there is of a stage; never delete them."""
+    try:
+        read_manifest(store, key)
+    except CheckpointError:
+        return True
+    return False
+
+
 def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
     sizes = store.sizes(key)
     top = {p: n for p, n in sizes.items() if not p.startswith("steps/")}
-    if top and committed(store, key) is None:
+    if _unreadable_manifest(store, key):
+        plan.unreadable.append(key)
+    elif top and committed(store, key) is None:
         # The stage's own checkpoint is partial: its files go, its steps/ stay (resume needs them).
         for name in sorted({p.split("/", 1)[0] for p in top}):
             nbytes = sum(n for p, n in top.items() if p == name or p.startswith(name + "/"))
@@ -104,7 +118,9 @@ def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
     valid: list[int] = []
     for step in steps:
         nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
-        if committed(store, step_key(key, step)) is None:
+        if _unreadable_manifest(store, step_key(key, step)):
+            plan.unreadable.append(step_key(key, step))
+        elif committed(store, step_key(key, step)) is None:
             plan.orphans.append(GCItem(step_key(key, step), f"step checkpoint without a valid {MANIFEST}", nbytes))
         else:
             valid.append(step)

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
@@ -135,8 +136,11 @@ def load_hf(model_dir: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizer
     path = resolve_model_dir(model_dir)
     if path is None or not (path / "config.json").exists():
         raise ModelSourceError(f"not an HF model directory (no config.json): {path or model_dir}")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model, load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        return model, load_tokenizer(path)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
+        raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
 
 
 def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:

@@ -90,17 +90,21 @@ def _stage_config(index: int, entry: Any) -> StageConfig:
     if isinstance(entry, StageConfig):
         return entry
     if not isinstance(entry, dict):
-        raise PydanticCustomError("stage", "{where}: a stage is a mapping with a `kind`", {"where": f"stages.{index}"})
+        raise _stage_error(f"stages.{index}: a stage is a mapping with a `kind`")
     kind = entry.get("kind")
     if kind not in KINDS:
-        raise PydanticCustomError("stage", "{where}: unknown stage kind {kind!r}; known: {known}",
-                                  {"where": f"stages.{index}.kind", "kind": kind, "known": ", ".join(sorted(KINDS))})
+        raise _stage_error(f"stages.{index}.kind: unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     try:
         return KINDS[kind].config.model_validate(entry)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in ("stages", index, kind, *err["loc"]))
-        raise PydanticCustomError("stage", "{where}: {msg}", {"where": where, "msg": err["msg"]}) from None
+        raise _stage_error(f"{where}: {err['msg']}") from None
+
+
+def _stage_error(message: str) -> PydanticCustomError:
+    """An error whose message carries its own path (validate_recipe prints it as is)."""
+    return PydanticCustomError("stage", "{message}", {"message": message})
 
 
 def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[str]) -> None:

@@ -29,7 +29,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.filesystems import RemoteFileSystem, WritableFileSystem
 
 from artifacts import layout
-from artifacts.checkpoint import CheckpointRef, committed
+from artifacts.checkpoint import CheckpointRef, adoptable
 from artifacts.config import config_hash
 from artifacts.lease import hold_run
 from artifacts.records import EvalRecord
@@ -62,12 +62,19 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
 
     The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
     cfg, inputs = parameters["cfg"], parameters["inputs"]
+    recipe, run_id = parameters["recipe"], parameters["run_id"]
     digests = {"policy": inputs.policy.digest if inputs.policy else None,
                **{f"stage/{name}": ref.digest for name, ref in inputs.stages.items()}}
-    blob = json.dumps({"store": parameters["recipe"].storage.resolved_root(), "config": config_hash(cfg),
+    blob = json.dumps({"store": recipe.storage.resolved_root(), "config": config_hash(cfg),
                        "inputs": digests}, sort_keys=True)
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-    return _artifact_key(parameters["run_id"], f"{parameters['index']:02d}-{cfg.name}-{digest}")
+    key = _artifact_key(run_id, f"{parameters['index']:02d}-{cfg.name}-{digest}")
+    store = Store.from_config(recipe.storage)
+    if adoptable(store, layout.stage_key(run_id, parameters["index"], cfg.name))[1]:
+        # The checkpoint this cached result names no longer verifies: forget the result (its file is named by
+        # the key), so Prefect runs the stage, which rebuilds it, instead of handing the broken one on.
+        store.delete(f"{layout.results_key(run_id)}/{key}")
+    return key
 
 
 def result_storage(recipe: Recipe, run_id: str) -> Path | WritableFileSystem:
@@ -94,12 +101,15 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     """Run one stage (a recipe stage, or a gate's recovery stage at the index of the stage it recovers)."""
     store, report = open_report(recipe, run_id)
     key = layout.stage_key(run_id, index, cfg.name)
-    done = committed(store, key)
+    done, problems = adoptable(store, key)
     if done is not None and done.config_hash == config_hash(cfg):
         entry = next((s for s in report.stages if s["name"] == cfg.name), {})
         report.record_stage({**entry, "name": cfg.name, "kind": cfg.kind, "status": "skipped", "checkpoint": done.uri})
         report.save(store)
         return done
+    rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None
+    if rebuilt:
+        get_run_logger().warning(f"stage {cfg.name}: {rebuilt}; rebuilding it from its last valid step checkpoint")
     tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
     progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
@@ -114,7 +124,8 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
             tracker.end_stage(sink, {}, "FAILED")
         raise
     plots = {name: f"{result.checkpoint.uri}/{path}" for name, path in result.plots.items()}
-    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics, plots)
+    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics, plots,
+            rebuilt)
     if tracker:
         try:
             tracker.log_checkpoint_files(sink, store, result.checkpoint.key, list(result.plots.values()))
@@ -125,10 +136,11 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
 
 
 def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict,
-            plots: dict[str, str] | None = None) -> None:
-    """plots: name -> store URI of an image in the stage's checkpoint."""
+            plots: dict[str, str] | None = None, rebuilt: str | None = None) -> None:
+    """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone."""
     report.record_stage({"name": cfg.name, "kind": cfg.kind, "status": status, "checkpoint": uri,
-                         "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {})})
+                         "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {}),
+                         **({"rebuilt": rebuilt} if rebuilt else {})})
     report.save(store)
 
 

@@ -64,10 +64,15 @@ def quiet_services() -> None:
 
 
 def store_for(root: str | None):
+    from pydantic import ValidationError
+
     from artifacts.config import StorageConfig
     from artifacts.store import Store
 
-    return Store.from_config(StorageConfig(root=root))
+    try:
+        return Store.from_config(StorageConfig(root=root))
+    except ValidationError as e:
+        raise CLIError(f"--store: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
 def valid_run_id(run_id: str) -> bool:

@@ -141,7 +141,8 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
     """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
 
     `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
-    from stages.benchmarks import BenchmarkError, evaluate_benchmark
+    from stages.benchmarks import evaluate_benchmark
+    from stages.domains.benchdata import BenchmarkError
 
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -206,7 +207,8 @@ def grade_cmd(
 ) -> None:
     """Score completions made elsewhere. A bad row is reported with its line number and reason, and the other
     rows are still graded; the exit code is 1 when any row could not be graded."""
-    from stages.benchmarks import BenchmarkError, grade_rows
+    from stages.benchmarks import grade_rows
+    from stages.domains.benchdata import BenchmarkError
 
     if not benchmark or data is None:  # checked here, not by typer, so the error is one line like the others
         raise CLIError("grade needs --benchmark NAME and --data FILE.jsonl")
@@ -217,6 +219,8 @@ def grade_cmd(
         result = grade_rows(benchmark, data)
     except BenchmarkError as e:
         raise CLIError(str(e)) from None
+    if not result.rows and not result.errors:
+        raise CLIError(f"{data} holds no items")
     if as_json:
         verdicts = [{k: row[k] for k in ("row", "id", "score", "verdict", "details") if k in row} for row in result.rows]
         typer.echo(json.dumps({"benchmark": benchmark, "scores": result.metrics, "errors": result.errors,

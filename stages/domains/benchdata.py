@@ -79,6 +79,9 @@ def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any
         except json.JSONDecodeError as e:
             yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
             continue
+        except RecursionError:  # one row nested thousands deep: its own error, not the whole file's
+            yield number, ValueError("nested too deeply to parse")
+            continue
         yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
 
 

@@ -1,0 +1,92 @@
+"""A committed stage whose checkpoint no longer verifies is rebuilt on resume, never adopted, and gc never deletes
+what it cannot parse.
+
+One micro run is made once; each case copies its store, damages one stage (a truncated manifest, a deleted
+manifest, a flipped byte in the model), resumes, and must reach the straight run's final weights with the damaged
+stage marked `rebuilt` in the report. Before the fix, resume adopted the damaged stage (Prefect's cached result,
+or the skip by manifest), and gc then deleted the model as orphaned.
+"""
+
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from artifacts.gc import gc
+from artifacts.store import Store
+from flows.cascade import cascade_flow
+from tests.conftest import micro_recipe
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+RUN = "rt1"
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    root = tmp_path_factory.mktemp("straight")
+    recipe = micro_recipe(root)
+    cascade_flow(recipe, RUN)
+    return root, recipe
+
+
+def copy_of(straight, tmp_path):
+    """The straight run's store under tmp_path, and the recipe pointing at it."""
+    root, recipe = straight
+    shutil.copytree(root / "store", tmp_path / "store")
+    return micro_recipe(tmp_path)
+
+
+def final_weights(recipe) -> dict[str, torch.Tensor]:
+    return load_file(Store.from_config(recipe.storage).path(f"runs/{RUN}/04-math_rl/model/model.safetensors"))
+
+
+def truncate_manifest(store: Store, stage: str) -> None:
+    key = f"runs/{RUN}/{stage}/MANIFEST.json"
+    store.write_bytes(key, store.read_bytes(key)[:700])
+
+
+def delete_manifest(store: Store, stage: str) -> None:
+    store.delete(f"runs/{RUN}/{stage}/MANIFEST.json")
+
+
+def flip_model_byte(store: Store, stage: str) -> None:
+    key = f"runs/{RUN}/{stage}/model/model.safetensors"
+    data = bytearray(store.read_bytes(key))
+    data[len(data) // 2] ^= 0x01
+    store.write_bytes(key, bytes(data))
+
+
+@pytest.mark.parametrize("damage, stage", [
+    (truncate_manifest, "03-if_rl"),
+    (delete_manifest, "04-math_rl"),
+    (flip_model_byte, "01-sft"),
+])
+def test_resume_rebuilds_a_stage_that_does_not_verify(straight, tmp_path, damage, stage):
+    recipe = copy_of(straight, tmp_path)
+    store = Store.from_config(recipe.storage)
+    damage(store, stage)
+
+    resumed = cascade_flow(recipe, RUN)
+
+    name = stage.split("-", 1)[1]
+    entry = next(s for s in resumed.stages if s["name"] == name)
+    assert entry["status"] == "completed" and "did not verify" in entry["rebuilt"]
+    assert all(s["status"] in ("completed", "skipped") for s in resumed.stages)
+    reference = final_weights(straight[1])
+    rebuilt = final_weights(recipe)
+    for key in reference:
+        torch.testing.assert_close(rebuilt[key], reference[key], rtol=0, atol=1e-6)
+    assert gc(store, [RUN], delete=True).unreadable == []
+    assert store.exists(f"runs/{RUN}/{stage}/model/model.safetensors")
+
+
+def test_gc_keeps_and_lists_a_stage_whose_manifest_does_not_parse(straight, tmp_path):
+    recipe = copy_of(straight, tmp_path)
+    store = Store.from_config(recipe.storage)
+    truncate_manifest(store, "03-if_rl")
+    plan = gc(store, [RUN], delete=True)
+    assert plan.unreadable == [f"runs/{RUN}/03-if_rl"]
+    assert not [i for i in plan.items if i.key.startswith(f"runs/{RUN}/03-if_rl/")]
+    assert store.exists(f"runs/{RUN}/03-if_rl/model/model.safetensors")
+    assert f"kept  runs/{RUN}/03-if_rl  (MANIFEST.json does not parse" in plan.render()

@@ -1,0 +1,120 @@
+"""Hostile input from the reliability review: every case is one line on stderr, exit code 2, nothing written.
+
+Runs the CLI in-process (typer's runner) so each case costs milliseconds; tests/flows/test_cli.py runs the same
+contract through a real subprocess for the common cases.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+
+
+def cascade(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def files_under(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.exists() else []
+
+
+def assert_one_line(code: int, out: str, err: str, message: str) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2, (out, err)
+    assert len(lines) == 1 and lines[0].startswith("cascade: error: ") and message in lines[0], err
+    assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("stages.sft.steps=-5", "stages.1.sft.steps: Input should be greater than or equal to 1"),
+    ("stages.sft.steps=0", "stages.1.sft.steps: Input should be greater than or equal to 1"),
+    ("stages.sft.steps=true", "stages.1.sft.steps: Input should be a valid integer"),
+    ("stages.sft.steps=99999999999999999999999", "stages.1.sft.steps: Input should be less than or equal to 1000000"),
+    ("stages.sft.lr=-1", "stages.1.sft.lr: Input should be greater than 0"),
+    ("stages.sft.lr=true", "stages.1.sft.lr: Value error, Input should be a number, not a boolean"),
+    ("stages.sft.batch_size=0", "stages.1.sft.batch_size: Input should be greater than or equal to 1"),
+    ("domains.math.train_size=-1", "domains.math.train_size: Input should be greater than or equal to 1"),
+    ("stages.if_rl.group_size=0", "stages.3.grpo.group_size: Input should be greater than or equal to 1"),
+    ("stages.sft=5", "stages is not a mapping (address a stage by name, then a field)"),
+    ("stages.sft.steps.x=1", "stages.sft.steps is not a mapping"),
+    ("storage.root=bogus://x", "unsupported store bogus://"),
+    ("storage.root=ftp://host/x", "unsupported store ftp://"),
+    ("storage.root=memory://x", "unsupported store memory://"),
+])
+def test_bad_numbers_and_overrides_write_nothing(cascade_home, override, message):
+    assert_one_line(*cascade("run", "micro", override), message)
+    assert files_under(cascade_home) == []
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_text("- a\n- b\n"), "a recipe is a mapping of sections, not a list"),
+    (lambda p: p.write_text("42\n"), "a recipe is a mapping of sections, not a int"),
+    (lambda p: p.write_bytes(bytes(range(256)) * 4), "is not UTF-8 text"),
+    (lambda p: p.mkdir(), "is not a regular file"),
+    (_fifo, "is not a regular file"),  # reading it would block forever
+])
+def test_recipe_files_that_are_not_recipes(cascade_home, tmp_path, make, message):
+    path = tmp_path / "x.yaml"
+    make(path)
+    assert_one_line(*cascade("run", str(path)), message)
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize("run_id", ["nl\n", "a/../b", "UPPER"])
+def test_run_ids_are_matched_whole(cascade_home, run_id):
+    assert_one_line(*cascade("run", "micro", "--run-id", run_id), "bad run id")
+    assert files_under(cascade_home) == []
+
+
+def test_a_corrupt_safetensors_file_is_one_line(tmp_path):
+    from stages.config import ModelConfig
+    from stages.model import initial_model, save_hf
+
+    model, tok = initial_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 0)
+    save_hf(model, tok, tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert_one_line(*cascade("eval", str(tmp_path / "m")), f"cannot load the model in {tmp_path / 'm'}")
+
+
+def test_a_deeply_nested_row_is_that_rows_error(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    good = {"prompt": "Compute 1+1.", "meta": {"answer": "2"}, "completion": "\\boxed{2}"}
+    rows.write_text(json.dumps(good) + "\n" + "[" * 100_000 + "]" * 100_000 + "\n" + json.dumps(good) + "\n")
+    code, out, err = cascade("grade", "--benchmark", "math", "--data", str(rows), "--json")
+    assert code == 1  # some rows could not be graded; the rest were
+    report = json.loads(out)
+    assert [r["score"] for r in report["rows"]] == [1.0, 1.0]
+    assert report["errors"] == [{"row": 2, "error": "nested too deeply to parse"}]
+
+
+def test_grading_an_empty_file_is_an_error(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert_one_line(*cascade("grade", "--benchmark", "math", "--data", str(empty)), "holds no items")
+
+
+def test_status_survives_a_truncated_report_or_recipe(cascade_home):
+    for run_id, name in (("ok", None), ("torn-report", "report.json"), ("torn-recipe", "recipe.json")):
+        run = cascade_home / "runs" / run_id
+        run.mkdir(parents=True)
+        (run / "recipe.json").write_text(json.dumps({"name": "r", "domains": {"math": {}}, "stages": []}))
+        (run / "report.json").write_text(json.dumps({"run_id": run_id, "recipe": "r"}))
+        if name:
+            (run / name).write_text((run / name).read_text()[:10])
+    code, out, err = cascade("status", "--json")
+    assert code == 0, err
+    listed = {row["run_id"]: row["stages"] for row in json.loads(out)}
+    assert set(listed) == {"ok", "torn-report", "torn-recipe"}
+    assert "unreadable" in listed["torn-report"][0][1]
+    assert_one_line(*cascade("status", "torn-recipe"), "recipe.json is not valid JSON (truncated?)")
+    assert_one_line(*cascade("report", "torn-report"), "report.json is not a valid report (truncated?)")
