@@ -1,10 +1,10 @@
 """A committed stage whose checkpoint no longer verifies is rebuilt on resume, never adopted, and gc never deletes
 what it cannot parse.
 
-One micro run is made once; each case copies its store, damages one stage (a truncated manifest, a deleted
-manifest, a flipped byte in the model), resumes, and must reach the straight run's final weights with the damaged
-stage marked `rebuilt` in the report. Before the fix, resume adopted the damaged stage (Prefect's cached result,
-or the skip by manifest), and gc then deleted the model as orphaned.
+One micro run is made once; each case restores its store in place, damages one stage (a truncated manifest, a
+deleted manifest, a flipped byte in the model), resumes, and must reach the straight run's final weights with the
+damaged stage marked `rebuilt` in the report. Before the fix, resume adopted the damaged stage (Prefect's cached
+result names it), and gc then deleted the model as orphaned.
 """
 
 import shutil
@@ -24,17 +24,21 @@ RUN = "rt1"
 
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
+    """One micro run, and a pristine copy of its store (checkpoints and Prefect's persisted stage results)."""
     root = tmp_path_factory.mktemp("straight")
     recipe = micro_recipe(root)
     cascade_flow(recipe, RUN)
-    return root, recipe
+    shutil.copytree(root / "store", root / "pristine")
+    return root, recipe, load_file(root / f"store/runs/{RUN}/04-math_rl/model/model.safetensors")
 
 
-def copy_of(straight, tmp_path):
-    """The straight run's store under tmp_path, and the recipe pointing at it."""
-    root, recipe = straight
-    shutil.copytree(root / "store", tmp_path / "store")
-    return micro_recipe(tmp_path)
+def fresh_run(straight):
+    """The run's store as the straight run left it, at the same place: resume sees the same cache keys, so a
+    stale Prefect result would be a cache hit, the path that adopted damaged stages."""
+    root, recipe, _ = straight
+    shutil.rmtree(root / "store")
+    shutil.copytree(root / "pristine", root / "store")
+    return recipe
 
 
 def final_weights(recipe) -> dict[str, torch.Tensor]:
@@ -62,8 +66,8 @@ def flip_model_byte(store: Store, stage: str) -> None:
     (delete_manifest, "04-math_rl"),
     (flip_model_byte, "01-sft"),
 ])
-def test_resume_rebuilds_a_stage_that_does_not_verify(straight, tmp_path, damage, stage):
-    recipe = copy_of(straight, tmp_path)
+def test_resume_rebuilds_a_stage_that_does_not_verify(straight, damage, stage):
+    recipe = fresh_run(straight)
     store = Store.from_config(recipe.storage)
     damage(store, stage)
 
@@ -73,7 +77,7 @@ def test_resume_rebuilds_a_stage_that_does_not_verify(straight, tmp_path, damage
     entry = next(s for s in resumed.stages if s["name"] == name)
     assert entry["status"] == "completed" and "did not verify" in entry["rebuilt"]
     assert all(s["status"] in ("completed", "skipped") for s in resumed.stages)
-    reference = final_weights(straight[1])
+    reference = straight[2]
     rebuilt = final_weights(recipe)
     for key in reference:
         torch.testing.assert_close(rebuilt[key], reference[key], rtol=0, atol=1e-6)
@@ -81,8 +85,8 @@ def test_resume_rebuilds_a_stage_that_does_not_verify(straight, tmp_path, damage
     assert store.exists(f"runs/{RUN}/{stage}/model/model.safetensors")
 
 
-def test_gc_keeps_and_lists_a_stage_whose_manifest_does_not_parse(straight, tmp_path):
-    recipe = copy_of(straight, tmp_path)
+def test_gc_keeps_and_lists_a_stage_whose_manifest_does_not_parse(straight):
+    recipe = fresh_run(straight)
     store = Store.from_config(recipe.storage)
     truncate_manifest(store, "03-if_rl")
     plan = gc(store, [RUN], delete=True)

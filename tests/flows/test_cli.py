@@ -98,3 +98,19 @@ def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
     assert deleted.returncode == 0
     assert not store.exists("runs/r1/01-sft/model/model.safetensors")
     assert store.exists("runs/r1/recipe.json")
+
+
+def test_a_racing_run_of_the_same_id_writes_nothing_and_is_one_line(tmp_path):
+    """The lease is taken before recipe.json is written: a run that loses the race leaves the winner's recipe."""
+    from artifacts.lease import Lease
+    from artifacts.store import Store
+
+    home = tmp_path / "home"
+    store = Store(f"file://{home}")
+    with Lease(store, "raced"):  # the winner has the lease and has not written its recipe yet
+        result = cascade("run", "micro", "--run-id", "raced", "seed=7", home=home)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "run 'raced' is being written by another process" in lines[0], result.stderr
+        assert "Traceback" not in result.stderr + result.stdout
+        assert not store.exists("runs/raced/recipe.json")

@@ -145,18 +145,22 @@ class VowelDomain(Domain):
         return sum(c in "aeiou" for c in completion) / max(1, len(completion))
 
 
-def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
+def vowel_recipe(tmp_path, monkeypatch, **grpo):
     monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
     stages.domains.register_domain(VowelDomain())
     from stages.recipe import validate_recipe
 
-    recipe = validate_recipe({
+    return validate_recipe({
         "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
         "model": SMALL.model_dump() | {"bf16_autocast": False},
         "domains": {"vowels": {"train_size": 200, "heldout_size": 10, "max_new_tokens": 8}},
         "stages": [{"kind": "grpo", "name": "rl", "domains": ["vowels"], "steps": 24, "prompts_per_step": 8,
-                    "group_size": 8, "lr": 1e-2, "checkpoint_every": 0}],
+                    "group_size": 8, "lr": 1e-2, "checkpoint_every": 0, **grpo}],
     })
+
+
+def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
+    recipe = vowel_recipe(tmp_path, monkeypatch)
     sink = ListSink()
     result = run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), StageInputs())
     rewards = sink.series("reward")
@@ -167,3 +171,25 @@ def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
     assert all(0 < k <= 1 for k in sink.series("kept_groups"))
     assert max(sink.series("logprob_mismatch")) < 1e-3  # fp32 train vs fp32 HF engine
     assert all(h > 0 for h in sink.series("entropy"))
+
+
+def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypatch):
+    """Off, the step never forwards the dropped groups (only the mismatch metric needs them), and learns the same:
+    the update touches the kept groups only, so the weights after 3 steps are identical either way."""
+    import stages.grpo
+
+    trained = {}
+    for flag in (True, False):
+        recipe = vowel_recipe(tmp_path / str(flag), monkeypatch, steps=3, mismatch_over_dropped=flag)
+        calls = []
+        real = stages.grpo.mismatch_sum
+        monkeypatch.setattr(stages.grpo, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k))
+        sink = ListSink()
+        (tmp_path / str(flag)).mkdir(exist_ok=True)
+        ctx = stage_ctx(recipe, tmp_path / str(flag), "rl", sink)
+        run_grpo(recipe.stage("rl"), ctx, StageInputs())
+        assert len(calls) == (3 if flag else 0)  # one metric-only forward per step, or none
+        assert len(sink.series("logprob_mismatch")) == 3
+        trained[flag] = weights(ctx)
+    for name, value in trained[True].items():
+        torch.testing.assert_close(trained[False][name], value, rtol=0, atol=0)
