@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from artifacts.urls import credential_error
 from stages.domains import DOMAIN_CLASSES
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -23,7 +24,14 @@ SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a Py
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # a value may be a secret
+
+
+def _no_url_credentials(raw: Any) -> Any:
+    """Refuse user:password@ in any URL: it would be stored in recipe.json and Prefect's parameters."""
+    if message := credential_error(raw):
+        raise ValueError(message)
+    return raw
 
 
 def config_hash(cfg: BaseModel) -> str:
@@ -350,6 +358,8 @@ class Recipe(Strict):
     eval: EvalConfig = EvalConfig()
     gate: GateConfig = GateConfig()
 
+    _credentials = model_validator(mode="before")(_no_url_credentials)
+
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
         from stages.domains import domain_names
@@ -492,8 +502,12 @@ class RunRequest(Strict):
     domains: list[DomainName] | None = Field(
         None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL or "
         "difficulty stage left with none of its domains is dropped.")
-    storage_root: str | None = Field(None, pattern=r"^(file|s3)://.+", description="file:///dir or s3://bucket/prefix")
+    storage_root: str | None = Field(None, pattern=r"^(file|s3)://([^/?#@]+|[^/?#@]*/.*)$",  # no user:pw@
+                                     description="file:///dir or s3://bucket/prefix; credentials come from the "
+                                     "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
+
+    _credentials = model_validator(mode="before")(_no_url_credentials)
 
 
 def request_recipe(req: RunRequest, read_uri: Any = None) -> Recipe:

@@ -35,8 +35,8 @@ def test_no_upward_imports(package, forbidden):
     assert offenders == {}
 
 
-def test_stages_use_only_storage_and_checkpoints_from_artifacts():
-    allowed = {"artifacts.store", "artifacts.checkpoint"}
+def test_stages_use_only_storage_checkpoints_and_urls_from_artifacts():
+    allowed = {"artifacts.store", "artifacts.checkpoint", "artifacts.urls"}
     for path in (ROOT / "stages").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("artifacts"):
