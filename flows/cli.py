@@ -53,11 +53,12 @@ def _guarded(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from artifacts.lease import LeaseHeld
+        from artifacts.store import StoreError
         from stages.recipe import RecipeError
 
         try:
             return fn(*args, **kwargs)
-        except (CLIError, RecipeError, LeaseHeld) as e:
+        except (CLIError, RecipeError, LeaseHeld, StoreError) as e:
             _fail(str(e))
 
     return wrapper
@@ -130,13 +131,14 @@ def run(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (default: RECIPE-DATE-TIME-XXXX)."),
 ) -> None:
     """Run a recipe end to end."""
+    from artifacts.store import Store
     from stages.recipe import load_recipe
 
     loaded = load_recipe(recipe, overrides or [])
     run_id = run_id or new_run_id(loaded.name)
     if not RUN_ID.match(run_id):
         raise CLIError(f"bad run id {run_id!r}: use lowercase letters, digits, '.', '_' and '-'")
-    store = _store_for(loaded.storage.resolved_root())
+    store = Store.from_config(loaded.storage)  # the recipe's endpoint, region and profile too
     if store.exists(f"runs/{run_id}/recipe.json"):
         raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
     _quiet_services()
