@@ -85,11 +85,14 @@ def _stored_recipe(store, run_id: str):
 
 
 def _execute(recipe, run_id: str) -> None:
+    from infra.prefect_server import LocalAPI
+
+    api = LocalAPI()  # started now, when no PREFECT_API_URL is configured: its start-up overlaps these imports
     from flows.cascade import cascade_flow
     from tasks.progress import set_progress_factory
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+    with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=False) as progress:
         bars: dict[str, Any] = {}
 
         def factory(label: str):
@@ -535,6 +538,7 @@ def regression_eval_cmd(
     from tasks.regression import resolve_checkpoint
 
     from flows.regression_eval import default_checkpoints, regression_eval_flow
+    from infra.prefect_server import LocalAPI
 
     loaded = load_recipe(recipe)
     baseline_key(baseline)
@@ -542,7 +546,8 @@ def regression_eval_cmd(
     for name in names:
         resolve_checkpoint(loaded, name)  # an unknown checkpoint is one line before Prefect starts
     _quiet_services()
-    rows = regression_eval_flow(recipe, names, baseline, update_baseline)
+    with LocalAPI():
+        rows = regression_eval_flow(recipe, names, baseline, update_baseline)
     if as_json:
         typer.echo(json.dumps(rows))
     else:
