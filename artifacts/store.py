@@ -65,14 +65,23 @@ TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, er
 
 # RETRY BUDGET. One HTTP request: connect within CONNECT_TIMEOUT_S, and no socket read stalls longer than
 # READ_TIMEOUT_S (S3 servers answer a large PUT only once they hold it; 30 s covers a loaded MinIO or moto);
-# botocore tries it BOTO_ATTEMPTS times, s3fs adds none. One operation: RetryPolicy's attempts, none started
-# later than `budget` seconds after the first. So an operation against a dead endpoint fails within
-# budget + BOTO_ATTEMPTS * READ_TIMEOUT_S (about 2 minutes) however it dies, and a refused port within ~10 s.
+# botocore tries it BOTO_ATTEMPTS times, s3fs adds none; a request with a body also has `body_deadline`.
+# One operation: RetryPolicy's attempts, none started later than `budget` seconds after the first. So an
+# operation against an endpoint that goes silent mid-run ends within the budget plus one attempt (an attempt
+# may be two requests: s3fs's `exists` is a HEAD, then a LIST), about 1.5 minutes; a refused port in seconds.
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 BOTO_ATTEMPTS = 2
 # First contact with an endpoint (per process): one HEAD of the bucket with this deadline, all tries included.
 PROBE_TIMEOUT_S = 10
+# aiohttp starts a request's read timeout only once its body is sent, and botocore sends PUTs with
+# `Expect: 100-continue`, whose answer aiohttp awaits with no timeout: a PUT to a server that accepts and never
+# answers waited forever. So requests with a body get a deadline: every try, plus the body at MIN_UPLOAD_RATE.
+MIN_UPLOAD_RATE = 1 << 20  # bytes/s
+
+
+def body_deadline(size: int) -> float:
+    return BOTO_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + size / MIN_UPLOAD_RATE
 _REACHED: set[tuple[str | None, str]] = set()  # (endpoint, bucket) pairs that have answered this process
 
 
@@ -299,7 +308,7 @@ class Store:
             tmp.write_bytes(data)
             os.replace(tmp, target)
             return
-        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data))
+        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data, timeout=body_deadline(len(data))))
 
     def put_file(self, local: str | Path, key: str) -> Upload | None:
         """Upload a file; return what was sent (its sha256, hashed on the way) when this store hashed it.
@@ -320,6 +329,7 @@ class Store:
         digest = hashlib.sha256(data)
         bucket, obj = self.path(key).split("/", 1)
         self._do("upload", key, lambda: self.fs.call_s3("put_object", Bucket=bucket, Key=obj, Body=data,
+                                                        timeout=body_deadline(len(data)),
                                                         ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest)))
         return Upload(digest.hexdigest())
 
@@ -348,6 +358,7 @@ class Store:
                     digests.append(digest.digest())
                     window.append((number, digest, pool.submit(
                         self.fs.call_s3, "upload_part", **ids, PartNumber=number, Body=block,
+                        timeout=body_deadline(len(block)),
                         ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest))))
                     drain(PARTS_IN_FLIGHT - 1)  # bounded memory: at most PARTS_IN_FLIGHT parts held
                 drain(0)

@@ -73,3 +73,25 @@ def test_unreachable_s3_endpoint_fails_fast_with_one_line(tmp_path, endpoint, co
     assert "Traceback" not in result.stdout + result.stderr
     assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))
     print(f"{command} against a {endpoint.__name__}: {elapsed:.1f} s: {lines[0]}")
+
+
+def test_a_write_to_an_endpoint_gone_silent_mid_run_gives_up(monkeypatch):
+    """Later in a run (the endpoint answered once), a PUT to a server that stopped answering ends within its
+    deadline and the retry budget. Before, aiohttp awaited the answer to `Expect: 100-continue` forever."""
+    from artifacts import store as st
+    from stages.recipe import StorageConfig
+
+    for k, v in FAKE_KEYS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(st, "READ_TIMEOUT_S", 1)  # seconds, not minutes: the mechanism, not the defaults
+    monkeypatch.setattr(st, "CONNECT_TIMEOUT_S", 1)
+    with silent_endpoint() as url:
+        store = st.Store.from_config(StorageConfig(root="s3://b/x", endpoint_url=url))
+        store.retry = st.RetryPolicy(attempts=5, base=0.1, budget=3)
+        monkeypatch.setattr(st, "_REACHED", {(url, "b")})  # as if it had answered at the start of the run
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as info:
+            store.write_bytes("runs/r/LEASE.json", b"{}")
+        elapsed = time.monotonic() - started
+    assert elapsed < st.body_deadline(2) + 3 + 1, elapsed
+    assert "write s3://b/x/runs/r/LEASE.json failed after" in info.value.__notes__[0]
