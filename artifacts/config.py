@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 class Strict(BaseModel):
     """Every config model: unknown keys are errors, values are immutable once validated."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # a value may be a secret
 
 
 def config_hash(cfg: BaseModel) -> str:

@@ -7,10 +7,14 @@ the recipe, else from the standard AWS variables (AWS_ENDPOINT_URL_S3 / AWS_ENDP
 AWS_DEFAULT_REGION, AWS_PROFILE).
 
 Every operation retries transient failures (throttling, 5xx, connection errors) with exponential backoff and
-jitter. botocore's own retry budget is cut to two attempts so that an outage reaches this layer within seconds
-instead of ~8 s per call, and the total wait is bounded by `RetryPolicy`. What arrives on failure is not always
-an OSError: a stopped S3 server surfaces as botocore's EndpointConnectionError, and s3fs wraps ClientErrors in
-OSError with the ClientError as `__cause__`, so `is_transient` walks the whole exception chain.
+jitter. Below it, each HTTP request has a connect timeout and a read timeout (per socket read, so a large upload
+to a slow but live server is not cut off), botocore tries it twice and s3fs once, so an outage reaches this
+layer within seconds; `RetryPolicy` bounds the attempts and the time spent retrying (see RETRY BUDGET below).
+A process's first request to an endpoint has a hard deadline (`PROBE_TIMEOUT_S`): an endpoint that refuses,
+never answers or does not resolve fails at once with `StoreUnreachable`, one line naming it. What arrives
+on failure is not always an OSError: a stopped S3 server surfaces as botocore's EndpointConnectionError, and
+s3fs wraps ClientErrors in OSError with the ClientError as `__cause__`, so `is_transient` walks the whole
+exception chain.
 
 Uploads and downloads hash the bytes they move (put_file/get_file return the sha256 when they can), so
 checkpoint verification costs no extra pass over a file where avoidable: file:// copies hash as they copy
@@ -42,8 +46,10 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import fsspec
+from fsspec.exceptions import FSTimeoutError
 
 from artifacts.config import StorageConfig
+from artifacts.urls import credential_error
 
 log = logging.getLogger("cascade.store")
 T = TypeVar("T")
@@ -57,21 +63,53 @@ AIOHTTP_TRANSIENT = {"ClientConnectionError", "ServerDisconnectedError", "Client
 TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
                     errno.EHOSTUNREACH, errno.ENETUNREACH}
 
+# RETRY BUDGET. One HTTP request: connect within CONNECT_TIMEOUT_S, and no socket read stalls longer than
+# READ_TIMEOUT_S (S3 servers answer a large PUT only once they hold it; 30 s covers a loaded MinIO or moto);
+# botocore tries it BOTO_ATTEMPTS times, s3fs adds none; a request with a body also has `body_deadline`.
+# One operation: RetryPolicy's attempts, none started later than `budget` seconds after the first. So an
+# operation against an endpoint that goes silent mid-run ends within the budget plus one attempt (an attempt
+# may be two requests: s3fs's `exists` is a HEAD, then a LIST), about 1.5 minutes; a refused port in seconds.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 30
+BOTO_ATTEMPTS = 2
+# First contact with an endpoint (per process): one HEAD of the bucket with this deadline, all tries included.
+PROBE_TIMEOUT_S = 10
+# aiohttp starts a request's read timeout only once its body is sent, and botocore sends PUTs with
+# `Expect: 100-continue`, whose answer aiohttp awaits with no timeout: a PUT to a server that accepts and never
+# answers waited forever. So requests with a body get a deadline: every try, plus the body at MIN_UPLOAD_RATE.
+MIN_UPLOAD_RATE = 1 << 20  # bytes/s
+
+
+def body_deadline(size: int) -> float:
+    return BOTO_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + size / MIN_UPLOAD_RATE
+_REACHED: set[tuple[str | None, str]] = set()  # (endpoint, bucket) pairs that have answered this process
+
+
+class StoreError(RuntimeError):
+    """The store cannot be used as configured; the CLI prints it as one line (exit code 2)."""
+
+
+class StoreUnreachable(StoreError):
+    """The S3 endpoint did not answer this process's first request to it."""
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """attempts in all; delay before retry n (1-based) is min(cap, base * 2**(n-1)) * uniform(0.5, 1)."""
+    """attempts in all, and no retry starts later than `budget` seconds after the first attempt did; the delay
+    before retry n (1-based) is min(cap, base * 2**(n-1)) * uniform(0.5, 1)."""
 
     attempts: int = 5
     base: float = 0.5
     cap: float = 8.0
+    budget: float = 60.0
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         # An operator knob (and the fault tests'): how long a run rides out a storage outage before failing.
         attempts = int(os.environ.get("CASCADE_STORE_ATTEMPTS", cls.attempts))
         base = float(os.environ.get("CASCADE_STORE_BACKOFF", cls.base))
-        return cls(attempts=max(1, attempts), base=base)
+        budget = float(os.environ.get("CASCADE_STORE_BUDGET", cls.budget))
+        return cls(attempts=max(1, attempts), base=base, budget=budget)
 
     def delay(self, attempt: int) -> float:
         return min(self.cap, self.base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -105,17 +143,32 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def answered(exc: BaseException) -> bool:
+    """True when the server sent a response (an S3 error code) anywhere in the exception chain."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(getattr(exc, "response", None), dict):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def retrying(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
     """fn(), retried on transient errors; the last error is re-raised with a note saying how often it was tried."""
+    started = time.monotonic()
     for attempt in range(1, policy.attempts + 1):
         try:
             return fn()
         except Exception as e:
-            if not is_transient(e) or attempt == policy.attempts:
+            if not is_transient(e):
                 if attempt > 1:
                     e.add_note(f"cascade: {what} failed after {attempt} attempts")
                 raise
-            wait = policy.delay(attempt)
+            wait, spent = policy.delay(attempt), time.monotonic() - started
+            if attempt == policy.attempts or spent + wait > policy.budget:
+                e.add_note(f"cascade: {what} failed after {attempt} attempts in {spent:.0f} s")
+                raise
             log.warning("%s: transient %s (%s); retry %d/%d in %.1fs", what, type(e).__name__,
                         str(e).splitlines()[0][:200] if str(e) else "", attempt, policy.attempts - 1, wait)
             time.sleep(wait)
@@ -136,8 +189,9 @@ def storage_options(cfg: StorageConfig) -> dict[str, Any]:
     region = cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         config_kwargs["region_name"] = region
+    config_kwargs.update(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S)
     if not (os.environ.get("AWS_MAX_ATTEMPTS") or os.environ.get("AWS_RETRY_MODE")):
-        config_kwargs["retries"] = {"max_attempts": 2, "mode": "standard"}  # the outer layer does the waiting
+        config_kwargs["retries"] = {"max_attempts": BOTO_ATTEMPTS, "mode": "standard"}  # the outer layer waits
     opts["config_kwargs"] = config_kwargs
     profile = cfg.profile or os.environ.get("AWS_PROFILE")
     if profile:
@@ -189,9 +243,14 @@ class Store:
     def __init__(self, root: str, options: dict[str, Any] | None = None, retry: RetryPolicy | None = None):
         if options is None and root.startswith("s3://"):
             options = storage_options(StorageConfig(root=root))  # endpoint etc. from the environment
+        self.endpoint = (options or {}).get("client_kwargs", {}).get("endpoint_url")
+        if message := credential_error({"root": root, "endpoint_url": self.endpoint}, "storage"):
+            raise StoreError(message)
         self.fs, path = fsspec.core.url_to_fs(root, **(options or {}))
         self.root = path.rstrip("/")
         self.protocol = root.split("://", 1)[0] if "://" in root else "file"
+        if self.protocol == "s3":
+            self.fs.retries = 1  # s3fs's own retries would multiply botocore's and ours (RETRY BUDGET above)
         self.retry = retry or RetryPolicy.from_env()
         # moto (and any server that does not validate checksums) stores the ChecksumSHA256 header it is sent
         # without checking it; CASCADE_VERIFY_UPLOADS=reread makes the check after upload read the bytes back.
@@ -203,7 +262,29 @@ class Store:
         return cls(cfg.resolved_root(), storage_options(cfg))
 
     def _do(self, what: str, key: str, fn: Callable[[], T]) -> T:
+        if self.protocol == "s3":
+            self._first_contact()
         return retrying(self.retry, f"{what} {self.uri(key)}", fn)
+
+    def _first_contact(self) -> None:
+        """Before this process's first request to the endpoint: one HEAD of the bucket within PROBE_TIMEOUT_S.
+        Any answer, an error status included, means reachable; no answer is StoreUnreachable, naming the
+        endpoint, instead of the whole retry budget followed by botocore's traceback."""
+        bucket = self.root.split("/", 1)[0]
+        if (self.endpoint, bucket) in _REACHED:
+            return
+        endpoint = self.endpoint or "the default AWS endpoint (no storage.endpoint_url or AWS_ENDPOINT_URL set)"
+        try:
+            fsspec.asyn.sync(self.fs.loop, self.fs._call_s3, "head_bucket", Bucket=bucket, timeout=PROBE_TIMEOUT_S)
+        except FSTimeoutError:
+            raise StoreUnreachable(f"S3 endpoint {endpoint} did not answer within {PROBE_TIMEOUT_S} s "
+                                   f"(store {self.uri('')})") from None
+        except Exception as e:
+            if not answered(e) and is_transient(e):
+                reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+                raise StoreUnreachable(f"S3 endpoint {endpoint} cannot be reached (store {self.uri('')}): "
+                                       f"{reason}") from None
+        _REACHED.add((self.endpoint, bucket))
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key.strip('/')}" if key else self.root
@@ -236,7 +317,7 @@ class Store:
             tmp.write_bytes(data)
             os.replace(tmp, target)
             return
-        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data))
+        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data, timeout=body_deadline(len(data))))
 
     def put_file(self, local: str | Path, key: str) -> Upload | None:
         """Upload a file; return what was sent (its sha256, hashed on the way) when this store hashed it.
@@ -257,6 +338,7 @@ class Store:
         digest = hashlib.sha256(data)
         bucket, obj = self.path(key).split("/", 1)
         self._do("upload", key, lambda: self.fs.call_s3("put_object", Bucket=bucket, Key=obj, Body=data,
+                                                        timeout=body_deadline(len(data)),
                                                         ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest)))
         return Upload(digest.hexdigest())
 
@@ -285,6 +367,7 @@ class Store:
                     digests.append(digest.digest())
                     window.append((number, digest, pool.submit(
                         self.fs.call_s3, "upload_part", **ids, PartNumber=number, Body=block,
+                        timeout=body_deadline(len(block)),
                         ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest))))
                     drain(PARTS_IN_FLIGHT - 1)  # bounded memory: at most PARTS_IN_FLIGHT parts held
                 drain(0)

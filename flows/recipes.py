@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from artifacts.config import Strict
 from stages.config import LearningRate, Steps
@@ -24,6 +24,7 @@ from stages.recipe import (
     RecipeError,
     parse_recipe_text,
     read_recipe_file,
+    refuse_url_credentials,
     resolve_recipe_path,
     validate_recipe,
 )
@@ -91,8 +92,15 @@ class RunRequest(Strict):
     domains: list[DomainName] | None = Field(
         None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL or "
         "difficulty stage left with none of its domains is dropped.")
-    storage_root: str | None = Field(None, pattern=r"^(file|s3)://.+", description="file:///dir or s3://bucket/prefix")
+    storage_root: str | None = Field(None, pattern=r"^(file|s3)://([^/?#@]+|[^/?#@]*/.*)$",  # no user:pw@
+                                     description="file:///dir or s3://bucket/prefix; credentials come from the "
+                                     "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)")
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_url_credentials(cls, raw: Any) -> Any:
+        return refuse_url_credentials(raw)
 
 
 def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = None) -> Recipe:

@@ -14,92 +14,25 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from infra.deployments import DEPLOYMENTS, DeploymentSpec
+from infra.prefect_server import configured_api_url, free_port, serving, start_server
 
 AUTOMATIONS_HOOK = "infra.automations:ensure_automations"
-SERVER_START_TIMEOUT_S = 120  # ~5 s idle; much longer on two busy cores
-
-
-def configured_api_url() -> str | None:
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value() or None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(api_url: str, process: subprocess.Popen | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"prefect server exited with code {process.returncode} before it was healthy")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.5)
-    raise RuntimeError(f"prefect server at {api_url} not healthy after {timeout:.0f} s")
-
-
-def start_server(home: Path, port: int, log: Path) -> tuple[subprocess.Popen, str]:
-    """`prefect server start` on 127.0.0.1:port with its own PREFECT_HOME (sqlite); returns (process, api url)."""
-    home.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api")
-    env.pop("PREFECT_API_URL", None)
-    with open(log, "ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                    "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-    api_url = f"http://127.0.0.1:{port}/api"
-    try:
-        wait_healthy(api_url, process, SERVER_START_TIMEOUT_S)
-    except BaseException:
-        stop(process)
-        raise
-    return process, api_url
-
-
-def stop(process: subprocess.Popen, grace: float = 10) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextlib.contextmanager
 def prefect_api(home: Path, port: int | None, say: Callable[[str], None]) -> Iterator[str]:
     """The configured API, or a server started here for the duration (and PREFECT_API_URL pointing at it)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     configured = configured_api_url()
     if configured:
         yield configured
         return
     say(f"no PREFECT_API_URL configured: starting a Prefect server (PREFECT_HOME={home})")
-    process, api_url = start_server(home, port or free_port(), home / "server.log")
-    os.environ["PREFECT_API_URL"] = api_url  # for the flow-run subprocesses of `serve`
-    try:
-        with temporary_settings(updates={PREFECT_API_URL: api_url}):
-            yield api_url
-    finally:
-        os.environ.pop("PREFECT_API_URL", None)
-        stop(process)
+    with serving(*start_server(home, port or free_port(), home / "server.log")) as api_url:
+        yield api_url
 
 
 def ensure_compute_limit(name: str, slots: int = 1) -> None:

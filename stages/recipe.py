@@ -19,6 +19,7 @@ from pydantic import SerializeAsAny, ValidationError, field_validator, model_val
 from pydantic_core import PydanticCustomError
 
 from artifacts.config import StorageConfig, Strict, TrackingConfig
+from artifacts.urls import credential_error
 from stages.config import (
     DomainSpec,
     EngineConfig,
@@ -53,6 +54,11 @@ class Recipe(Strict):
     eval: EvalConfig = EvalConfig()
     gate: GateConfig = GateConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_url_credentials(cls, raw: Any) -> Any:
+        return refuse_url_credentials(raw)
+
     @field_validator("stages", mode="before")
     @classmethod
     def _stage_configs(cls, raw: Any) -> Any:
@@ -84,6 +90,13 @@ class Recipe(Strict):
     def model_stages(self) -> list[StageConfig]:
         """The stages that make a policy: each is evaluated and gated."""
         return [s for s in self.stages if kind_of(s.kind).makes == "policy"]
+
+
+def refuse_url_credentials(raw: Any) -> Any:
+    """Refuse user:password@ in any URL: it would be stored in recipe.json and Prefect's parameters."""
+    if message := credential_error(raw):
+        raise ValueError(message)
+    return raw
 
 
 def _stage_config(index: int, entry: Any) -> StageConfig:

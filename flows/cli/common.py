@@ -33,11 +33,13 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
     from artifacts.lease import LeaseHeld
     from artifacts.records import EvalRecordError
+    from artifacts.store import StoreError
     from stages.model import ModelSourceError
     from stages.recipe import RecipeError
     from stages.regression import BaselineError
 
-    return CLIError, RecipeError, LeaseHeld, ModelSourceError, BaselineError, EvalRecordError, LookupError
+    return (CLIError, RecipeError, LeaseHeld, StoreError, ModelSourceError, BaselineError, EvalRecordError,
+            LookupError)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:

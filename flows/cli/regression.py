@@ -31,6 +31,7 @@ def regression_eval_cmd(
     """Evaluate checkpoints against a stored baseline, locally; exit code 1 when any domain regressed."""
     from flows.recipes import load_recipe
     from flows.regression_eval import default_checkpoints, regression_eval_flow
+    from infra.prefect_server import LocalAPI
     from stages.regression import baseline_key, regressions
     from tasks.regression import resolve_checkpoint
 
@@ -40,7 +41,8 @@ def regression_eval_cmd(
     for name in names:
         resolve_checkpoint(loaded, name)  # an unknown checkpoint is one line before Prefect starts
     quiet_services()
-    rows = regression_eval_flow(recipe, names, baseline, update_baseline)
+    with LocalAPI():
+        rows = regression_eval_flow(recipe, names, baseline, update_baseline)
     if as_json:
         typer.echo(json.dumps(rows))
     else:

@@ -20,13 +20,16 @@ def new_run_id(recipe_name: str) -> str:
 
 def execute(recipe, run_id: str) -> None:
     """The cascade flow in this process, with a progress bar per stage; then the forgetting matrix."""
+    from infra.prefect_server import LocalAPI
+
+    api = LocalAPI()  # started now, when no PREFECT_API_URL is configured: its start-up overlaps these imports
     from artifacts.layout import report_key
     from artifacts.store import Store
     from flows.cascade import cascade_flow
     from tasks.progress import set_progress_factory
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+    with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       console=console, transient=False) as progress:
         bars: dict[str, Any] = {}
 
         def factory(label: str):

@@ -120,3 +120,31 @@ def test_backoff_grows_exponentially_and_is_capped(monkeypatch):
     assert len(calls) == 5 and len(waits) == 4
     assert 0.5 <= waits[0] <= 1 and 1 <= waits[1] <= 2 and all(1.5 <= w <= 3 for w in waits[2:])
     assert "upload x failed after 5 attempts" in info.value.__notes__[0]
+
+
+def test_retries_stop_when_the_time_budget_is_spent(monkeypatch):
+    clock, calls = [0.0], []
+    monkeypatch.setattr("artifacts.store.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("artifacts.store.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+
+    def hanging():  # each attempt waits out a 20 s read timeout
+        calls.append(1)
+        clock[0] += 20
+        raise error_chain("endpoint")
+
+    with pytest.raises(Exception) as info:
+        retrying(RetryPolicy(attempts=50, base=1.0, cap=2.0, budget=60), "read x", hanging)
+    assert len(calls) == 3 and clock[0] <= 60 + 20
+    assert "read x failed after 3 attempts in" in info.value.__notes__[0]
+
+
+def test_requests_have_timeouts_and_one_retry_layer(monkeypatch, tmp_path):
+    from artifacts.store import BOTO_ATTEMPTS, CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+
+    for k in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(k, raising=False)
+    opts = storage_options(StorageConfig(root="s3://b/p", endpoint_url="http://127.0.0.1:9"))
+    assert opts["config_kwargs"]["connect_timeout"] == CONNECT_TIMEOUT_S
+    assert opts["config_kwargs"]["read_timeout"] == READ_TIMEOUT_S
+    assert opts["config_kwargs"]["retries"]["max_attempts"] == BOTO_ATTEMPTS
+    assert Store.from_config(StorageConfig(root="s3://b/p", endpoint_url="http://127.0.0.1:9")).fs.retries == 1

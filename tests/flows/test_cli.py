@@ -9,6 +9,7 @@ import pytest
 
 CASCADE = [sys.executable, "-m", "flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
+PASSWORD = "hunter2-7f3k9q"
 
 
 def cascade(*args: str, home: Path) -> subprocess.CompletedProcess:
@@ -44,6 +45,31 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("cascade: error: ") and message in lines[0]
     assert "Traceback" not in result.stderr + result.stdout
+    assert files_under(home) == []
+
+
+@pytest.mark.parametrize(
+    "args, field, instead",
+    [
+        (["run", "micro", f"storage.root=s3://user:{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
+        (["run", "micro", f"storage.endpoint_url=http://AKIA:{PASSWORD}@minio:9000"], "storage.endpoint_url",
+         "AWS_ACCESS_KEY_ID"),
+        (["run", "micro", f"engine.url=http://u:{PASSWORD}@host"], "engine.url", "api_key_env"),
+        (["run", "micro", f"tracking.uri=http://bob:{PASSWORD}@mlflow:5000"], "tracking.uri",
+         "MLFLOW_TRACKING_PASSWORD"),
+        (["run", "micro", f"stages.difficulty.reference=http://{PASSWORD}@vllm:8000"], "stages.difficulty.reference",
+         "api_key_env"),
+        (["status", "--store", f"s3://user:{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
+    ],
+)
+def test_credentials_in_a_url_are_refused_without_echoing_them(tmp_path, args, field, instead):
+    home = tmp_path / "home"
+    result = cascade(*args, home=home)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert f"{field}: a URL holds credentials" in lines[0] and instead in lines[0], lines[0]
+    assert PASSWORD not in result.stdout + result.stderr
     assert files_under(home) == []
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from infra.deploy import free_port, start_server, stop
+from infra.prefect_server import free_port, start_server, stop
 from infra.deployments import DEPLOYMENTS
 
 pytestmark = pytest.mark.slow

@@ -95,6 +95,34 @@ def test_run_form_rejects_bad_fields(fields, message):
         RunRequest(**fields)
 
 
+@pytest.mark.parametrize("fields", [{"storage_root": "s3://AKIA:pw-7f3k9q@bucket/x"},
+                                    {"recipe_uri": "s3://AKIA:pw-7f3k9q@bucket/r.yaml"}])
+def test_run_form_refuses_credentials_in_urls_without_echoing_them(fields):
+    from pydantic import ValidationError
+
+    from flows.recipes import RunRequest
+
+    with pytest.raises(ValidationError) as e:
+        RunRequest(**fields)
+    assert f"{next(iter(fields))}: a URL holds credentials" in str(e.value) and "pw-7f3k9q" not in str(e.value)
+    if "storage_root" in fields:  # the form's JSON schema refuses it too, before a run (and its parameters) exist
+        import jsonschema
+
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(fields, RunRequest.model_json_schema())
+
+
+def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
+    from artifacts.urls import has_credentials
+    from flows.recipes import RunRequest
+
+    found = ["s3://u:p@b/x", "http://token@host:8000/v1", "see https://a:b@host/x", "git+ssh://git@host/r"]
+    clean = ["s3://bucket/key@v2", "file:///data/a@b.jsonl", "http://host:8000/v1?u=a@b", "user@host", "x"]
+    assert [u for u in found if not has_credentials(u)] == []
+    assert [u for u in clean if has_credentials(u)] == []
+    assert RunRequest(storage_root="s3://bucket/key@v2").storage_root == "s3://bucket/key@v2"
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"stages": {"nope": {"steps": 2}}}, "no stage named ['nope']"),
     ({"stages": {"sft_data": {"steps": 2}}}, "a sft_data stage has no steps or lr"),
