@@ -30,6 +30,7 @@ model.eval().requires_grad_(False)
 ref = CheckpointRef(uri="bench://teacher", key="teacher", stage="teacher", config_hash="-", digest="teacher")
 pool = TeacherPool(None, {"math": ref}, resident=True)
 pool.loaded[ref.digest] = model
+torch.manual_seed(0)
 ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 t0 = time.perf_counter()
