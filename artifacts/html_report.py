@@ -144,7 +144,7 @@ def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
     best = {}
     for j, d in enumerate(domains):
         col = [(scores[j], i) for i, (_, scores) in enumerate(rows) if scores[j] is not None]
-        best[d] = max(col)[1] if col else None
+        best[d] = max(col, key=lambda c: (c[0], -c[1]))[1] if col else None  # a tie: the earliest stage
     fired: dict[str, list[str]] = {}
     for g in run.report.gate:
         fired.setdefault(g["stage"], []).append(g["domain"])
@@ -185,8 +185,7 @@ def heatmap_png(run: RunData) -> bytes | None:
               + (" [recovery]" if r["recovery"] else "") for r in rows]
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_xticks(range(len(domains)), domains, fontsize=8)
-    ax.set_xlabel("domain (held-out score ± standard error; gold box: best of the column; red dashed: gate fired)",
-                  fontsize=7)
+    ax.set_xlabel("score ± SE; gold: best in column; red dashed: gate fired", fontsize=7)
     ax.set_title(f"{run.run_id}: held-out score after each stage", fontsize=9)
     fig.tight_layout()
     return _png(fig)
@@ -322,7 +321,7 @@ def _num(value: Any, digits: int = 3) -> str:
         return "—"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return str(value)
-    if float(value).is_integer() and abs(value) >= 1:
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1):
         return f"{int(value):,}"
     return f"{value:.{digits}f}"
 
