@@ -29,11 +29,13 @@ Grading (the same for reward and eval), after BFCL's AST checker:
 - a call matches when its name is the expected one (dots may be written as underscores, as BFCL allows for
   models whose tool names cannot contain dots), it passes no parameter outside the expected ones, every
   parameter it leaves out allows "" (BFCL's mark for "may be omitted"), each value has the documented type
-  (integer: int; float: int or float; boolean, string, array/tuple, dict; any: anything) and equals one of
-  the allowed values. Strings compare case-insensitively ignoring spaces and `,./-_*^`; lists element by
-  element; dicts key by key against their own allowed lists. A string passed for a non-string parameter (at
-  any depth) counts as a variable reference and is compared by value only: BFCL's answers write variables as
-  source text (parallel_multiple_21), and one answer lists strings for an integer array (parallel_multiple_94);
+  (integer: int; float: int or float; boolean, string, array/tuple, dict; any: anything) or, as BFCL's
+  checker allows, the type of the possible answer's first non-"" option (an explicit null where the answer
+  lists None), and equals one of the allowed values. Strings compare case-insensitively ignoring spaces and
+  `,./-_*^`; lists element by element; dicts key by key against their own allowed lists. A string passed for
+  a non-string parameter (at any depth) counts as a variable reference and is compared by value only: BFCL's
+  answers write variables as source text (parallel_multiple_21), and one answer lists strings for an integer
+  array (parallel_multiple_94);
 - irrelevance: pass when the completion decodes to no call.
 Deviations from BFCL: one grader for all completions (BFCL decodes each model with its own handler: we accept
 the two formats above); no per-error-type diagnostics, only the 0/1 score; a parameter whose possible answer
@@ -190,7 +192,7 @@ def call_matches(call: Call, name: str, allowed: dict[str, list], doc: dict | No
     for arg, value in call.arguments.items():
         if arg not in allowed:
             return False  # a parameter the answer does not have
-        if not type_ok(value, props.get(arg, {})):
+        if not type_ok(value, props.get(arg, {})) and not answer_typed(value, allowed[arg]):
             return False
         if not any(value_matches(value, option) for option in allowed[arg]):
             return False
@@ -219,6 +221,14 @@ def type_ok(value: Any, schema: dict) -> bool:
         props = schema.get("properties", {})
         return isinstance(value, dict) and all(type_ok(v, props[k]) for k, v in value.items() if k in props)
     return True  # "any", or a type BFCL does not document: the value check alone decides
+
+
+def answer_typed(value: Any, options: list) -> bool:
+    """BFCL's variable rule: a value of the type of the possible answer's first non-"" option passes the type
+    check whatever the documented type (an explicit null where the answer lists None: parallel_152,
+    live_simple_30-8-0; True for a string-typed `venue` whose answer is True: simple_python_307)."""
+    typed = next((o for o in options if o != ""), "")
+    return typed != "" and type(value) is type(typed)
 
 
 def value_matches(value: Any, option: Any) -> bool:

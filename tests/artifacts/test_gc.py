@@ -64,10 +64,13 @@ def test_leased_runs_are_skipped(store, tmp_path):
     assert store.list_dirs("runs/idle/01-sft/steps") == ["4"]
 
 
-def test_a_torn_manifest_is_an_orphan(store, tmp_path):
+def test_a_torn_manifest_is_kept_and_listed_not_deleted(store, tmp_path):
+    """Its files may be all there is of that step: gc lists it for a person, and never deletes it."""
     ckpt(store, tmp_path, "runs/r/01-sft/steps/7", 7)
     store.write_bytes(f"runs/r/01-sft/steps/7/{MANIFEST}", b'{"files": [')
-    assert [i.key for i in plan_gc(store).orphans] == ["runs/r/01-sft/steps/7"]
+    plan = gc(store, delete=True)
+    assert plan.items == [] and plan.unreadable == ["runs/r/01-sft/steps/7"]
+    assert store.exists("runs/r/01-sft/steps/7/model/w.bin")
 
 
 def test_keep_last_must_leave_resume_something(store):

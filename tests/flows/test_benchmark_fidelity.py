@@ -400,3 +400,271 @@ def test_eval_reads_a_benchmark_from_a_url(tmp_path, monkeypatch):
     assert json.loads(result.stdout)["scores"]["gpqa"]["items"] == 3
     rows = [json.loads(line) for line in (tmp_path / "out" / "gpqa.jsonl").read_text().splitlines()]
     assert "(A) " in rows[0]["prompt"] and "right 0" in rows[0]["prompt"]
+
+
+# --------------------------------------------------------------------------- humaneval, mbpp: the shipped tasks
+
+CODE_SAMPLE = 20  # each completion is a sandbox run (~0.2 s): the first tasks of each file, not all of them
+
+
+def humaneval_sample():
+    return read_jsonl(DEFAULT_DATA_ROOT / "code" / "HumanEval.jsonl.gz")[:CODE_SAMPLE]
+
+
+def mbpp_sample():
+    """The first tasks of MBPP's test split (task_id 11-510), the split the shipped benchmark grades."""
+    rows = [r for r in read_jsonl(DEFAULT_DATA_ROOT / "code" / "mbpp.jsonl") if 11 <= r["task_id"] <= 510]
+    return rows[:CODE_SAMPLE]
+
+
+def fenced(code):
+    return f"```python\n{code.rstrip()}\n```"
+
+
+def test_humaneval_canonical_solutions_pass_stubbed_bodies_fail(tmp_path):
+    rows = humaneval_sample()
+    # Gold in both shapes the grader takes: the canonical body continuing the prompt (HumanEval's own convention:
+    # program = prompt + completion), and prompt + body as one whole function in a ```python block (a chat answer).
+    gold = [{**r, "completion": r["canonical_solution"] if i % 2 else fenced(r["prompt"] + r["canonical_solution"])}
+            for i, r in enumerate(rows)]
+    scores, verdicts = grade(tmp_path, "humaneval", gold)
+    assert [r["task_id"] for r, v in zip(rows, verdicts) if v != "pass"] == []
+    assert scores["items"] == CODE_SAMPLE and scores["pass@1"] == 1.0
+    # Corrupted: the body replaced by `return None` (as a whole function), or by an exit with status 0 before
+    # `check` can fail (as a body): the nonce printed after the tests is missing, so it fails all the same.
+    broken = [{**r, "completion": "    raise SystemExit(0)\n" if i % 2 else fenced(r["prompt"] + "    return None\n")}
+              for i, r in enumerate(rows)]
+    scores, verdicts = grade(tmp_path, "humaneval", broken)
+    assert [r["task_id"] for r, v in zip(rows, verdicts) if v != "fail"] == []
+    assert scores["pass@1"] == 0.0
+
+
+def test_mbpp_reference_code_passes_functions_returning_none_fail(tmp_path):
+    import ast
+
+    rows = mbpp_sample()
+    assert [r["task_id"] for r in rows] == list(range(11, 11 + CODE_SAMPLE))
+    gold = [{**r, "completion": r["code"] if i % 2 else fenced(r["code"].replace("\r\n", "\n"))}
+            for i, r in enumerate(rows)]
+    scores, verdicts = grade(tmp_path, "mbpp", gold)
+    assert [r["task_id"] for r, v in zip(rows, verdicts) if v != "pass"] == []
+    assert scores["items"] == CODE_SAMPLE and scores["pass@1"] == 1.0
+
+    def stubbed(row):  # the reference code, then every function the tests call redefined to return None
+        code = row["code"].replace("\r\n", "\n")
+        tested = [node.name for node in ast.parse(code).body if isinstance(node, ast.FunctionDef)
+                  and any(f"{node.name}(" in test for test in row["test_list"])]
+        assert tested, row["task_id"]
+        return code + "".join(f"\n\ndef {name}(*args, **kwargs):\n    return None\n" for name in tested)
+
+    scores, verdicts = grade(tmp_path, "mbpp", [{**r, "completion": fenced(stubbed(r))} for r in rows])
+    assert [r["task_id"] for r, v in zip(rows, verdicts) if v != "fail"] == []
+    assert scores["pass@1"] == 0.0
+
+
+# --------------------------------------------------------------------------- ifeval: every instruction id it ships
+
+# (instruction id, kwargs as the shipped file writes them, a response that follows it, one that does not). The
+# broken responses also fail in loose mode: dropping their first or last line does not make them comply.
+IFEVAL_CASES = [
+    ("punctuation:no_comma", {}, "I like cats and dogs.", "I like cats, and dogs."),
+    ("detectable_format:number_highlighted_sections", {"num_highlights": 3},
+     "We saw *the river*, *the hills* and **the old town**.", "We saw *the river* and the hills."),
+    ("length_constraints:number_words", {"relation": "at least", "num_words": 300},
+     "Cats sleep a lot. " * 75, "Cats sleep a lot. " * 20),
+    ("length_constraints:number_words", {"relation": "less than", "num_words": 10},
+     "Cats sleep a lot.", "Cats sleep a lot and then they sleep some more."),
+    ("detectable_content:number_placeholders", {"num_placeholders": 12},
+     "Dear " + " ".join(f"[field {i}]" for i in range(12)), "Dear " + " ".join(f"[field {i}]" for i in range(11))),
+    ("detectable_content:postscript", {"postscript_marker": "P.S."}, "Thanks for coming.\nP.S. Bring a coat.",
+     "Thanks for coming. Bring a coat."),
+    ("detectable_content:postscript", {"postscript_marker": "P.P.S"}, "See you.\nP.P.S Bring snacks.",
+     "See you. Bring snacks."),
+    ("detectable_format:number_bullet_lists", {"num_bullets": 3}, "Pack:\n* a coat\n* a hat\n- boots",
+     "Pack:\n* a coat\n* a hat"),
+    ("detectable_format:title", {}, "<<A Rainy Day>>\nIt rained all day.", "A Rainy Day\nIt rained all day."),
+    ("detectable_format:json_format", {}, '```json\n{"city": "Paris", "days": 3}\n```',
+     'Here you go: {"city": "Paris", "days": 3}'),
+    ("detectable_format:multiple_sections", {"section_spliter": "Section", "num_sections": 2},
+     "Section 1\nThe plan.\nSection 2\nThe budget.", "Section 1\nThe plan and the budget."),
+    ("detectable_format:constrained_response", {}, "My answer is yes.", "Yes, definitely."),
+    ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "The first part.\n***\nThe second part.",
+     "The first part.\nThe second part."),
+    ("length_constraints:nth_paragraph_first_word", {"first_word": "weekend", "num_paragraphs": 2, "nth_paragraph": 2},
+     "We had plans.\n\nWeekend trips are fun.", "We had plans.\n\nSaturday trips are fun."),
+    ("length_constraints:number_sentences", {"relation": "less than", "num_sentences": 3},
+     "It is late. We should go.", "It is late. We should go. The bus leaves soon. Hurry up."),
+    ("keywords:existence", {"keywords": ["correlated", "experiencing"]},
+     "People experiencing stress had correlated symptoms.", "People experiencing stress had symptoms."),
+    ("keywords:forbidden_words", {"forbidden_words": ["rock", "roll"]}, "I like jazz and rocky roads.",
+     "I like Rock music."),
+    ("keywords:frequency", {"relation": "at least", "keyword": "story", "frequency": 2},
+     "A story inside a story.", "A single story."),
+    ("keywords:frequency", {"relation": "less than", "keyword": "very", "frequency": 2},
+     "It was very good.", "It was very very good."),
+    ("keywords:letter_frequency", {"let_relation": "at least", "letter": "z", "let_frequency": 4},
+     "Pizza and jazz.", "Pizza and tea."),
+    ("language:response_language", {"language": "de"},
+     "Ich habe heute einen langen Spaziergang im Park gemacht und die warme Sonne sehr genossen.",
+     "I took a long walk in the park today and really enjoyed the warm sunshine."),
+    ("change_case:english_capital", {},
+     "I TOOK A LONG WALK IN THE PARK TODAY AND REALLY ENJOYED THE WARM SUNSHINE.",
+     "I took a long walk in the park today and really enjoyed the warm sunshine."),
+    ("change_case:english_lowercase", {}, "i took a long walk in the park today and really enjoyed the warm sunshine.",
+     "I took a long walk in the park today and really enjoyed the warm sunshine."),
+    ("change_case:capital_word_frequency", {"capital_relation": "less than", "capital_frequency": 3},
+     "we met at NASA today.", "WE MET AT NASA TODAY."),
+    ("change_case:capital_word_frequency", {"capital_relation": "at least", "capital_frequency": 2},
+     "The NASA and ESA teams met.", "The NASA team met."),
+    ("combination:repeat_prompt", {"prompt_to_repeat": "Write a haiku about rain."},
+     "Write a haiku about rain. Soft rain on the roof.", "Soft rain on the roof."),
+    ("combination:two_responses", {}, "Take the bus.\n******\nTake a taxi.", "Take the bus.\n******\nTake the bus."),
+    ("startend:end_checker", {"end_phrase": "Is there anything else I can help with?"},
+     "Here is the plan. Is there anything else I can help with?", "Is there anything else I can help with? No."),
+    ("startend:quotation", {}, '"Hello there, friend."', 'Hello there, "friend."'),
+]
+
+
+def ifeval_rows(response_index):
+    return [{"key": 9000 + i, "prompt": "Write something.", "instruction_id_list": [case[0]], "kwargs": [case[1]],
+             "completion": case[response_index]} for i, case in enumerate(IFEVAL_CASES)]
+
+
+def test_ifeval_every_shipped_instruction_id_passes_followed_and_fails_broken(tmp_path):
+    from if_verifiable import IFEvalSample, evaluate_output_for_sample
+
+    shipped = read_jsonl(DEFAULT_DATA_ROOT / benchmark_registry()["ifeval"].loader.relpath)
+    assert {case[0] for case in IFEVAL_CASES} == {i for r in shipped for i in r["instruction_id_list"]}  # all 25
+    four = ("prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose")
+    scores, verdicts = grade(tmp_path, "ifeval", ifeval_rows(2))
+    assert [case[0] for case, v in zip(IFEVAL_CASES, verdicts) if v != "pass"] == []
+    assert [scores[k] for k in four] == [1.0] * 4 and scores["pass@1"] == 1.0
+    scores, verdicts = grade(tmp_path, "ifeval", ifeval_rows(3))
+    assert [case[0] for case, v in zip(IFEVAL_CASES, verdicts) if v != "fail"] == []
+    assert [scores[k] for k in four] == [0.0] * 4 and scores["pass@1"] == 0.0
+    for instruction_id, kwargs, *responses in IFEVAL_CASES:  # the same verdicts as if-verifiable's own API
+        for response, expected in zip(responses, (True, False)):
+            sample = IFEvalSample(0, "Write something.", [instruction_id], [kwargs])
+            results, _ = evaluate_output_for_sample("ifeval", sample, response)
+            assert (results[0].strict_pass, results[0].loose_pass) == (expected, expected), (instruction_id, response)
+
+
+def test_ifeval_shipped_row_with_three_instructions(tmp_path):
+    """Key 1000 of the shipped file: no commas, 3+ highlighted sections, 300+ words. Breaking one instruction
+    fails the prompt and a third of its instructions."""
+    row = next(r for r in read_jsonl(DEFAULT_DATA_ROOT / "instruction_following" / "ifeval_input_data.jsonl")
+               if r["key"] == 1000)
+    assert row["instruction_id_list"] == ["punctuation:no_comma", "detectable_format:number_highlighted_sections",
+                                          "length_constraints:number_words"]
+    body = "Raymond ruled Tripoli for many years and fought in the wars of his time. " * 25
+    good = f"*Early life*\n{body}\n*Regency*\n{body}\n*Hattin*\n{body}"
+    scores, verdicts = grade(tmp_path, "ifeval", [{**row, "completion": good},
+                                                  {**row, "completion": good.replace("years and", "years, and")},
+                                                  {**row, "completion": good.replace("*", "")},
+                                                  {**row, "completion": f"*Early life* *Regency* *Hattin* {body[:200]}"}])
+    assert verdicts == ["pass", "fail", "fail", "fail"]
+    assert scores["prompt_strict"] == 0.25 and scores["instruction_strict"] == (3 + 2 + 2 + 2) / 12
+
+
+# --------------------------------------------------------------------------- bfcl_*: every shipped row
+
+BFCL = sorted(name for name in benchmark_registry() if name.startswith("bfcl_"))
+
+
+def bfcl_rows(name):
+    """The shipped rows, each with its possible answer under "ground_truth" (the user-file shape)."""
+    from stages.domains.tool import BFCL_FILES
+
+    folder, stem = DEFAULT_DATA_ROOT / "tool_calling" / "bfcl_v4", BFCL_FILES[name]
+    answers = {} if stem == "irrelevance" else {
+        r["id"]: r["ground_truth"] for r in read_jsonl(folder / "possible_answer" / f"BFCL_v4_{stem}.json")}
+    return [{**row, "ground_truth": answers.get(row["id"], [])} for row in read_jsonl(folder / f"BFCL_v4_{stem}.json")]
+
+
+def allowed_value(option, pick):
+    """A plain value from one allowed value (dicts in it map keys to their own option lists, "" = omitted)."""
+    if isinstance(option, dict):
+        return {k: allowed_value(pick(opts), pick) for k, opts in option.items() if opts and pick(opts) != ""}
+    if isinstance(option, list):
+        return [allowed_value(o, pick) for o in option]
+    return option
+
+
+def gold_calls(ground_truth, pick, omit_optional=False):
+    """(name, arguments) per expected call: each parameter's `pick`ed allowed value; an optional one ("" among
+    its options) is left out when that is the pick or when `omit_optional`."""
+    return [(name, {arg: allowed_value(pick(opts), pick) for arg, opts in allowed.items()
+                    if opts and pick(opts) != "" and not (omit_optional and "" in opts)})
+            for entry in ground_truth for name, allowed in entry.items()]
+
+
+def as_json(calls):
+    return json.dumps([{"name": name, "arguments": args} for name, args in calls])
+
+
+def as_python(calls):
+    return "[" + ", ".join(f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})" for name, args in calls) + "]"
+
+
+def perturbed(value):
+    """A value of the same type that no option of a scalar or list parameter equals, or None."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + " not this"
+    if isinstance(value, list):
+        return [*value, value[0]] if value else ["not this"]
+    return None
+
+
+def corrupted_calls(ground_truth, functions, wrong_name):
+    """The first options, with the first expected call's name wrong, or (where a required parameter can be
+    perturbed) one of its values wrong. Irrelevance rows (no expected call): a call of the first function."""
+    if not ground_truth:
+        return [(functions[0]["name"], {})]
+    calls = gold_calls(ground_truth, lambda opts: opts[0])
+    (name, args), rest = calls[0], calls[1:]
+    (_, allowed), = ground_truth[0].items()
+    required = [arg for arg in args if "" not in allowed[arg] and perturbed(args[arg]) is not None
+                and perturbed(args[arg]) not in allowed[arg]]
+    if wrong_name or not required:
+        return [(name + "_v2", args), *rest]
+    return [(name, {**args, required[0]: perturbed(args[required[0]])}), *rest]
+
+
+@pytest.mark.parametrize("name", BFCL)
+def test_bfcl_possible_answers_pass_wrong_name_or_value_fails(tmp_path, name):
+    rows = bfcl_rows(name)
+    assert len(rows) >= 200
+    first, last = (lambda opts: opts[0]), (lambda opts: opts[-1])
+    # Gold, three ways per row: the first allowed value of every parameter as JSON; the last allowed value in
+    # Python call syntax (an explicit null where the answer lists None: parallel_152, live_simple_30-8-0); only
+    # the required parameters, as JSON. Irrelevance rows: no call ("[]").
+    gold = [{**r, "completion": text} for r in rows
+            for text in (as_json(gold_calls(r["ground_truth"], first)), as_python(gold_calls(r["ground_truth"], last)),
+                         as_json(gold_calls(r["ground_truth"], first, omit_optional=True)))]
+    scores, verdicts = grade(tmp_path, name, gold)
+    assert [(r["id"], r["completion"]) for r, v in zip(gold, verdicts) if v != "pass"] == []
+    assert scores["items"] == 3 * len(rows) and scores["pass@1"] == 1.0
+    broken = [{**r, "completion": as_json(corrupted_calls(r["ground_truth"], r["function"], i % 2 == 0))}
+              for i, r in enumerate(rows)]
+    scores, verdicts = grade(tmp_path, name, broken)
+    assert [(r["id"], r["completion"]) for r, v in zip(broken, verdicts) if v != "fail"] == []
+    assert scores["pass@1"] == 0.0
+
+
+def test_bfcl_null_for_an_optional_parameter_passes_only_where_the_answer_lists_none(tmp_path):
+    """BFCL's checker lets a value of the possible answer's own type through (an explicit null where the answer
+    lists None); a null where it does not, or for a required parameter, still fails."""
+    assert BFCL == ["bfcl_irrelevance", "bfcl_live_simple", "bfcl_multiple", "bfcl_parallel",
+                    "bfcl_parallel_multiple", "bfcl_simple"]  # all parametrize the test above
+    row = next(r for r in bfcl_rows("bfcl_parallel") if r["id"] == "parallel_152")
+    assert row["ground_truth"][0] == {"math.power": {"base": [2], "exponent": [3], "mod": ["", None]}}
+    completions = ['[math.power(base=2, exponent=3, mod=None), math.power(base=3, exponent=5, mod=None)]',
+                   '[math.power(base=2, exponent=3), math.power(base=3, exponent=5, mod=None)]',
+                   '[math.power(base=2, exponent=3, mod=None), math.power(base=3, exponent=None)]',
+                   '[math.power(base=2, exponent=3, mod=0), math.power(base=3, exponent=5)]']
+    _, verdicts = grade(tmp_path, "bfcl_parallel", [{**row, "completion": c} for c in completions])
+    assert verdicts == ["pass", "pass", "fail", "fail"]
