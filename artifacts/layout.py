@@ -4,6 +4,8 @@
 runs/<run_id>/recipe.json                 the recipe the run executes (written once, under the run's lease)
 runs/<run_id>/LEASE.json                  the one-writer lease
 runs/<run_id>/report.json                 stages, evals, gate decisions (artifacts/report.py)
+runs/<run_id>/report.html                 the rendered run report: matrix, curves, data, gate, cost, links
+runs/<run_id>/metrics/<NN>-<stage>.jsonl  a stage's per-step metrics, one row per step (artifacts/steplog.py)
 runs/<run_id>/<NN>-<stage>/               a stage's checkpoint: MANIFEST.json last (artifacts/checkpoint.py)
 runs/<run_id>/<NN>-<stage>/steps/<step>/  its step checkpoints
 runs/<run_id>/<NN>-<stage>/shards/<NNNNN>/  the SFT data build's committed shards
@@ -43,6 +45,18 @@ def lease_key(run_id: str) -> str:
 
 def report_key(run_id: str) -> str:
     return f"{run_dir(run_id)}/report.json"
+
+
+def html_report_key(run_id: str) -> str:
+    return f"{run_dir(run_id)}/report.html"
+
+
+def metrics_dir(run_id: str) -> str:
+    return f"{run_dir(run_id)}/metrics"
+
+
+def metrics_key(run_id: str, index: int, name: str) -> str:
+    return f"{metrics_dir(run_id)}/{index:02d}-{name}.jsonl"
 
 
 def results_key(run_id: str) -> str:

@@ -20,6 +20,9 @@ class RunReport(BaseModel):
     stages: list[dict[str, Any]] = Field(default_factory=list)
     evals: list[dict[str, Any]] = Field(default_factory=list)
     gate: list[dict[str, Any]] = Field(default_factory=list)
+    links: dict[str, str] = Field(default_factory=dict)  # "mlflow", "prefect": where else the run is shown
+    status: str | None = None  # how the last finish ended: FINISHED or FAILED (None while it runs)
+    stopped: str | None = None  # a failed run: what stopped it (the exception's first line)
 
     @classmethod
     def load(cls, store: Store, run_id: str) -> RunReport | None:

@@ -160,7 +160,12 @@ class Tracker:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
         if parent:
             query += f" and tags.`mlflow.parentRunId` = '{parent}'"
-        found = self.client.search_runs([self.experiment_id], query, max_results=1)
+        if parent:
+            found = self.client.search_runs([self.experiment_id], query, max_results=1)
+        else:  # the parent run: the stage runs carry the same run tag, so skip every run that has a parent
+            found = [r for r in self.client.search_runs([self.experiment_id], query, max_results=1000,
+                                                        order_by=["attributes.start_time ASC"])
+                     if "mlflow.parentRunId" not in r.data.tags]
         if found:
             return found[0].info.run_id
         all_tags = dict(tags, **({"mlflow.parentRunId": parent} if parent else {}))
@@ -231,6 +236,16 @@ class Tracker:
             self.log_table(matrix, "forgetting_matrix.json")
         if report.gate:
             self.log_text(json.dumps(report.gate, indent=1, default=str), "gate.json")
+
+    def log_html_report(self, html: str, images: dict[str, bytes]) -> None:
+        """The rendered run report (report.html) and its plots (plots/<name>.png) on the parent run, so MLflow's UI
+        shows the heatmap and the curves."""
+        self.log_text(html, "report.html")
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, png in images.items():
+                local = Path(tmp) / name
+                local.write_bytes(png)
+                self.client.log_artifact(self.parent_id, str(local), "plots")
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.parent_id, status=status)

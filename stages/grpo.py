@@ -99,7 +99,7 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"],
-            "logprob_mismatch": stats["gap"] / all_tokens}
+            "logprob_mismatch": stats["gap"] / all_tokens, "tokens_trained": float(ids.numel())}
 
 
 @torch.no_grad()
@@ -117,6 +117,7 @@ def step_metrics(items, groups, rewards, keep, update) -> dict[str, float]:
     return {
         "kept_groups": float(keep.float().mean()),
         "response_length": sum(len(c.token_ids) for g in groups for c in g) / sum(len(g) for g in groups),
+        "tokens_sampled": float(sum(len(c.token_ids) for g in groups for c in g)),
         **update,
         **reward_metrics(items, rewards),
     }

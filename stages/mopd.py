@@ -87,6 +87,7 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, ctx: StageContext, ids, mask,
         "loss": loss, "grad_norm": grad_norm,
         "truncated_fraction": float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)),
         "logprob_mismatch": float(((student_logp - inf_logp).abs() * mask).sum() / num_tokens),
+        "tokens_sampled": float(num_tokens), "tokens_trained": float(ids.numel()),
     }
     for domain in sorted(set(row_domains)):
         rows = [i for i, d in enumerate(row_domains) if d == domain]

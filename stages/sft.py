@@ -56,7 +56,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
         tokens_seen += int(ids.numel())
 
         # log
-        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm})
+        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_trained": float(ids.numel())})
     seconds = time.time() - started
     metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
                "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}

@@ -80,6 +80,9 @@ class TrainRun:
             self.optimizer.load_state_dict(state["optimizer"])
             self.step, self.history = state["step"], state["history"]
             set_rng_state(state["rng"])
+            restore = getattr(ctx.log, "restore", None)  # a step log in the store: the history is its truth
+            if restore is not None:
+                restore(self.step, self.history)
         self.resumed_from = resume
         self.model.train()
 

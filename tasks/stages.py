@@ -27,15 +27,18 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.filesystems import RemoteFileSystem, WritableFileSystem
+from prefect.runtime import flow_run
 
 from artifacts import layout
 from artifacts.checkpoint import CheckpointRef, adoptable
 from artifacts.config import config_hash
+from artifacts.html_report import write_run_report
 from artifacts.lease import hold_run
 from artifacts.records import EvalRecord
 from artifacts.report import RunReport
+from artifacts.steplog import StepLog
 from artifacts.store import Store, storage_options
-from artifacts.tracking import Tracker, register_stage
+from artifacts.tracking import Tracker, redact, register_stage
 from stages.config import MOPDConfig, StageConfig
 from stages.context import ListSink, StageContext
 from stages.evaluate import evaluate_model
@@ -112,20 +115,24 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
         get_run_logger().warning(f"stage {cfg.name}: {rebuilt}; rebuilding it from its last valid step checkpoint")
     tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
+    steps = StepLog(store, run_id, index, cfg.name)  # the report's curves; exact under resume (restore)
     progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
-    ctx = StageContext(recipe, store, run_id, key, sink, progress=progress)
+    ctx = StageContext(recipe, store, run_id, key, TeeSink(sink, steps), progress=progress)
     started = time.time()
+    memory = PeakMemory()
     try:
         with compute_slot(cfg.kind):
             result = run_stage(cfg, ctx, inputs)
     except BaseException:
-        _record(store, report, cfg, "failed", None, time.time() - started, {})
+        _close_quietly(steps)
+        _record(store, report, cfg, "failed", None, time.time() - started, {}, peak_rss_mb=memory.peak_mb())
         if tracker:
             tracker.end_stage(sink, {}, "FAILED")
         raise
+    steps.close()
     plots = {name: f"{result.checkpoint.uri}/{path}" for name, path in result.plots.items()}
     _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics, plots,
-            rebuilt)
+            rebuilt, peak_rss_mb=memory.peak_mb())
     if tracker:
         try:
             tracker.log_checkpoint_files(sink, store, result.checkpoint.key, list(result.plots.values()))
@@ -136,12 +143,66 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
 
 
 def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict,
-            plots: dict[str, str] | None = None, rebuilt: str | None = None) -> None:
-    """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone."""
+            plots: dict[str, str] | None = None, rebuilt: str | None = None,
+            peak_rss_mb: float | None = None) -> None:
+    """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone;
+    peak_rss_mb: the process's peak resident memory while the stage ran."""
     report.record_stage({"name": cfg.name, "kind": cfg.kind, "status": status, "checkpoint": uri,
                          "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {}),
-                         **({"rebuilt": rebuilt} if rebuilt else {})})
+                         **({"rebuilt": rebuilt} if rebuilt else {}),
+                         **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {})})
     report.save(store)
+
+
+class TeeSink:
+    """Every step's metrics to each sink (MLflow or a list, and the run's step log); a resume's restored history
+    to those that keep one."""
+
+    def __init__(self, *sinks: Any):
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def restore(self, step: int, history: list[dict[str, float]]) -> None:
+        for sink in self.sinks:
+            if hasattr(sink, "restore"):
+                sink.restore(step, history)
+
+
+def _close_quietly(steps: StepLog) -> None:
+    try:
+        steps.close()
+    except Exception as e:  # the stage's own error is the one to raise
+        get_run_logger().warning(f"step log {steps.key} not written ({e})")
+
+
+class PeakMemory:
+    """The process's peak resident memory from now on (Linux: VmHWM, reset through /proc/self/clear_refs);
+    elsewhere the process's peak so far (ru_maxrss)."""
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
+
+    def peak_mb(self) -> float | None:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        except ImportError:
+            return None
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -231,10 +292,19 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     """A markdown artifact on the flow run: the MLflow run and the store locations of this run."""
     store = Store.from_config(recipe.storage)
     lines = [f"# {recipe.name}: run `{run_id}`", "", "| what | where |", "| --- | --- |"]
+    links = {}
     if recipe.tracking.enabled:
-        lines.append(f"| MLflow run | {Tracker(recipe, run_id).run_url()} |")
+        links["mlflow"] = Tracker(recipe, run_id).run_url()
+        lines.append(f"| MLflow run | {links['mlflow']} |")
+    if flow_run.ui_url:
+        links["prefect"] = flow_run.ui_url
+    if links:  # the HTML report links them
+        _, report = open_report(recipe, run_id)
+        report.links.update(links)
+        report.save(store)
     for what, key in (("run directory", layout.run_dir(run_id)), ("recipe", layout.recipe_key(run_id)),
-                      ("report", layout.report_key(run_id)), ("evals", layout.evals_dir(run_id))):
+                      ("report", layout.report_key(run_id)), ("HTML report", layout.html_report_key(run_id)),
+                      ("evals", layout.evals_dir(run_id))):
         lines.append(f"| {what} | `{store.uri(key)}` |")
     lines += ["", f"Resume from the terminal: `cascade resume {run_id} --store {store.uri('')}`"]
     text = "\n".join(lines)
@@ -251,10 +321,15 @@ def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
     store = Store.from_config(recipe.storage)
     with hold_run(store, run_id):
         recipe = adopt_recipe(store, run_id, recipe)
+        earlier = RunReport.load(store, run_id)
+        if earlier is not None and (earlier.status or earlier.stopped):  # a resumed run is running again
+            earlier.status = earlier.stopped = None
+            earlier.save(store)
         try:
             yield recipe
-        except BaseException:
-            finish_task(recipe, run_id, "FAILED")
+        except BaseException as e:
+            reason = (str(e).splitlines() or [""])[0][:300]
+            finish_task(recipe, run_id, "FAILED", f"{type(e).__name__}: {redact(reason)}" if reason else type(e).__name__)
             raise
 
 
@@ -271,15 +346,47 @@ def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
 
 
 @task(name="finish", cache_policy=NO_CACHE)
-def finish_task(recipe: Recipe, run_id: str, status: str) -> RunReport:
+def finish_task(recipe: Recipe, run_id: str, status: str, stopped: str | None = None) -> RunReport:
+    """The end of a run, finished or failed: the forgetting-matrix table, the HTML report of what exists (in the
+    store, in MLflow, linked from a markdown artifact), and the MLflow run's final status."""
     store, report = open_report(recipe, run_id)
+    report.status, report.stopped = status, stopped
+    report.save(store)
+    tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
+    _report_page(recipe, run_id, store, tracker)
     domains, rows = report.forgetting_matrix()
     if rows:
         table = [{"after_stage": stage, **{d: s for d, s in zip(domains, scores)}} for stage, scores in rows]
         ui_artifacts.create_table_artifact(table, key=_artifact_key(run_id, "forgetting-matrix"),
                                            description=f"Held-out score per domain after each stage of {run_id}")
-    if recipe.tracking.enabled:
-        tracker = Tracker(recipe, run_id)
+    if tracker:
         tracker.log_report(report)
         tracker.finish(status)
     return report
+
+
+def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | None) -> None:
+    """report.html beside report.json, its plots and itself in MLflow, a markdown artifact linking both. A report
+    that cannot be drawn is a warning: it must never fail (or hide the failure of) the run."""
+    logger = get_run_logger()
+    try:
+        rendered = write_run_report(store, run_id, [s.name for s in recipe.stages])
+    except Exception as e:
+        logger.warning(f"run report of {run_id} not written ({type(e).__name__}: {e})")
+        return
+    uri = store.uri(layout.html_report_key(run_id))
+    lines = [f"# Run report of `{run_id}`", "",
+             f"The forgetting heatmap, training curves, data, gate timeline, cost and links in one page: "
+             f"[report.html]({uri})", "", f"- in the store: `{uri}`"]
+    if tracker:
+        try:
+            tracker.log_html_report(rendered.html, rendered.images)
+            lines.append(f"- in MLflow: artifact `report.html` (plots under `plots/`) of the run {tracker.run_url()}")
+        except Exception as e:
+            logger.warning(f"MLflow: run report of {run_id} not logged ({e})")
+    lines.append(f"- from the terminal: `cascade report {run_id} --html report.html`")
+    try:
+        ui_artifacts.create_markdown_artifact("\n".join(lines), key=_artifact_key(run_id, "report"),
+                                              description=f"The run report of {run_id}")
+    except Exception as e:
+        logger.warning(f"Prefect: report artifact of {run_id} not created ({e})")

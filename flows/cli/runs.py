@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import typer
@@ -170,32 +171,58 @@ def status(
 @app.command()
 @guarded
 def report(
-    run_id: str = typer.Argument(...),
+    run_ids: list[str] = typer.Argument(..., help="A run id; two run ids put both runs side by side."),
+    html: Optional[str] = typer.Option(
+        None, "--html", is_flag=False, flag_value="", metavar="[PATH]",
+        help="Write the HTML report to PATH; `--html` alone: report.html beside report.json in the store."),
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
-    """Print a run's forgetting matrix and gate decisions."""
+    """Print a run's forgetting matrix and gate decisions; with --html, write the HTML run report."""
+    if len(run_ids) > 2:
+        raise CLIError(f"report takes one run id, or two to compare; got {len(run_ids)}")
+    target = Path(html) if html else None
+    if target is not None:
+        _check_writable(target)
     st = store_for(store)
-    stored_recipe(st, run_id)
-    rep = _load_report(st, run_id)
-    if rep is None:
-        raise CLIError(f"run {run_id!r} has no report yet")
-    print_matrix(rep)
+    recipes = [stored_recipe(st, r) for r in run_ids]
+    reports = []
+    for r in run_ids:
+        rep = _load_report(st, r)
+        if rep is None:
+            raise CLIError(f"run {r!r} has no report yet")
+        reports.append(rep)
+    for rep in reports:
+        print_matrix(rep)
+    if html is None:
+        return
+    from artifacts.html_report import collect, render
+    from artifacts.layout import html_report_key, run_dir
+
+    rendered = render([collect(st, r, [s.name for s in rec.stages]) for r, rec in zip(run_ids, recipes)])
+    if target is None:
+        key = html_report_key(run_ids[0]) if len(run_ids) == 1 else f"{run_dir(run_ids[0])}/compare-{run_ids[1]}.html"
+        st.write_bytes(key, rendered.html.encode())
+        typer.echo(f"html report: {st.uri(key)}")
+        return
+    try:
+        target.write_text(rendered.html)
+    except OSError as e:
+        raise CLIError(f"cannot write {target}: {e.strerror or e}") from None
+    typer.echo(f"html report: {target.resolve()}")
 
 
-@app.command("gc")
-@guarded
-def gc_cmd(
-    run_ids: Optional[list[str]] = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
-    keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
-    delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
-    store: Optional[str] = typer.Option(None, "--store"),
-) -> None:
-    """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
-    from artifacts.gc import gc
-
-    if keep < 1:
-        raise CLIError(f"--keep must be >= 1, got {keep}")
-    st = store_for(store)
-    for r in run_ids or []:
-        stored_recipe(st, r)
-    typer.echo(gc(st, run_ids or None, keep_last=keep, delete=delete).render())
+def _check_writable(path: Path) -> None:
+    """Before any work: a path that cannot be written (no such directory, read-only, a directory) is bad input.
+    Probed by opening it, so whatever the reason (permissions, a read-only or virtual file system) it shows here."""
+    if path.is_dir():
+        raise CLIError(f"cannot write {path}: it is a directory")
+    if not path.parent.is_dir():
+        raise CLIError(f"cannot write {path}: no such directory {path.parent}")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise CLIError(f"cannot write {path}: {e.strerror or e}") from None
+    if not existed:
+        path.unlink(missing_ok=True)

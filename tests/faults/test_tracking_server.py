@@ -29,9 +29,12 @@ def test_tracker_against_an_mlflow_server(s3, mlflow_url, tmp_path):
     report.record_eval("sft", {"math": 0.25})
     tracker.log_eval("sft", 1, {"math": 0.25}, [{"id": "q1", "score": 0.0}])
     tracker.log_report(report)
+    tracker.log_html_report("<html>the run report</html>", {"forgetting_matrix.png": b"\x89PNG fake"})
     tracker.finish("FINISHED")
     names = {a.path for a in tracker.client.list_artifacts(tracker.parent_id)}
-    assert {"report.json", "forgetting_matrix.json", "evals"} <= names
+    assert {"report.json", "forgetting_matrix.json", "evals", "report.html", "plots"} <= names
+    assert [a.path for a in tracker.client.list_artifacts(tracker.parent_id, "plots")] == ["plots/forgetting_matrix.png"]
+    assert Tracker(recipe, "srv-1").parent_id == tracker.parent_id  # not the stage run, which has the run tag too
     got = tracker.client.download_artifacts(tracker.parent_id, "report.json", str(tmp_path))
     assert json.loads(open(got).read())["run_id"] == "srv-1"
     objects = Store("s3://mlflow-art/mlartifacts", {"client_kwargs": {"endpoint_url": s3.url}}).list("")

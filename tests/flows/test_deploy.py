@@ -158,8 +158,25 @@ def test_micro_run_from_the_api_completes(deployed, api_runs):
     assert kinds == ["markdown", "progress", "table"]
     assert len([a for a in artifacts if a["type"] == "progress"]) == 5  # one per stage
     assert all(a["data"] == 100.0 for a in artifacts if a["type"] == "progress")
-    links = next(a for a in artifacts if a["type"] == "markdown")["data"]
+    links = next(a for a in artifacts if a["key"] == "deploy-ok-links")["data"]
     assert "MLflow run" in links and f"file://{deployed.home}/runs/deploy-ok/report.json" in links
+    # the run report: written beside report.json, linked from the flow run, in the MLflow parent run
+    html_uri = f"file://{deployed.home}/runs/deploy-ok/report.html"
+    report_md = next(a for a in artifacts if a["key"] == "deploy-ok-report")["data"]
+    assert f"[report.html]({html_uri})" in report_md and "in MLflow: artifact `report.html`" in report_md
+    html = (deployed.home / "runs" / "deploy-ok" / "report.html").read_text()
+    assert f"/flow-run/{run['id']}" in html  # the Prefect flow run's page (Prefect's own ui_url)
+    assert "<b>deploy-ok</b> (micro) finished" in html
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{deployed.home}/mlflow.db")
+    experiment = client.get_experiment_by_name("cascade")
+    parent = [r for r in client.search_runs([experiment.experiment_id], "tags.`cascade.run_id` = 'deploy-ok'")
+              if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert "report.html" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
+    plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
+    assert {"plots/forgetting_matrix.png", "plots/curves-sft.png", "plots/curves-if_rl.png"} <= plots
 
 
 def _manifests(home: Path, run_id: str) -> dict[str, bytes]:

@@ -1,0 +1,333 @@
+"""The run report people look at: one self-contained HTML page (images embedded, no network) of a run, or of two
+runs side by side.
+
+Sections: the forgetting heatmap (stage x domain, score and standard error per cell, the best cell of each column
+boxed, gate firings and recoveries marked on their rows), training curves per stage (from the step logs,
+artifacts/steplog.py), data (the difficulty filter's pass-rate histograms, the SFT data card), the gate timeline,
+cost per stage, and links (checkpoints, the MLflow run, the Prefect flow run).
+
+Everything is read from the store: report.json, the eval records (per-item scores: the standard errors), the
+step logs and the stage checkpoints' plots. Plots are matplotlib (Agg), the page a jinja2 template
+(`templates/report.html.j2`). A run that stopped gets a report of what exists, saying where it stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from artifacts import layout
+from artifacts.records import EvalRecord, EvalRecordError
+from artifacts.report import RunReport
+from artifacts.steplog import read_run
+from artifacts.store import Store
+
+# Curve panels: title, and the metric names (or a name ending in "/": every metric with that prefix) drawn on it.
+PANELS: list[tuple[str, list[str]]] = [
+    ("reward (mean)", ["reward", "reward/"]),
+    ("share of groups kept", ["kept_groups"]),
+    ("response length (tokens)", ["response_length"]),
+    ("entropy", ["entropy"]),
+    ("loss", ["loss"]),
+    ("grad norm", ["grad_norm"]),
+    ("logprob mismatch |log pi_train - log pi_inf|", ["logprob_mismatch"]),
+    ("MOPD reverse KL per domain", ["reverse_kl/"]),
+    ("reward model accuracy", ["accuracy", "rm_accuracy"]),
+    ("learning rate", ["lr"]),
+]
+SECTIONS = [("matrix", "Forgetting matrix"), ("curves", "Training curves"), ("data", "Data"),
+            ("gate", "Gate timeline"), ("cost", "Cost per stage"), ("links", "Links")]
+
+
+@dataclass
+class RunData:
+    """What the page shows of one run, read from the store."""
+
+    report: RunReport
+    planned: list[str]  # the recipe's stage names, in order (empty when unknown)
+    items: dict[str, dict[str, list[float]]]  # after_stage -> domain -> per-item scores
+    steps: dict[str, list[dict[str, Any]]]  # stage -> step rows
+    store_uri: str
+    pass_rates: dict[str, str] = field(default_factory=dict)  # difficulty stage -> PNG data URI
+
+    @property
+    def run_id(self) -> str:
+        return self.report.run_id
+
+
+def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunData:
+    """Read one run from the store. Raises LookupError when the run has no report."""
+    report = RunReport.load(store, run_id)
+    if report is None:
+        raise LookupError(f"run {run_id!r} has no report yet")
+    items: dict[str, dict[str, list[float]]] = {}
+    for key in store.list(layout.evals_dir(run_id)):
+        base = key.rsplit("/", 1)[-1]
+        if not base.endswith(".json") or "-" not in base:
+            continue
+        try:
+            record = EvalRecord.parse(store.read_bytes(key), store.uri(key))
+        except EvalRecordError:
+            continue  # a torn record: the cell keeps its score, without a standard error
+        per: dict[str, list[float]] = {}
+        for row in record.items:
+            if isinstance(row.get("score"), (int, float)) and row.get("domain"):
+                per.setdefault(row["domain"], []).append(float(row["score"]))
+        items[base[: -len(".json")].split("-", 1)[1]] = per
+    pass_rates = {}
+    for stage in report.stages:
+        uri = (stage.get("plots") or {}).get("pass_rates")
+        key = store.key_of(uri) if uri else None
+        if key and store.exists(key):
+            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
+    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
+                   pass_rates)
+
+
+def standard_error(scores: list[float]) -> float | None:
+    """Sample standard error of the mean of item scores (binomial for 0/1 scores); None under two items."""
+    n = len(scores)
+    if n < 2:
+        return None
+    mean = sum(scores) / n
+    return math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
+
+
+def where_stopped(run: RunData) -> str | None:
+    """For a run that did not finish: the stage it stopped at and why; None for a finished or running run."""
+    if run.report.status != "FAILED":
+        return None
+    planned = run.planned
+    if any(s["name"] not in planned and not s["name"].startswith("recover-") for s in run.report.stages):
+        planned = []  # not the recipe's stage list (a recover run): say nothing of stages not run
+    failed = [s["name"] for s in run.report.stages if s.get("status") == "failed"]
+    done = {s["name"] for s in run.report.stages if s.get("status") in ("completed", "skipped")}
+    pending = [name for name in planned if name not in done]
+    at = failed[-1] if failed else (pending[0] if pending else None)
+    why = f": {run.report.stopped}" if run.report.stopped else ""
+    where = f"at stage {at}" if at else "after its last stage"
+    rest = [p for p in pending if p != at]
+    later = f"; not run: {', '.join(rest)}" if rest else ""
+    return f"stopped {where}{why}{later}"
+
+
+# ---------------------------------------------------------------------------------------------------- figures
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
+    """Domains, and per eval row: stage, cells (score, se, best), gate domains fired, whether a recovery."""
+    domains, rows = run.report.forgetting_matrix()
+    best = {}
+    for j, d in enumerate(domains):
+        col = [(scores[j], i) for i, (_, scores) in enumerate(rows) if scores[j] is not None]
+        best[d] = max(col, key=lambda c: (c[0], -c[1]))[1] if col else None  # a tie: the earliest stage
+    fired: dict[str, list[str]] = {}
+    for g in run.report.gate:
+        fired.setdefault(g["stage"], []).append(g["domain"])
+    out = []
+    for i, (stage, scores) in enumerate(rows):
+        cells = [{"score": s, "se": standard_error(run.items.get(stage, {}).get(d, [])), "best": best[d] == i}
+                 for d, s in zip(domains, scores)]
+        out.append({"stage": stage, "cells": cells, "gate": fired.get(stage, []),
+                    "recovery": stage.startswith("recover-")})
+    return domains, out
+
+
+def heatmap_png(run: RunData) -> bytes | None:
+    domains, rows = matrix_cells(run)
+    if not rows:
+        return None
+    plt = _pyplot()
+    from matplotlib.patches import Rectangle
+
+    values = [[c["score"] if c["score"] is not None else float("nan") for c in r["cells"]] for r in rows]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(domains), 1.0 + 0.62 * len(rows)))
+    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=max(1e-6, max((v for r in values for v in r
+                                                                           if v == v), default=1.0)),
+                      aspect="auto")
+    for i, r in enumerate(rows):
+        for j, c in enumerate(r["cells"]):
+            if c["score"] is None:
+                continue
+            text = f"{c['score']:.3f}" + (f"\n±{c['se']:.3f}" if c["se"] is not None else "")
+            ax.text(j, i, text, ha="center", va="center", fontsize=8,
+                    color="black" if c["score"] > 0.6 * image.norm.vmax else "white",
+                    fontweight="bold" if c["best"] else "normal")
+            if c["best"]:
+                ax.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, lw=2.5, ec="gold"))
+            if domains[j] in r["gate"]:
+                ax.add_patch(Rectangle((j - 0.42, i - 0.42), 0.84, 0.84, fill=False, lw=2, ec="red", ls="--"))
+    labels = [r["stage"] + (" [gate: " + ", ".join(r["gate"]) + "]" if r["gate"] else "")
+              + (" [recovery]" if r["recovery"] else "") for r in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.set_xticks(range(len(domains)), domains, fontsize=8)
+    ax.set_xlabel("score ± SE; gold: best in column; red dashed: gate fired", fontsize=7)
+    ax.set_title(f"{run.run_id}: held-out score after each stage", fontsize=9)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _series(rows: list[dict[str, Any]], names: list[str]) -> dict[str, tuple[list[int], list[float]]]:
+    found: dict[str, tuple[list[int], list[float]]] = {}
+    for row in rows:
+        for metric, value in row["metrics"].items():
+            if any(metric == n or (n.endswith("/") and metric.startswith(n)) for n in names):
+                xs, ys = found.setdefault(metric, ([], []))
+                xs.append(row["step"])
+                ys.append(value)
+    return found
+
+
+def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> bytes | None:
+    """One figure per stage: a panel per curve that has data, each run a line style (two runs: a comparison)."""
+    panels = [(title, [(label, _series(rows, names)) for label, rows in runs]) for title, names in PANELS]
+    panels = [(t, per_run) for t, per_run in panels if any(s for _, s in per_run)]
+    if not panels:
+        return None
+    plt = _pyplot()
+    cols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.4 * nrows), squeeze=False)
+    styles = ["-", "--"]
+    for ax, (title, per_run) in zip(axes.flat, panels):
+        for k, (label, series) in enumerate(per_run):
+            for metric, (xs, ys) in sorted(series.items()):
+                name = metric if len(series) > 1 else ""
+                tag = " ".join(p for p in (label if len(runs) > 1 else "", name) if p)
+                ax.plot(xs, ys, styles[k % 2], marker="." if len(xs) < 30 else None, label=tag or None)
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel("step", fontsize=7)
+        ax.tick_params(labelsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"stage {stage}", fontsize=9)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+
+def cost_rows(run: RunData) -> list[dict[str, Any]]:
+    rows = []
+    for s in run.report.stages:
+        steps = run.steps.get(s["name"], [])
+        sampled = sum(r["metrics"].get("tokens_sampled", 0.0) for r in steps) or None
+        trained = sum(r["metrics"].get("tokens_trained", 0.0) for r in steps) or None
+        seconds = s.get("seconds")
+        metrics = s.get("metrics") or {}
+        rows.append({"stage": s["name"], "kind": s.get("kind"), "status": s.get("status"), "seconds": seconds,
+                     "steps": len(steps) or metrics.get("steps"), "sampled": sampled, "trained": trained,
+                     "tokens_per_s": (trained / seconds) if trained and seconds else metrics.get("tokens_per_s"),
+                     "peak_rss_mb": s.get("peak_rss_mb") or metrics.get("peak_rss_mb")})
+    return rows
+
+
+def data_cards(run: RunData) -> list[dict[str, Any]]:
+    """The sft_data stages' cards: rows, tokens, rows and tokens per domain, drops per reason."""
+    cards = []
+    for s in run.report.stages:
+        m = s.get("metrics") or {}
+        if s.get("kind") != "sft_data" or not m:
+            continue
+        domains = sorted(k.split("/", 1)[1] for k in m if k.startswith("rows/"))
+        cards.append({"stage": s["name"], "rows": m.get("rows"), "tokens": m.get("tokens"),
+                      "input_rows": m.get("input_rows"), "shards": m.get("shards"),
+                      "domains": [(d, m.get(f"rows/{d}"), m.get(f"tokens/{d}")) for d in domains],
+                      "dropped": sorted((k.split("/", 1)[1], v) for k, v in m.items() if k.startswith("dropped/"))})
+    return cards
+
+
+def difficulty_rows(run: RunData) -> list[dict[str, Any]]:
+    return [{"stage": s["name"], "metrics": s.get("metrics") or {}, "image": run.pass_rates.get(s["name"])}
+            for s in run.report.stages if s.get("kind") == "difficulty"]
+
+
+# ---------------------------------------------------------------------------------------------------- page
+
+
+@dataclass
+class Rendered:
+    html: str
+    images: dict[str, bytes]  # file name -> PNG: the heatmap and the curves, for MLflow
+
+
+def render(runs: list[RunData]) -> Rendered:
+    """The page of one run, or of two side by side (a comparison of recipes)."""
+    import jinja2
+
+    images: dict[str, bytes] = {}
+    views = []
+    for run in runs:
+        png = heatmap_png(run)
+        domains, matrix = matrix_cells(run)
+        if png and len(runs) == 1:
+            images["forgetting_matrix.png"] = png
+        views.append({"run": run, "report": run.report, "domains": domains, "matrix": matrix,
+                      "heatmap": _data_uri(png) if png else None, "stopped": where_stopped(run),
+                      "cost": cost_rows(run), "cards": data_cards(run), "difficulty": difficulty_rows(run)})
+    stages = []
+    for run in runs:  # training stages in run order, the first run's first
+        stages += [name for name, rows in run.steps.items() if rows and name not in stages]
+    curves = []
+    for stage in stages:
+        png = curves_png(stage, [(run.run_id, run.steps.get(stage, [])) for run in runs])
+        if png:
+            curves.append({"stage": stage, "image": _data_uri(png),
+                           "runs": [run.run_id for run in runs if run.steps.get(stage)]})
+            if len(runs) == 1:
+                images[f"curves-{stage}.png"] = png
+    env = jinja2.Environment(loader=jinja2.PackageLoader("artifacts", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env.filters["num"] = _num
+    html = env.get_template("report.html.j2").render(
+        views=views, curves=curves, sections=SECTIONS, compare=len(runs) > 1,
+        title=" vs ".join(r.run_id for r in runs),
+        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    return Rendered(html, images)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    """A table cell: numbers rounded (integers with thousands separators), None as a dash."""
+    import jinja2
+
+    if value is None or isinstance(value, jinja2.Undefined) or (isinstance(value, float) and value != value):
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1):
+        return f"{int(value):,}"
+    return f"{value:.{digits}f}"
+
+
+def write_run_report(store: Store, run_id: str, planned: list[str] | None = None) -> Rendered:
+    """Render one run's page and write it beside report.json (`runs/<run_id>/report.html`)."""
+    rendered = render([collect(store, run_id, planned)])
+    store.write_bytes(layout.html_report_key(run_id), rendered.html.encode())
+    return rendered

@@ -1,0 +1,132 @@
+"""The run report's pieces without a run: the step log under resume, standard errors, the page of a synthetic
+run (every section, escaping, a stopped run), and a comparison of two runs."""
+
+import json
+import math
+
+from artifacts import layout
+from artifacts.html_report import SECTIONS, collect, render, standard_error, where_stopped
+from artifacts.records import EvalRecord
+from artifacts.report import RunReport
+from artifacts.steplog import StepLog, read_rows, read_run
+from artifacts.store import Store
+
+
+def rows_of(store: Store, key: str) -> list[int]:
+    return [r["step"] for r in read_rows(store, key)]
+
+
+def test_step_log_under_resume_neither_duplicates_nor_loses_steps(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    key = layout.metrics_key("r", 3, "if_rl")
+    history = [{"loss": 1.0 / s} for s in range(1, 7)]
+    first = StepLog(store, "r", 3, "if_rl")
+    for step in range(1, 6):  # steps 1..5 logged, then the process dies; only some rows reached the store
+        first.log(step, history[step - 1])
+        if step == 2:
+            first.flush()
+    assert rows_of(store, key) == [1, 2]
+    # the resume continues from the step-4 checkpoint: its history (steps 1..4) is the log; 5.. come again
+    again = StepLog(store, "r", 3, "if_rl")
+    again.restore(4, history[:4])
+    for step in (5, 6):
+        again.log(step, history[step - 1])
+    again.close()
+    rows = read_rows(store, key)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["metrics"]["loss"] for r in rows] == [h["loss"] for h in history]
+    # a stage that starts over (no step checkpoint) replaces what the dead attempt logged
+    over = StepLog(store, "r", 3, "if_rl")
+    over.log(1, {"loss": 9.0})
+    over.close()
+    assert [r["metrics"]["loss"] for r in read_rows(store, key)] == [9.0]
+    assert list(read_run(store, "r")) == ["if_rl"]
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    key = layout.metrics_key("r", 1, "sft")
+    store.write_bytes(key, b'{"step": 1, "metrics": {"loss": 2.0}}\n{"step": 2, "metr')
+    assert rows_of(store, key) == [1]
+
+
+def test_standard_error_of_item_scores():
+    assert standard_error([1.0]) is None
+    assert math.isclose(standard_error([1.0, 0.0, 1.0, 0.0]), math.sqrt(1 / 3 / 4))
+    assert standard_error([0.5, 0.5, 0.5]) == 0.0
+
+
+def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
+    report = RunReport(run_id=run_id, recipe="demo<b>")
+    report.record_stage({"name": "sft_data", "kind": "sft_data", "status": "completed", "checkpoint": "file:///x/00",
+                         "seconds": 1.0, "metrics": {"rows": 120, "tokens": 4000, "input_rows": 130,
+                                                     "dropped/duplicate": 10, "rows/math": 120}})
+    report.record_stage({"name": "sft", "kind": "sft", "status": "completed", "checkpoint": "file:///x/01",
+                         "seconds": 10.0, "peak_rss_mb": 512.0, "metrics": {"steps": 3}})
+    scores = {"sft": {"math": 0.25, "instruct": 0.5}, "if_rl": {"math": 0.1, "instruct": 0.75}}
+    for i, (stage, s) in enumerate(scores.items()):
+        report.record_eval(stage, s)
+        items = [{"domain": d, "id": f"{d}{k}", "score": float(k < v * 4)} for d, v in s.items() for k in range(4)]
+        store.write_bytes(layout.eval_key(run_id, i + 1, stage), EvalRecord(model=None, scores=s, items=items).to_json())
+    report.gate = [{"stage": "if_rl", "domain": "math", "best": 0.25, "best_stage": "sft", "now": 0.1, "drop": 0.15,
+                    "tolerance": 0.05, "action": "warn", "after_recovery": None}]
+    if failed:
+        report.record_stage({"name": "if_rl", "kind": "grpo", "status": "failed", "checkpoint": None,
+                             "seconds": 3.0, "metrics": {}})
+        report.status, report.stopped = "FAILED", "RuntimeError: simulated <preemption>"
+    else:
+        report.record_stage({"name": "if_rl", "kind": "grpo", "status": "completed", "checkpoint": "file:///x/03",
+                             "seconds": 4.0, "metrics": {"steps": 2}})
+        report.status = "FINISHED"
+    report.links = {"mlflow": "http://mlflow/#/experiments/1/runs/abc"}
+    report.save(store)
+    sft, grpo = StepLog(store, run_id, 1, "sft"), StepLog(store, run_id, 3, "if_rl")
+    for step in (1, 2, 3):
+        sft.log(step, {"loss": 3.0 - step, "lr": 0.1, "grad_norm": 1.0, "tokens_trained": 100.0})
+    for step in (1, 2):
+        grpo.log(step, {"reward": 0.1 * step, "reward/instruct": 0.1 * step, "kept_groups": 0.5, "entropy": 2.0,
+                        "response_length": 10.0, "loss": 0.1, "grad_norm": 0.5, "logprob_mismatch": 0.01,
+                        "tokens_sampled": 80.0, "tokens_trained": 120.0})
+    sft.close()
+    grpo.close()
+
+
+def test_the_page_of_a_run_has_every_section_escaped(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "ok")
+    run = collect(store, "ok", ["sft_data", "sft", "if_rl"])
+    assert run.items["if_rl"]["instruct"] == [1.0, 1.0, 1.0, 0.0]
+    rendered = render([run])
+    html = rendered.html
+    for section_id, _ in SECTIONS:
+        assert f'<section id="{section_id}">' in html
+    assert "demo&lt;b&gt;" in html and "demo<b>" not in html  # autoescaped
+    assert "0.750 ± 0.250" in html  # score ± SE of (1, 1, 1, 0)
+    assert "(gate: math)" in html and "finished" in html
+    assert sorted(rendered.images) == ["curves-if_rl.png", "curves-sft.png", "forgetting_matrix.png"]
+    assert html.count('class="plot curve"') == 2 and "http://mlflow/#/experiments/1/runs/abc" in html
+    assert "<script" not in html and "http://" not in html.replace("http://mlflow/", "")  # nothing to fetch
+    cost = html[html.index('<section id="cost">'):]
+    assert "<td>300</td>" in cost and "<td>240</td>" in cost and "<td>160</td>" in cost  # tokens, summed over steps
+    assert "<td>512</td>" in cost  # peak MB
+
+
+def test_a_stopped_run_says_where_and_what_did_not_run(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "bad", failed=True)
+    run = collect(store, "bad", ["sft_data", "sft", "if_rl", "math_rl"])
+    said = where_stopped(run)
+    assert said == "stopped at stage if_rl: RuntimeError: simulated <preemption>; not run: math_rl"
+    assert "stopped at stage if_rl: RuntimeError: simulated &lt;preemption&gt;" in render([run]).html
+
+
+def test_two_runs_side_by_side(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "a")
+    synthetic_run(store, "b", failed=True)
+    rendered = render([collect(store, "a"), collect(store, "b")])
+    assert rendered.images == {}  # a comparison is a page, not a run's MLflow plots
+    assert rendered.html.count('class="plot heatmap"') == 2
+    assert "<h3>a</h3>" in rendered.html and "<h3>b</h3>" in rendered.html
+    assert "Solid: a; dashed: b" in rendered.html
+    json.dumps(rendered.html)  # plain text

@@ -1,0 +1,55 @@
+"""Every command block of the README marked `<!-- runnable -->` runs as written, in order, in one shell.
+
+The fast equivalent: the `micro` recipe in place of `tiny` (the same stage names and shape, seconds instead of
+minutes), a temporary CASCADE_HOME, `cascade` as `python -m flows.cli` of this checkout, and the session's Prefect
+server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"<!-- runnable -->\s*\n```bash\n(.*?)```", re.S)
+
+
+def runnable_blocks(text: str) -> list[str]:
+    return BLOCK.findall(text)
+
+
+def fast(block: str) -> str:
+    return re.sub(r"\btiny\b", "micro", block)
+
+
+def test_the_readme_marks_its_first_run_and_jobs_runnable():
+    """The first run, resume and regression evals; `cascade deploy` (the UI job) serves until stopped, so
+    tests/flows/test_deploy.py covers it instead."""
+    blocks = runnable_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) == 3
+    assert "cascade run tiny" in blocks[0] and "cascade resume" in blocks[1] and "regression-eval" in blocks[2]
+
+
+def test_the_runnable_readme_blocks_run_as_written(tmp_path, prefect_harness):
+    """Against the session's Prefect server: each command would otherwise start (and wait for) its own."""
+    from prefect.settings import PREFECT_API_URL
+
+    blocks = runnable_blocks((ROOT / "README.md").read_text())
+    script = "\n".join(["set -euo pipefail", f'cascade() {{ "{sys.executable}" -m flows.cli "$@"; }}',
+                        f"cd {tmp_path}", *(fast(b) for b in blocks)])
+    env = dict(os.environ, CASCADE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    for leftover in ("CASCADE_STORE", "MLFLOW_TRACKING_URI"):
+        env.pop(leftover, None)
+    env["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    out = result.stdout
+    assert "Forgetting matrix" in out and f"html report: {tmp_path / 'report.html'}" in out
+    assert (tmp_path / "report.html").exists() and (tmp_path / "home" / "runs" / "first" / "report.html").exists()
+    assert "resuming first" in out and "regression eval against baseline 'nightly'" in out
