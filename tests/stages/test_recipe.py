@@ -135,3 +135,14 @@ def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
     with pytest.raises(RecipeError) as e:
         request_recipe(RunRequest(recipe="micro", **fields))
     assert message in str(e.value)
+
+
+def test_a_mopd_stage_without_teachers_is_one_line():
+    """It used to validate and then crash in random.sample with no prompts to draw."""
+    from stages.recipe import validate_recipe
+
+    raw = load_recipe("micro").model_dump(mode="json")
+    raw["stages"].append({"kind": "mopd", "name": "distil"})
+    with pytest.raises(RecipeError, match="stage 'distil': a mopd stage needs `teachers`") as e:
+        validate_recipe(raw)
+    assert "\n" not in str(e.value)
