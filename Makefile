@@ -35,12 +35,11 @@ test-faults: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_throughput.py
 
-# README screenshots: taken by the browser tests of tests/flows/test_deploy.py and tests/flows/test_report.py
-# (into tests/artifacts-out/); the report is a micro run's
+# README screenshots of the Prefect UI: taken by the browser test of tests/flows/test_deploy.py (into
+# tests/artifacts-out/). docs/img/report.png is a tiny run's report (`cascade report RUN --html`) in Chromium.
 docs-img: $(STAMP)
 	$(BIN)/python -m pytest -q tests/flows/test_deploy.py -k browser
-	$(BIN)/python -m pytest -q tests/flows/test_report.py -k browser
-	cp tests/artifacts-out/run-form.png tests/artifacts-out/run-completed.png tests/artifacts-out/report.png docs/img/
+	cp tests/artifacts-out/run-form.png tests/artifacts-out/run-completed.png docs/img/
 
 clean:
 	rm -rf $(VENV) .venv-vllm build *.egg-info
