@@ -1,6 +1,7 @@
 """Shared fixtures. Every test gets its own CASCADE_HOME, so nothing touches the user's ~/.cascade."""
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -36,3 +37,25 @@ def micro_recipe(tmp_path, *overrides: str):
         "micro",
         [f"storage.root=file://{tmp_path}/store", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides],
     )
+
+
+# Debian's chromium, driven by Playwright (never `playwright install`): the browser tests of the UI and the report
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture
+def chromium():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{CHROMIUM} is missing: .ci/install-debian.sh installs Debian's chromium")
+        pytest.skip(f"{CHROMIUM} not installed (Debian package `chromium`, installed by .ci/install-debian.sh)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

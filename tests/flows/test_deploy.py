@@ -26,9 +26,6 @@ from infra.deployments import DEPLOYMENTS
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "tests" / "artifacts-out"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 FAULT_RUN = "deploy-fault"
 RUN_TIMEOUT_S = 420  # a micro run is ~1 min on an idle core; the module shares the machine with other tests
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
@@ -214,21 +211,6 @@ def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
     assert {k: after[k] for k in before} == before
     assert "03-if_rl/MANIFEST.json" in after and "04-math_rl/MANIFEST.json" in after
 
-
-@pytest.fixture
-def chromium():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{CHROMIUM} is missing: .ci/install-debian.sh installs Debian's chromium")
-        pytest.skip(f"{CHROMIUM} not installed (Debian package `chromium`, installed by .ci/install-debian.sh)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def test_run_from_the_ui_in_a_real_browser(deployed, chromium):

@@ -25,9 +25,6 @@ from tests.conftest import micro_recipe
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "tests" / "artifacts-out"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 TRAINING = ["sft", "if_rl", "math_rl"]
 
 
@@ -89,21 +86,6 @@ def test_the_flow_logs_the_report_and_its_plots_to_mlflow(run):
     assert {"plots/forgetting_matrix.png", *(f"plots/curves-{s}.png" for s in TRAINING)} <= plots
     assert parent.info.status == "FINISHED"
 
-
-@pytest.fixture
-def chromium():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{CHROMIUM} is missing: .ci/install-debian.sh installs Debian's chromium")
-        pytest.skip(f"{CHROMIUM} not installed (Debian package `chromium`, installed by .ci/install-debian.sh)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield browser
-        finally:
-            browser.close()
 
 
 def test_cascade_report_html_renders_in_a_browser(run, chromium, tmp_path):
