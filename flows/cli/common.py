@@ -50,6 +50,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except bad_input_errors() as e:
+            if isinstance(e, (KeyError, IndexError)):  # LookupError's built-in kinds are bugs, not user input
+                raise
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
     return wrapper
