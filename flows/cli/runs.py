@@ -226,3 +226,22 @@ def _check_writable(path: Path) -> None:
         raise CLIError(f"cannot write {path}: {e.strerror or e}") from None
     if not existed:
         path.unlink(missing_ok=True)
+
+
+@app.command("gc")
+@guarded
+def gc_cmd(
+    run_ids: Optional[list[str]] = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
+    keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
+    delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
+    from artifacts.gc import gc
+
+    if keep < 1:
+        raise CLIError(f"--keep must be >= 1, got {keep}")
+    st = store_for(store)
+    for r in run_ids or []:
+        stored_recipe(st, r)
+    typer.echo(gc(st, run_ids or None, keep_last=keep, delete=delete).render())

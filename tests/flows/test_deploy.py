@@ -128,10 +128,10 @@ def test_cascade_deployment_has_a_typed_form(deployed):
     assert form["recipe"]["enum"] == ["micro", "tiny", "tiny-all", "tiny-regression"]
     assert {"enum": ["code", "instruct", "longctx", "math", "mcqa", "structured", "swe", "tool"],
             "type": "string"} == form["domains"]["anyOf"][0]["items"]
-    assert form["steps"]["anyOf"][0] == {"minimum": 1, "type": "integer"}
+    assert form["steps"]["anyOf"][0] == {"minimum": 1, "maximum": 1_000_000, "type": "integer"}
     assert deployed.deployment["enforce_parameter_schema"] is True
     # bad input is refused by the server before a run exists
-    for bad in ({"recipe": "nope"}, {"steps": -3}, {"domains": ["poetry"]}, {"run_id": "Bad ID!"}):
+    for bad in ({"recipe": "nope"}, {"steps": -3}, {"steps": 10**7}, {"domains": ["poetry"]}, {"run_id": "Bad ID!"}):
         r = deployed.post(f"/deployments/{deployed.deployment['id']}/create_flow_run",
                               json={"parameters": {"request": bad}})
         assert r.status_code == 409, (bad, r.text)
