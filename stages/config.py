@@ -63,8 +63,26 @@ class DomainSpec(Strict):
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
 
 
+BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
+
+
+class BenchmarkEval(Strict):
+    """A real benchmark evaluated after every model stage, beside the held-out splits, and gated like them."""
+
+    limit: Count | None = None  # the benchmark's first N items; None: all of them
+    max_new_tokens: Count = 256
+    tolerance: Fraction = 0.05  # the gate fires when pass@1 drops more than this below its best
+
+
 class EvalConfig(Strict):
     enabled: bool = True
+    benchmarks: dict[str, BenchmarkEval] = {}  # name (as `cascade eval --benchmark` takes it) -> settings
+    data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        from stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+        return DEFAULT_DATA_ROOT if self.data_root is None else (REPO_ROOT / self.data_root).resolve()
 
 
 # --- the sft_data stage: sources, teachers, filters ---
@@ -207,11 +225,7 @@ class SFTDataConfig(StageConfig):
     data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
 
     def resolved_data_root(self) -> Path:
-        from stages.domains.benchdata import DEFAULT_DATA_ROOT
-
-        if self.data_root is None:
-            return DEFAULT_DATA_ROOT
-        return (REPO_ROOT / self.data_root).resolve()
+        return EvalConfig(data_root=self.data_root).resolved_data_root()
 
     def domain_sources(self, domain: str) -> list[BaseModel]:
         return self.sources.get(domain) or [SyntheticSource()]

@@ -11,6 +11,7 @@ from typing import Any
 
 from artifacts.checkpoint import CheckpointRef
 from artifacts.store import Store
+from stages.config import BENCHMARK_COLUMN
 from stages.context import load_checkpoint
 from stages.domains import get_domain
 from stages.engines import make_engine
@@ -38,6 +39,23 @@ def evaluate_domains(
     return scores, rows
 
 
+def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
+                        ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"."""
+    from stages.benchmarks import evaluate_benchmark
+
+    scores: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
+    for name, spec in recipe.eval.benchmarks.items():
+        result = evaluate_benchmark(engine, tokenizer, name, spec.limit, data_root=recipe.eval.resolved_data_root(),
+                                    max_new_tokens=spec.max_new_tokens, seed=recipe.seed)
+        column = BENCHMARK_COLUMN + name
+        scores[column] = result.metrics["pass@1"]
+        rows += [{"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"],
+                  "score": r["score"]} for r in result.rows]
+    return scores, rows
+
+
 def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None,
                 batch_size: int | None = None) -> tuple[Any, RolloutEngine]:
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
@@ -50,9 +68,12 @@ def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: 
 
 def evaluate_model(recipe: Recipe, checkpoint: CheckpointRef | None = None,
                    store: Store | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source)."""
+    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source), and every
+    benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store)
     try:
-        return evaluate_domains(engine, tokenizer, recipe)
+        scores, rows = evaluate_domains(engine, tokenizer, recipe)
+        bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe)
+        return {**scores, **bench_scores}, rows + bench_rows
     finally:
         engine.close()

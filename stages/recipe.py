@@ -21,6 +21,7 @@ from pydantic_core import PydanticCustomError
 from artifacts.config import StorageConfig, Strict, TrackingConfig
 from artifacts.urls import credential_error
 from stages.config import (
+    BENCHMARK_COLUMN,
     DomainSpec,
     EngineConfig,
     EvalConfig,
@@ -79,7 +80,19 @@ class Recipe(Strict):
             raise ValueError(f"stage names must be unique, got {names}")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
+        if self.eval.benchmarks:
+            from stages.domains.benchdata import benchmark_registry
+
+            known = benchmark_registry()
+            unknown = sorted(set(self.eval.benchmarks) - set(known))
+            if unknown:
+                raise ValueError(f"eval.benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(sorted(known))}")
         return self
+
+    def tolerances(self) -> dict[str, float]:
+        """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""
+        return {**{d: spec.tolerance for d, spec in self.domains.items()},
+                **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()}}
 
     def stage(self, name: str) -> StageConfig:
         for s in self.stages:

@@ -238,7 +238,7 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
     store, report = open_report(recipe, run_id)
     earlier = [e for e in report.evals_through(stage) if e["after_stage"] != stage]
-    tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
+    tolerances = recipe.tolerances()
     decisions = decide(stage, earlier, scores, tolerances, policy)
     report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
     report.save(store)

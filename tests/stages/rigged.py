@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 
-def rig_short_answers(model, tokenizer) -> None:
-    """Greedy: "\\n" -> "7" -> end of turn (see the module docstring)."""
-    newline, seven, eos = tokenizer.encode("\n")[0], tokenizer.encode("7")[0], tokenizer.eos_token_id
+def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
+    """Greedy: "\\n" -> answer (one token) -> end of turn (see the module docstring)."""
+    newline, wanted, eos = tokenizer.encode("\n")[0], tokenizer.encode(answer)[0], tokenizer.eos_token_id
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -21,5 +21,5 @@ def rig_short_answers(model, tokenizer) -> None:
         side = torch.randn(base.shape, generator=torch.Generator().manual_seed(0))
         side -= (side @ base) / (base @ base) * base  # orthogonal to the newline embedding
         side *= base.norm() / side.norm()
-        emb[seven] = 2 * base + 3 * side  # from "\n": only "7" scores 2|base|^2
-        emb[eos] = 10 * side  # from "7": 30|side|^2 beats "7"'s own 13|side|^2
+        emb[wanted] = 2 * base + 3 * side  # from "\n": only the answer scores 2|base|^2
+        emb[eos] = 10 * side  # from the answer: 30|side|^2 beats its own 13|side|^2
