@@ -142,8 +142,15 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
 
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     est = StageEstimate(f"eval after {name}", "eval")
+    items = sum(d.heldout_size for d in recipe.domains.values())
     est.tokens_sampled = sum(d.heldout_size * d.max_new_tokens for d in recipe.domains.values())
-    est.storage_bytes = sum(d.heldout_size for d in recipe.domains.values()) * 256  # a stored row per item
+    for bench, spec in recipe.eval.benchmarks.items():
+        if spec.limit is None:
+            est.notes.append(f"benchmark {bench}: every item (no limit), not counted")
+            continue
+        items += spec.limit
+        est.tokens_sampled += spec.limit * spec.max_new_tokens
+    est.storage_bytes = items * 256  # a stored row per item
     return est
 
 
@@ -200,7 +207,8 @@ def dag_lines(recipe: Recipe) -> list[str]:
         lines.append(f"{i:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else ""))
         if makes != "policy" or not recipe.eval.enabled:
             continue
-        lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out")
+        benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
+        lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
         branch = (f"fired -> MOPD recovery ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
                   "so far) -> eval -> go on from it" if gate.policy == "recover" else f"fired -> {gate.policy}")
         lines.append(f"    `- gate ({gate.policy}): {branch}")
