@@ -338,7 +338,9 @@ class MOPDConfig(OnPolicyConfig):
     kind: Literal["mopd"] = "mopd"
     name: str = "mopd"
     domains: list[str] | None = None  # None: every domain that has a teacher
-    teachers: dict[str, str] = {}  # domain -> earlier stage whose checkpoint teaches it; the gate fills it on recovery
+    # domain -> earlier stage whose checkpoint teaches it; "auto": per domain, the stage with the best held-out score
+    # in the evals before this stage (chosen when the stage starts, as the gate's recovery chooses them)
+    teachers: dict[str, str] | Literal["auto"] = {}
     steps: Steps = 40  # the paper converges in ~30-50 steps
     group_size: Count = 4  # token-level teacher signal needs fewer samples per prompt than a group baseline
     eps_low: Fraction = 0.5
@@ -346,6 +348,8 @@ class MOPDConfig(OnPolicyConfig):
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
 
     def reads(self) -> list[Read]:
+        if self.teachers == "auto":
+            return []  # not known before the run: the flow chooses them, then hands their checkpoints over
         return [Read(f"teachers.{domain}", stage, "policy") for domain, stage in self.teachers.items()]
 
 

@@ -115,6 +115,13 @@ def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) 
 
 
 def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    if cfg.teachers == "auto":
+        if not any(KINDS[s.kind].makes == "policy" for s in earlier):
+            raise ValueError(f"stage {cfg.name!r}: teachers: auto needs an earlier model stage to choose from")
+        unknown = sorted(set(cfg.domains or []) - domains)
+        if unknown:
+            raise ValueError(f"stage {cfg.name!r} names domain(s) {unknown} not declared in `domains`")
+        return
     if not cfg.teachers:
         raise ValueError(f"stage {cfg.name!r}: a mopd stage needs `teachers` (domain: earlier model stage)")
     missing = sorted(set(cfg.teachers) - domains)

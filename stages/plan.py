@@ -128,7 +128,8 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
         est.tokens_sampled = prompts * cfg.k * int(_mean_new_tokens(recipe, cfg.domains))
         est.notes.append(f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}")
     elif isinstance(cfg, OnPolicyConfig):
-        domains = cfg.domains if isinstance(cfg, GRPOConfig) else (cfg.domains or list(cfg.teachers))
+        domains = cfg.domains if isinstance(cfg, GRPOConfig) else (
+            cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers)))
         est.tokens_sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(_mean_new_tokens(recipe, domains))
         est.tokens_trained = est.tokens_sampled  # an upper bound: GRPO drops groups without signal
         if isinstance(cfg, MOPDConfig):

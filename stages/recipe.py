@@ -80,6 +80,8 @@ class Recipe(Strict):
             raise ValueError(f"stage names must be unique, got {names}")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
+        if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
+            raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
             from stages.domains.benchdata import benchmark_registry
 

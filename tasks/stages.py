@@ -254,12 +254,16 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     return decisions
 
 
-@task(name="plan-recovery", cache_policy=NO_CACHE)
-def plan_recovery_task(recipe: Recipe, run_id: str, stage: str) -> MOPDConfig:
-    """The recovery MOPD stage: teacher per domain = the stage holding that domain's best score so far."""
+@task(name="choose-teachers", cache_policy=NO_CACHE)
+def choose_teachers_task(recipe: Recipe, run_id: str, cfg: MOPDConfig, through: str | None) -> MOPDConfig:
+    """A MOPD stage with its teachers chosen: per domain (cfg.domains, default every recipe domain), the stage
+    whose checkpoint holds that domain's best held-out score in the evals up to the one after `through`."""
     _, report = open_report(recipe, run_id)
-    teachers = best_stages(report.evals_through(stage), list(recipe.domains))
-    return recipe.gate.recovery.model_copy(update={"name": f"recover-{stage}", "teachers": teachers})
+    evals = report.evals_through(through) if through else []
+    teachers = best_stages(evals, cfg.domains or list(recipe.domains))
+    if not teachers:
+        raise ValueError(f"stage {cfg.name!r}: teachers: auto, but no domain has been evaluated before it")
+    return cfg.model_copy(update={"teachers": teachers})
 
 
 @task(name="record-recovery", cache_policy=NO_CACHE)
