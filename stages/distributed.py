@@ -1,4 +1,5 @@
 """One training process, or N under torchrun: the device, the process group, FSDP2 sharding, DCP train state.
+import warnings
 
 A training stage asks `world_for(compute)` where it runs. Outside torchrun (WORLD_SIZE unset or 1) that is one
 process on the resolved device with no process group: today's in-process path. Under torchrun it joins the
@@ -161,7 +162,12 @@ def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Ten
         return None
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     state = get_model_state_dict(model, options=options)
-    return state if world.is_main else None
+    if not world.is_main:
+        return None
+    # gathering unties tied weights (the head comes back as a copy of the embedding): keep one name, as HF does
+    unique = {name for name, _ in model.named_parameters()}
+    tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - unique
+    return {name: tensor for name, tensor in state.items() if name not in tied}
 
 
 def full_weights_everywhere(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
@@ -173,12 +179,12 @@ def save_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, p
     """Model and optimizer state, sharded as they are: each rank writes its own file into path (a directory
     every rank sees), rank 0 the metadata last."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path))
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
 
 
 def load_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """Read what save_train_state wrote, resharded to this world's layout (any world size)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -29,7 +29,7 @@ from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_
 from stages.rewards import make_reward_source
 from stages.distributed import rank_micro_batches
 from stages.rollout import make_rollout_engine, prompt_pool, reward_metrics, rollout_batch, sample_groups
-from stages.training import TrainRun, backward_micro_batches, clip_and_step
+from stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -99,7 +99,7 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
             stats["gap"] += float(((logp - inf_logp[part]).abs() * m).sum())
         return grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
 
-    loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, world)
+    loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "entropy": world.all_sum(stats["entropy"]),
             "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
@@ -111,6 +111,9 @@ def mismatch_sum(run: TrainRun, ctx: StageContext, cfg: GRPOConfig, ids, mask, i
     """sum |log pi_train - log pi_inf| over this rank's masked tokens of rows that take no gradient."""
     total = 0.0
     for part in rank_micro_batches(run.world, len(ids), cfg.micro_batch_size):
+        if part.start == part.stop:
+            idle_loss(run.model, run.world)
+            continue
         with run.world.autocast():
             logits = run.model(input_ids=ids[part]).logits[:, :-1]
         total += float(((token_logprobs(logits, ids[part, 1:]) - inf_logp[part]).abs() * mask[part]).sum())

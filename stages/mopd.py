@@ -93,7 +93,7 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, ids, mask, inf_logp, teacher_
         student_logp[part] = logp.detach()
         return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
 
-    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, world)
+    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {

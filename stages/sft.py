@@ -53,7 +53,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
                 logits = run.model(input_ids=ids[part]).logits[:, :-1]
             return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
 
-        loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, world)
+        loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
         grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
         run.step += 1

@@ -66,15 +66,27 @@ def micro_batches(n: int, size: int) -> list[slice]:
 
 
 def backward_micro_batches(n: int, size: int, loss_of: Callable[[slice], torch.Tensor],
-                           world: World | None = None) -> float:
-    """Backward each micro-batch's loss (already normalized by the global count); return the summed loss, over
-    every rank when a world is given (its ranks all run the same number of micro-batches)."""
+                           run: TrainRun | None = None) -> float:
+    """Backward each micro-batch's loss (already normalized by the global count); return the summed loss. With
+    a run, over every rank: ranks run the same number of micro-batches, a short rank idle ones."""
+    if run is None:
+        parts = micro_batches(n, size)
+    else:
+        parts = rank_micro_batches(run.world, n, size)
     total = 0.0
-    for part in micro_batches(n, size) if world is None else rank_micro_batches(world, n, size):
-        loss = loss_of(part)
+    for part in parts:
+        loss = loss_of(part) if part.start < part.stop else idle_loss(run.model, run.world)
         loss.backward()
         total += float(loss.detach())
-    return total if world is None else world.all_sum(total)
+    return total if run is None else run.world.all_sum(total)
+
+
+def idle_loss(model: torch.nn.Module, world: World) -> torch.Tensor:
+    """A one-token forward whose loss is 0: a rank without rows still joins FSDP2's collectives (an empty batch
+    cannot be forwarded)."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=world.device)
+    with world.autocast():
+        return model(input_ids=ids).logits.sum() * 0.0
 
 
 class TrainRun:
