@@ -1,5 +1,4 @@
 """One training process, or N under torchrun: the device, the process group, FSDP2 sharding, DCP train state.
-import warnings
 
 A training stage asks `world_for(compute)` where it runs. Outside torchrun (WORLD_SIZE unset or 1) that is one
 process on the resolved device with no process group: today's in-process path. Under torchrun it joins the
