@@ -10,7 +10,7 @@ kind reads and makes, is the registry's business (`stages/kinds.py`); the recipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple, Union
+from typing import Annotated, ClassVar, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
@@ -47,13 +47,59 @@ class ModelConfig(Strict):
     num_layers: Count = 4
     num_heads: Count = 4
     intermediate_size: Count = 688
-    bf16_autocast: bool = True  # measured 1.6x faster training on avx512_bf16 CPUs, same accuracy or better
+
+
+Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
+DType = Literal["bf16", "fp32"]  # bf16: autocast on the device (measured 1.6x faster on avx512_bf16 CPUs)
+Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
+RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
+
+
+class ComputeConfig(Strict):
+    """Where and how training runs. One process (the default) trains in the stage task's own process; more
+    launch `torchrun` with FSDP2 (stages/launch.py, docs/SCALE.md)."""
+
+    device: Device = "auto"
+    dtype: DType = "bf16"
+    nproc_per_node: Processes = 1  # GPUs (or CPU processes) per node
+    nnodes: Processes = 1
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward: memory for time
+
+    @model_validator(mode="after")
+    def _multi_node_needs_endpoint(self) -> ComputeConfig:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+class ComputeOverride(Strict):
+    """A training stage's `compute:`: the keys it sets replace the recipe's; the rest stay the recipe's."""
+
+    device: Device | None = None
+    dtype: DType | None = None
+    nproc_per_node: Processes | None = None
+    nnodes: Processes | None = None
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)
+    activation_checkpointing: bool | None = None
+
+    def over(self, base: ComputeConfig) -> ComputeConfig:
+        return ComputeConfig.model_validate(base.model_dump() | self.model_dump(exclude_none=True))
 
 
 class EngineConfig(Strict):
     kind: Literal["hf", "vllm"] = "hf"
     url: str | None = None  # an external OpenAI-compatible vLLM server instead of a managed one
     batch_size: Count = 128  # sequences per generate call of the HF engine (training rollouts and evals)
+    # The managed vLLM server's own options (`vllm serve` flags); an external server (`url`) has its own.
+    tensor_parallel_size: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: Count | None = None  # None: the model's own context length
 
 
 class DomainSpec(Strict):
@@ -208,6 +254,10 @@ class TrainingConfig(StageConfig):
     grad_clip: Positive = 1.0
     checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
     keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
+    compute: ComputeOverride | None = None  # replaces keys of the recipe's `compute` for this stage
+    # Where and how a stage runs does not change what it computes (up to float rounding): the config hash
+    # leaves `compute` out, so a step checkpoint written by 2 processes resumes in 1 and the reverse.
+    not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
 
 
 class SFTDataConfig(StageConfig):

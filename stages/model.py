@@ -143,8 +143,10 @@ def load_hf(model_dir: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizer
         raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
 
 
-def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path,
+            weights: dict[str, torch.Tensor] | None = None) -> None:
+    """weights: the full state dict, when the module holds only a shard of it (FSDP2); None: the module's own."""
+    model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(str(out_dir))
 
 

@@ -22,6 +22,7 @@ from artifacts.config import StorageConfig, Strict, TrackingConfig
 from artifacts.urls import credential_error
 from stages.config import (
     BENCHMARK_COLUMN,
+    ComputeConfig,
     DomainSpec,
     EngineConfig,
     EvalConfig,
@@ -50,6 +51,7 @@ class Recipe(Strict):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     engine: EngineConfig = EngineConfig()
+    compute: ComputeConfig = ComputeConfig()
     domains: dict[str, DomainSpec]
     stages: list[SerializeAsAny[StageConfig]]
     eval: EvalConfig = EvalConfig()
@@ -101,6 +103,11 @@ class Recipe(Strict):
             if s.name == name:
                 return s
         raise KeyError(name)
+
+    def compute_for(self, stage: StageConfig) -> ComputeConfig:
+        """The recipe's compute settings with the stage's own `compute:` keys in place of the recipe's."""
+        override = getattr(stage, "compute", None)
+        return self.compute if override is None else override.over(self.compute)
 
     def model_stages(self) -> list[StageConfig]:
         """The stages that make a policy: each is evaluated and gated."""

@@ -6,14 +6,17 @@ step checkpoint draws exactly the prompts and samples it would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
+from typing import Any
 
 import torch
 
-from stages.config import OnPolicyConfig
+from stages.config import EngineConfig, OnPolicyConfig
+from stages.distributed import full_weights_everywhere
 from stages.domains import Item, get_domain
-from stages.engines import Completion, RolloutEngine, SamplingParams
+from stages.engines import Completion, RolloutEngine, SamplingParams, make_engine
 from stages.model import prompt_ids
 from stages.recipe import Recipe
 
@@ -37,6 +40,47 @@ def step_seed(seed: int, stage: str, step: int) -> int:
 
 def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
     return max(recipe.domains[d].max_new_tokens for d in domains)
+
+
+def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine:
+    """The engine an on-policy stage samples with: on the trainer's own module in one process, else
+    `ShardedRollouts` (run: a stages.training.TrainRun)."""
+    if not run.world.distributed:
+        return make_engine(cfg, run.model, run.tokenizer, seed=seed)
+    if cfg.kind == "vllm":
+        raise ValueError("engine.kind vllm with compute.nproc_per_node * nnodes > 1 is not supported yet: "
+                         "use engine.kind hf (each rank samples its share; docs/SCALE.md)")
+    return ShardedRollouts(cfg, run, seed)
+
+
+class ShardedRollouts:
+    """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank) from its own
+    full copy of the policy, and every rank returns every rank's samples, in prompt order. The trainer's FSDP2
+    shards cannot generate: their forwards are collectives, and ranks stop decoding at different lengths."""
+
+    def __init__(self, cfg: EngineConfig, run: Any, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        self.world = run.world
+        self.replica = AutoModelForCausalLM.from_config(run.model.config).to(self.world.device)
+        self.replica.load_state_dict(full_weights_everywhere(run.model, self.world))
+        self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
+        self.name = self.engine.name
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        if len(prompts) < self.world.size:
+            raise ValueError(f"{len(prompts)} prompts per step cannot be shared by {self.world.size} ranks")
+        mine = self.world.shard(len(prompts))
+        seed = None if sampling.seed is None else sampling.seed + self.world.rank
+        groups = self.engine.generate(prompts[mine.start : mine.stop], n, dataclasses.replace(sampling, seed=seed))
+        return [group for share in self.world.all_gather(groups) for group in share]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.replica.load_state_dict(full_weights_everywhere(model, self.world))
+        self.engine.sync_weights(self.replica)
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,

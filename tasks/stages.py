@@ -43,7 +43,8 @@ from stages.config import MOPDConfig, StageConfig
 from stages.context import ListSink, StageContext
 from stages.evaluate import evaluate_model
 from stages.gate import best_stages, decide
-from stages.kinds import StageInputs, kind_of, run_stage
+from stages.kinds import StageInputs, kind_of
+from stages.launch import run_stage_where_configured
 from stages.recipe import Recipe, validate_recipe
 from tasks.progress import stage_progress
 
@@ -122,7 +123,7 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     memory = PeakMemory()
     try:
         with compute_slot(cfg.kind):
-            result = run_stage(cfg, ctx, inputs)
+            result = run_stage_where_configured(cfg, ctx, inputs)  # in-process, or torchrun per `compute`
     except BaseException:
         _close_quietly(steps)
         _record(store, report, cfg, "failed", None, time.time() - started, {}, peak_rss_mb=memory.peak_mb())
