@@ -358,6 +358,15 @@ class OnPolicyConfig(TrainingConfig):
     lr: LearningRate = 5e-5
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
+    # domain -> share of each step's prompts (normalized; e.g. the paper's multi-domain blend mcqa 0.55, tool 0.30,
+    # structured 0.15); None: prompts drawn uniformly from the pooled domains, so each in proportion to its pool
+    domain_weights: dict[str, Fraction] | None = None
+
+    @model_validator(mode="after")
+    def _weights_sum(self) -> OnPolicyConfig:
+        if self.domain_weights is not None and sum(self.domain_weights.values()) <= 0:
+            raise ValueError(f"stage {self.name!r}: domain_weights must not all be 0")
+        return self
 
 
 class GraderReward(Strict):

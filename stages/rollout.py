@@ -30,8 +30,31 @@ def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = Non
     return pool
 
 
-def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int) -> list[Item]:
-    return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
+def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
+                   weights: dict[str, float] | None = None) -> list[Item]:
+    """n prompts of the pool without replacement: uniformly, or `weights[d]`'s share of them from domain d."""
+    if weights is None:
+        return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
+    by_domain: dict[str, list[Item]] = defaultdict(list)
+    for item in pool:
+        by_domain[item.domain].append(item)
+    drawn: list[Item] = []
+    for domain, count in weighted_counts(n, weights).items():
+        if count > len(by_domain[domain]):
+            raise ValueError(f"stage {stage!r}: domain {domain!r} has {len(by_domain[domain])} prompts, "
+                             f"fewer than its {count} of each step")
+        drawn += random.Random(f"prompts:{seed}:{stage}:{step}:{domain}").sample(by_domain[domain], count)
+    return drawn
+
+
+def weighted_counts(n: int, weights: dict[str, float]) -> dict[str, int]:
+    """n split by weight, by largest remainder (ties: domain name), so the counts sum to n exactly."""
+    total = sum(weights.values())
+    exact = {d: n * w / total for d, w in sorted(weights.items())}
+    counts = {d: int(x) for d, x in exact.items()}
+    for d in sorted(exact, key=lambda d: counts[d] - exact[d])[: n - sum(counts.values())]:
+        counts[d] += 1
+    return counts
 
 
 def step_seed(seed: int, stage: str, step: int) -> int:
@@ -87,7 +110,7 @@ def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPol
                   domains: list[str], step: int) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
     """The rollout phase of every on-policy stage: this step's P prompts, their chat-formatted token ids, and
     G samples of each from the current policy (groups[p][j] is sample j of prompt p)."""
-    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step)
+    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step, cfg.domain_weights)
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, cfg.name, step))
