@@ -41,12 +41,37 @@ TopP = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_i
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+class RopeScaling(Strict):
+    """Hugging Face's `rope_scaling` (RoPE position interpolation), e.g. YaRN: {rope_type: yarn, factor: 4.0,
+    original_max_position_embeddings: 1024} stretches a 1024-position model to 4096."""
+
+    rope_type: Literal["linear", "dynamic", "yarn", "longrope", "llama3"]
+    factor: Positive
+    original_max_position_embeddings: Count | None = None
+    beta_fast: Positive | None = None  # yarn only
+    beta_slow: Positive | None = None  # yarn only
+    attention_factor: Positive | None = None  # yarn and longrope
+
+
 class ModelConfig(Strict):
     source: str = "tiny"  # "tiny" | "smollm2-135m" | an HF model dir | a checkpoint URI
     hidden_size: Count = 256  # the tiny architecture; ignored for other sources
     num_layers: Count = 4
     num_heads: Count = 4
     intermediate_size: Count = 688
+    # The context window, for the tiny model or set on a loaded one (then a checkpoint keeps it); None: the
+    # model's own (tiny: 1024). With rope_scaling, positions past the trained window are interpolated.
+    max_position_embeddings: Count | None = None
+    rope_scaling: RopeScaling | None = None
+
+    def context_overrides(self) -> dict:
+        """The config keys a recipe sets on the model it starts from."""
+        out: dict = {}
+        if self.max_position_embeddings is not None:
+            out["max_position_embeddings"] = self.max_position_embeddings
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
+        return out
 
 
 Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
@@ -107,6 +132,9 @@ class DomainSpec(Strict):
     heldout_size: Count = 500  # 500+ items resolve a ~4-point gain (docs/LOG.md)
     max_new_tokens: Count = 64
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
+    # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
+    # haystack; every item of the domain (train, held-out, SFT data) is generated with them
+    options: dict[str, int | float | str | bool] = {}
 
 
 BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name

@@ -13,7 +13,6 @@ from artifacts.checkpoint import CheckpointRef
 from artifacts.store import Store
 from stages.config import BENCHMARK_COLUMN
 from stages.context import load_checkpoint
-from stages.domains import get_domain
 from stages.engines import make_engine
 from stages.engines.base import RolloutEngine, SamplingParams
 from stages.model import prompt_ids
@@ -27,7 +26,7 @@ def evaluate_domains(
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
-        spec, domain = recipe.domains[name], get_domain(name)
+        spec, domain = recipe.domains[name], recipe.domain(name)
         items = domain.generate("heldout", spec.heldout_size, recipe.seed)
         prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=spec.max_new_tokens)

@@ -77,6 +77,8 @@ class Recipe(Strict):
         unknown = sorted(set(self.domains) - set(domain_names()))
         if unknown:
             raise ValueError(f"unknown domain(s) {unknown}; known: {domain_names()}")
+        for name in self.domains:
+            self.domain(name)  # bad options are refused here, before anything runs
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
@@ -92,6 +94,12 @@ class Recipe(Strict):
             if unknown:
                 raise ValueError(f"eval.benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(sorted(known))}")
         return self
+
+    def domain(self, name: str):
+        """The recipe's domain `name`, built with its `options`."""
+        from stages.domains import get_domain
+
+        return get_domain(name, self.domains[name].options)
 
     def tolerances(self) -> dict[str, float]:
         """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""

@@ -26,7 +26,7 @@ def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = Non
     pool: list[Item] = []
     for name in domains:
         size = recipe.domains[name].train_size
-        pool += get_domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
+        pool += recipe.domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
     return pool
 
 
