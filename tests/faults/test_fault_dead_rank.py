@@ -75,17 +75,16 @@ def kill_rank_one_mid_stage(proc, store: Store, spec_root: Path, timeout: float 
 def test_a_killed_rank_fails_the_stage_in_one_line_and_resume_finishes(prefect_api, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    global T0
-    T0 = time.time()
+    t0 = time.time()
     root, spec_root = f"file://{tmp_path}/store", tmp_path / "tmp"
     spec_root.mkdir()
     env = dict(os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api,
                TMPDIR=str(spec_root))  # the stage task's work dirs, and so the torchrun spec dirs, land here
     store = Store(root)
-    proc = cascade(["run", str(KILL_RECIPE), "--run-id", RUN_ID, f"storage.root={root}",
+    proc = cascade(["run", str(KILL_RECIPE), "--run-id", RUN_ID, f"storage.root={root}", "stages.math_rl.steps=1",
                     "stages.sft.compute.nproc_per_node=2", f"stages.sft.steps={SFT_STEPS}"], env)
     killed_after = kill_rank_one_mid_stage(proc, store, spec_root)
-    print(f"{time.time() - T0:.1f}s: killed rank 1 after step {killed_after}")
+    print(f"{time.time() - t0:.1f}s: killed rank 1 after step {killed_after}")
     out = proc.communicate(timeout=120)[0]
 
     assert proc.returncode == 1, out[-3000:]
@@ -99,12 +98,12 @@ def test_a_killed_rank_fails_the_stage_in_one_line_and_resume_finishes(prefect_a
     assert not store.exists(lease_key(RUN_ID))  # released by the failing CLI, not left to expire
     assert RunReport.load(store, RUN_ID).status == "FAILED"
 
-    print(f"{time.time() - T0:.1f}s: run failed")
+    print(f"{time.time() - t0:.1f}s: run failed")
     before = set(spec_root.glob("cascade-*/torchrun-*"))
     resumed = cascade(["resume", RUN_ID, "--store", root], env)
     out = resumed.communicate(timeout=300)[0]
     assert resumed.returncode == 0, out[-3000:]
-    print(f"{time.time() - T0:.1f}s: resumed")
+    print(f"{time.time() - t0:.1f}s: resumed")
     store.invalidate()
     assert unverified(store, f"runs/{RUN_ID}") == {}
     report = RunReport.load(store, RUN_ID)
