@@ -113,18 +113,20 @@ class EventTail:
 
 
 def failure_line(stage: str, code: int, spec_dir: Path) -> str:
-    """One line: which rank failed and how (its own error's first line, or the signal that killed it)."""
-    errors = sorted(spec_dir.glob("error-rank*.txt"))
-    if errors:
+    """One line: the rank torchrun names as the root cause (the first to fail) and how: its own error's first
+    line, or the signal that killed it. The other ranks' errors are consequences (a collective whose peer
+    vanished: gloo's "Connection closed by peer"), so they are named only when torchrun names no root cause."""
+    log = spec_dir / TORCHRUN_LOG
+    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", log.read_text(errors="replace"), re.S)
+    errors = [spec_dir / f"error-rank{root.group(1)}.txt"] if root else sorted(spec_dir.glob("error-rank*.txt"))
+    if errors and errors[0].exists():
         rank = errors[0].stem.removeprefix("error-rank")
         return f"stage {stage}: rank {rank} failed: {errors[0].read_text().strip()}"
-    text = (spec_dir / TORCHRUN_LOG).read_text(errors="replace")
-    found = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", text, re.S)
-    if found:
-        rank, exit_code = found.group(1), int(found.group(2))
+    if root:
+        rank, exit_code = root.group(1), int(root.group(2))
         how = f"killed by {signal.Signals(-exit_code).name}" if exit_code < 0 else f"exit code {exit_code}"
-        return f"stage {stage}: rank {rank} died ({how}); torchrun log: {spec_dir / TORCHRUN_LOG}"
-    return f"stage {stage}: torchrun exited with code {code}; log: {spec_dir / TORCHRUN_LOG}"
+        return f"stage {stage}: rank {rank} died ({how}); torchrun log: {log}"
+    return f"stage {stage}: torchrun exited with code {code}; log: {log}"
 
 
 class EventSink:

@@ -29,6 +29,7 @@ def plan(
     """Dry run: validate the recipe, draw its DAG (stages, evals, the gate's branch), and estimate per stage the
     tokens sampled and trained, the storage and the time, under a stated throughput assumption. Loads no model."""
     from flows.recipes import load_recipe
+    from infra.k8s import JobVariablesError, job_variables
     from stages.plan import PROFILES, dag_lines, draw_dag, make_plan, model_size, plan_json, render_table
 
     if on not in PROFILES:
@@ -40,6 +41,10 @@ def plan(
     if image is not None and not image.parent.is_dir():
         raise CLIError(f"cannot write {image}: no such directory {image.parent}")
     loaded = load_recipe(recipe, overrides or [])
+    try:
+        k8s = job_variables(loaded)
+    except JobVariablesError as e:
+        raise CLIError(str(e)) from None
     size = model_size(loaded, params, active_params)
     estimate = make_plan(loaded, size, PROFILES[on], devices, prompt_tokens)
     if as_json:
@@ -48,6 +53,8 @@ def plan(
     typer.echo(f"recipe {loaded.name}: valid, {len(loaded.stages)} stages\n")
     typer.echo("\n".join(dag_lines(loaded)) + "\n")
     typer.echo(render_table(estimate))
+    typer.echo("\nkubernetes job variables (infra/k8s-gpu-job-template.json): "
+               + " ".join(f"--job-variable {k}={v}" for k, v in k8s.items()))
     if image is not None:
         draw_dag(loaded, image)
         typer.echo(f"\nDAG image: {image.resolve()}")

@@ -50,6 +50,8 @@ def test_plan_prints_the_walk_and_draws_a_png_loading_no_model(tmp_path):
     assert sum("gate (recover): fired -> MOPD recovery" in l for l in lines) == 3
     assert "model: as given, 30.0G (3.0G active) parameters" in done.stdout
     assert "8 device(s)" in done.stdout
+    assert ("kubernetes job variables (infra/k8s-gpu-job-template.json): --job-variable gpus_per_node=1 "
+            "--job-variable nnodes=1") in lines
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert files_under(tmp_path / "home") == []  # a dry run writes nothing and converts no model
 
@@ -60,6 +62,8 @@ def test_plan_prints_the_walk_and_draws_a_png_loading_no_model(tmp_path):
     (["plan", "tiny", "--devices", "0"], "--devices must be >= 1, got 0"),
     (["plan", "tiny", "stages.sft.steps=0"], "greater than or equal to 1"),
     (["plan", "tiny", "--image", "/no/such/dir/dag.png"], "cannot write /no/such/dir/dag.png"),
+    (["plan", "tiny", *(f"stages.{s}.compute={{nnodes: 2, rdzv_endpoint: {s}.ns.svc:1}}" for s in ("sft", "math_rl"))],
+     "multi-node stages rendezvous at different hosts ['math_rl.ns.svc', 'sft.ns.svc']"),
 ])
 def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     done = cascade(*args, home=tmp_path)

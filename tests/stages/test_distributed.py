@@ -115,3 +115,37 @@ def test_a_failing_rank_is_a_one_line_stage_failure(tmp_path):
         run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": None}))
     assert "\n" not in str(e.value) and "rank" in str(e.value)
     assert ctx.store.list(ctx.key) == []  # nothing written
+
+
+
+# torchrun's summary after `kill -9` of rank 1 (tests/faults/test_fault_dead_rank.py, 2026-11-23): rank 0, whose
+# collective lost its peer, raised into its error file and was then stopped with SIGTERM; rank 1 is the root cause
+TORCHRUN_SUMMARY = """stages.launch FAILED
+-------------------------------------------------------
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 12205)  (SIGTERM)
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : {exit_code} (pid: 12206)
+=======================================================
+"""
+ERRORS = {0: "RuntimeError: Connection closed by peer [127.0.0.1]:41109", 1: "ValueError: bad batch"}
+
+
+@pytest.mark.parametrize("exit_code, errors, expected", [
+    (-9, [0], "stage sft: rank 1 died (killed by SIGKILL); torchrun log: {log}"),
+    (1, [0, 1], "stage sft: rank 1 failed: ValueError: bad batch"),
+    (3, [0], "stage sft: rank 1 died (exit code 3); torchrun log: {log}"),
+])
+def test_the_failure_line_names_torchruns_root_cause_not_a_peer_that_lost_it(tmp_path, exit_code, errors, expected):
+    from stages.launch import TORCHRUN_LOG, failure_line
+
+    log = tmp_path / TORCHRUN_LOG
+    log.write_text(TORCHRUN_SUMMARY.format(exit_code=exit_code))
+    for rank in errors:
+        (tmp_path / f"error-rank{rank}.txt").write_text(ERRORS[rank])
+    assert failure_line("sft", 1, tmp_path) == expected.format(log=log)
