@@ -44,10 +44,12 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
 
 def stage_failures() -> tuple[type[BaseException], ...]:
     """The failures of a run that are one line, not a bug: a torchrun stage whose rank died or raised (the
-    line names the rank; its traceback is in the torchrun log the line names)."""
+    line names the rank; its traceback is in the torchrun log the line names), and the gate under policy
+    `fail` (the line names the domain, its drop and the tolerance)."""
     from stages.launch import DistributedStageError
+    from tasks.stages import GateFailed
 
-    return (DistributedStageError,)
+    return (DistributedStageError, GateFailed)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
