@@ -5,7 +5,10 @@ Text normalization, shared by all three: lower case, and a token is a run of wor
 "Compute 3+4-2." and "compute 3 + 4 - 2" are one text, while "3+4" and "3-4" stay different.
 
 Decontamination (the usual n-gram overlap, n = 13 by default): a training prompt is contaminated when it shares
-any n-token window with any eval prompt. An eval prompt shorter than n tokens has no n-gram, so it counts whole:
+any n-token window with any eval prompt, except windows that two or more eval prompts share: those are a
+template (an instruction every item of a loader appends), not a problem's content, and training prompts built by
+the same loader carry them too. (An eval set of one templated prompt keeps its template n-grams: nothing shows
+they are one.) An eval prompt shorter than n tokens has no n-gram, so it counts whole:
 a training prompt that contains its full token sequence (contiguously) is contaminated. This is what makes the
 check meaningful for the tiny synthetic prompts (5-15 tokens): with n = 13 most of them match only as a whole.
 Eval prompts: every recipe domain's held-out split (what `evaluate` scores) and the benchmark files the stage
@@ -78,16 +81,21 @@ class ContaminationIndex:
 
     def __init__(self, eval_prompts: Iterable[str], n: int):
         self.n = n
-        self.ngrams: set[int] = set()
         self.short: dict[int, set[int]] = {}  # length -> hashes of whole eval prompts of that length
         self.prompts = 0
+        prompts_with: dict[int, int] = {}  # n-gram hash -> how many eval prompts contain it
         for prompt in eval_prompts:
             self.prompts += 1
             tokens = normalized_tokens(prompt)
             if len(tokens) >= n:
-                self.ngrams.update(hash(tuple(tokens[i : i + n])) for i in range(len(tokens) - n + 1))
+                for gram in {hash(tuple(tokens[i : i + n])) for i in range(len(tokens) - n + 1)}:
+                    prompts_with[gram] = prompts_with.get(gram, 0) + 1
             elif tokens:
                 self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
+        # an n-gram shared by two eval prompts is their template (GSM8K's "Please reason step by step ..."), which
+        # every training prompt of the same loader carries too: only n-grams of one prompt's own content count
+        self.ngrams = {gram for gram, count in prompts_with.items() if count == 1}
+        self.template_ngrams = len(prompts_with) - len(self.ngrams)
 
     def is_contaminated(self, prompt: str) -> bool:
         tokens = normalized_tokens(prompt)
