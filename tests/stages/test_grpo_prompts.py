@@ -21,7 +21,7 @@ GSM8K_TRAIN = DEFAULT_DATA_ROOT / "math" / "gsm8k_train.jsonl"
 def rl_recipe(tmp_path, prompts, domains=("vowels",), **stage):
     return validate_recipe({
         "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
-        "model": SMALL.model_dump() | {"bf16_autocast": False},
+        "model": SMALL.model_dump(), "compute": {"dtype": "fp32"},
         "domains": {"vowels": {"train_size": 50, "heldout_size": 4, "max_new_tokens": 6},
                     "math": {"train_size": 50, "heldout_size": 4, "max_new_tokens": 6}},
         "stages": [{"kind": "grpo", "name": "rl", "domains": list(domains), "prompts": prompts, "steps": 1,

@@ -25,7 +25,7 @@ def smollm2_recipe(tmp_path, source: str):
     on_policy = {"steps": 2, "prompts_per_step": 1, "group_size": 3, "checkpoint_every": 0, "lr": 1e-5}
     return validate_recipe({
         "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
-        "model": {"source": source, "bf16_autocast": False},
+        "model": {"source": source}, "compute": {"dtype": "fp32"},
         "domains": {"math": {"train_size": 2, "heldout_size": 2, "max_new_tokens": 6},
                     "vowels": {"train_size": 8, "heldout_size": 2, "max_new_tokens": 6}},
         "stages": [
