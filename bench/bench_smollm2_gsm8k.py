@@ -6,7 +6,7 @@ checkpoint writes are not counted: an SFT step is the time between two consecuti
 which includes warm-up, is dropped), a GRPO step likewise (rollouts + rewards + update).
 
 Run from the checkout: PYTHONPATH=. .venv/bin/python bench/bench_smollm2_gsm8k.py
-    [--rows 64] [--sft-steps 4] [--grpo-steps 2] [--grpo-prompts 8] [--grpo-group 8] [--max-new-tokens 256]
+    [--rows 64] [--sft-steps 4] [--sft-batch 16] [--grpo-steps 2] [--grpo-prompts 8] [--grpo-group 8] [--max-new-tokens 256]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--sft-steps", type=int, default=4)
+    parser.add_argument("--sft-batch", type=int, default=16)
     parser.add_argument("--grpo-steps", type=int, default=2)
     parser.add_argument("--grpo-prompts", type=int, default=8)
     parser.add_argument("--grpo-group", type=int, default=8)
@@ -54,6 +55,7 @@ def main() -> None:
     recipe = load_recipe("smollm2-gsm8k", [
         f"storage.root=file://{tmp}/store", "tracking.enabled=false",
         f"stages.sft_data.sources.math.shared.count={args.rows}", f"stages.sft.steps={args.sft_steps}",
+        f"stages.sft.batch_size={args.sft_batch}", f"stages.sft.micro_batch_size={min(4, args.sft_batch)}",
         "stages.sft.checkpoint_every=0", f"stages.gsm8k_rl.steps={args.grpo_steps}",
         f"stages.gsm8k_rl.prompts_per_step={args.grpo_prompts}", f"stages.gsm8k_rl.group_size={args.grpo_group}",
         "stages.gsm8k_rl.checkpoint_every=0", f"domains.math.max_new_tokens={args.max_new_tokens}",

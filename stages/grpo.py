@@ -36,7 +36,7 @@ from stages.training import TrainRun, backward_micro_batches, clip_and_step, idl
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
-    """Trains inputs.policy; prompts from the difficulty stage cfg.prompts names, else the domains' train split."""
+    """Trains inputs.policy on the prompt pool cfg.prompts picks (train_prompts)."""
     started = time.time()
     pool = train_prompts(cfg, ctx, inputs)
     if len(pool) < cfg.prompts_per_step:

@@ -10,13 +10,9 @@ import stages.domains
 import stages.training
 from stages.config import SMOLLM2
 from stages.context import ListSink
-from stages.grpo import run_grpo
-from stages.kinds import StageInputs
+from stages.kinds import StageInputs, kind_of
 from stages.model import completion_ids, prompt_ids
-from stages.mopd import run_mopd
 from stages.recipe import validate_recipe
-from stages.sft import run_sft
-from stages.sft_data import run_sft_data
 from tests.stages.test_training import VowelDomain, stage_ctx
 
 
@@ -56,18 +52,23 @@ def trained(smollm2_home, tmp_path_factory):
         patch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
         stages.domains.register_domain(VowelDomain())
         patch.setattr(stages.training, "save_model_checkpoint", save_and_probe)
-        recipe = smollm2_recipe(tmp, SMOLLM2)
-        out, refs = {}, {}
-        for name, run, inputs in (
-            ("sft_data", run_sft_data, lambda: StageInputs()),
-            ("sft", run_sft, lambda: StageInputs(stages={"sft_data": refs["sft_data"]})),
-            ("rl", run_grpo, lambda: StageInputs(policy=refs["sft"])),
-            ("mopd", run_mopd, lambda: StageInputs(policy=refs["rl"], stages={"sft": refs["sft"]})),
-        ):
-            sink = ListSink()
-            ctx = stage_ctx(recipe, tmp, name, sink)
-            refs[name] = run(recipe.stage(name), ctx, inputs()).checkpoint
-            out[name] = (ctx, sink, final_logits.get(name))
+        runs = run_recipe_stages(smollm2_recipe(tmp, SMOLLM2), tmp)
+    return {name: (ctx, sink, final_logits.get(name)) for name, (ctx, sink) in runs.items()}
+
+
+def run_recipe_stages(recipe, tmp) -> dict:
+    """Every stage in order, wired as the flow wires it: the newest policy, and the checkpoints `reads()` names.
+    Returns stage name -> (ctx, metric sink)."""
+    out, refs, policy = {}, {}, None
+    for cfg in recipe.stages:
+        row = kind_of(cfg.kind)
+        inputs = StageInputs(policy=policy if row.takes_policy else None,
+                             stages={read.stage: refs[read.stage] for read in cfg.reads()})
+        sink = ListSink()
+        ctx = stage_ctx(recipe, tmp, cfg.name, sink)
+        refs[cfg.name] = row.run(cfg, ctx, inputs).checkpoint
+        policy = refs[cfg.name] if row.makes == "policy" else policy
+        out[cfg.name] = (ctx, sink)
     return out
 
 
@@ -109,7 +110,7 @@ def test_grpo_and_mopd_move_the_policy(trained, smollm2_home):
 
 def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkeypatch):
     """An HF directory unlike the tiny model: a Llama with untied input and output embeddings, a tokenizer with no
-    pad token that pads on the left. SFT and GRPO run on it and the checkpoint keeps the two embeddings apart."""
+    pad token that pads on the left. SFT, GRPO and MOPD run on it and the checkpoint keeps the two embeddings apart."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from stages.tokenizer import load_tokenizer
@@ -126,16 +127,12 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
     monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
     stages.domains.register_domain(VowelDomain())
     recipe = smollm2_recipe(tmp_path, str(model_dir))
-    refs, sinks = {}, {}
-    for name, run, inputs in (("sft_data", run_sft_data, StageInputs()), ("sft", run_sft, None), ("rl", run_grpo, None)):
-        inputs = inputs or (StageInputs(stages={"sft_data": refs["sft_data"]}) if name == "sft" else
-                            StageInputs(policy=refs["sft"]))
-        sinks[name] = ListSink()
-        refs[name] = run(recipe.stage(name), stage_ctx(recipe, tmp_path, name, sinks[name]), inputs).checkpoint
+    sinks = {name: sink for name, (_, sink) in run_recipe_stages(recipe, tmp_path).items()}
     losses = sinks["sft"].series("loss")
     assert losses[0] > losses[1] > losses[2], losses
     assert all(g > 0 for g in sinks["rl"].series("grad_norm")) and len(sinks["rl"].series("grad_norm")) == 2
-    trained = reload(stage_ctx(recipe, tmp_path, "rl"))
+    assert len(sinks["mopd"].series("grad_norm")) == 2
+    trained = reload(stage_ctx(recipe, tmp_path, "mopd"))
     assert not trained.config.tie_word_embeddings
     assert not torch.equal(trained.lm_head.weight, trained.model.embed_tokens.weight)
 

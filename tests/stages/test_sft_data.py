@@ -110,6 +110,8 @@ def test_a_template_the_eval_prompts_share_does_not_contaminate_every_prompt_of_
     index = ContaminationIndex(test, n=13)
     assert index.template_ngrams == 3  # the instruction is 15 tokens (`\\`, `boxed`, `{`, `}` are four): three 13-grams
     assert not index.is_contaminated(item("Natalia sold clips to 48 of her friends in April"))
+    # the last words of a test question followed by the instruction are no content of that question
+    assert not index.is_contaminated(item("How many did Natalia sell in q1w13 q1w14"))
     assert index.is_contaminated(test[1])
     assert index.is_contaminated(item(" ".join(f"q0w{i}" for i in range(13))))  # a 13-token copy of a question
 
