@@ -176,7 +176,8 @@ def bench_sft(arch: str, steps: int, batch: int, seq_len: int) -> dict[str, Any]
     achieved = tokens_per_s * flops_per_token(model, seq_len)
     return {"arch": arch, "what": "sft", "gpu": name, "batch": batch, "seq_len": seq_len, "step_s": seconds,
             "tokens_per_s": tokens_per_s, "tflops": achieved / 1e12,
-            "mfu": achieved / (peak * 1e12) if peak else None, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "mfu": achieved / (peak * 1e12) if peak else None,
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
             "params": sum(p.numel() for p in model.parameters())}
 
 

@@ -6,7 +6,8 @@ checkpoint writes are not counted: an SFT step is the time between two consecuti
 which includes warm-up, is dropped), a GRPO step likewise (rollouts + rewards + update).
 
 Run from the checkout: PYTHONPATH=. .venv/bin/python bench/bench_smollm2_gsm8k.py
-    [--rows 64] [--sft-steps 4] [--sft-batch 16] [--grpo-steps 2] [--grpo-prompts 8] [--grpo-group 8] [--max-new-tokens 256]
+    [--rows 64] [--sft-steps 4] [--sft-batch 16] [--grpo-steps 2] [--grpo-prompts 8] [--grpo-group 8]
+    [--max-new-tokens 256]
 """
 
 from __future__ import annotations
