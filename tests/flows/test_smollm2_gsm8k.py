@@ -40,3 +40,5 @@ def test_smollm2_gsm8k_runs_sft_grpo_and_the_gsm8k_test_eval(tmp_path, monkeypat
     test_rows = [json.loads(line) for line in (DEFAULT_DATA_ROOT / "math/gsm8k_test.jsonl").open()][:2]
     (record_file,) = (tmp_path / "store" / "runs" / "gsm" / "evals").glob("*-gsm8k_rl.json")
     record = json.loads(record_file.read_text())
+    bench_prompts = [r["prompt"] for r in record["items"] if r["domain"] == "bench/gsm8k"]
+    assert [p.split("\n\n")[0] for p in bench_prompts] == [row["question"].strip() for row in test_rows]
