@@ -15,6 +15,7 @@ DOMAIN_CLASSES: dict[str, str] = {
     "tool": "stages.domains.tool:ToolDomain",
     "longctx": "stages.domains.longctx:LongContextDomain",
     "swe": "stages.domains.swe:SWEDomain",
+    "chat": "stages.domains.chat:ChatDomain",
 }
 _instances: dict[str, Domain] = {}
 
