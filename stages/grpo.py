@@ -110,7 +110,7 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
         with torch.no_grad(), autocast(ctx.recipe.model.bf16_autocast):
             ref_logp = token_logprobs(reference(input_ids=ids[part]).logits[:, :-1], ids[part, 1:])
         kl = kl_k3(logp, ref_logp, m, num_tokens)
-        stats["kl"] += float(kl)
+        stats["kl"] += float(kl.detach())
         return loss + cfg.kl_coef * kl
 
     loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss)

@@ -3,7 +3,8 @@
 A request names an entity, a topic, a tone and a length range ("Tell me about Ada and the sea in a cheerful tone,
 in 5 to 8 words."). The rubric (`grade`) has five checks, each worth 1/5:
 
-- on topic: at least two words of the asked topic, and at least half of the other words from it;
+- on topic: at least two words of the asked topic, and at least half of the other words (not the entity, tone
+  words or filler) from it;
 - names the entity asked about;
 - the requested tone: a word of that tone and none of another tone;
 - length within the asked bounds (whitespace words);
@@ -38,7 +39,7 @@ def rubric(meta: dict, text: str) -> dict[str, bool]:
     words = words_of(text)
     entity, topic_words = meta["entity"].lower(), set(TOPIC_WORDS[meta["topic"]])
     tone_words = {w for tone in TONES.values() for w in tone}
-    content = [w for w in words if w != entity and w not in tone_words]
+    content = [w for w in words if w != entity and w not in tone_words and w not in FILLER]  # padding: length's
     on_topic = [w for w in content if w in topic_words]
     other_tones = {w for tone, ws in TONES.items() if tone != meta["tone"] for w in ws}
     return {
