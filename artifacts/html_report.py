@@ -64,6 +64,19 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
+    items = item_scores(store, run_id)
+    pass_rates = {}
+    for stage in report.stages:
+        uri = (stage.get("plots") or {}).get("pass_rates")
+        key = store.key_of(uri) if uri else None
+        if key and store.exists(key):
+            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
+    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
+                   pass_rates)
+
+
+def item_scores(store: Store, run_id: str) -> dict[str, dict[str, list[float]]]:
+    """after_stage -> domain -> per-item held-out scores, from the run's eval records (torn ones skipped)."""
     items: dict[str, dict[str, list[float]]] = {}
     for key in store.list(layout.evals_dir(run_id)):
         base = key.rsplit("/", 1)[-1]
@@ -78,14 +91,7 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
             if isinstance(row.get("score"), (int, float)) and row.get("domain"):
                 per.setdefault(row["domain"], []).append(float(row["score"]))
         items[base[: -len(".json")].split("-", 1)[1]] = per
-    pass_rates = {}
-    for stage in report.stages:
-        uri = (stage.get("plots") or {}).get("pass_rates")
-        key = store.key_of(uri) if uri else None
-        if key and store.exists(key):
-            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
-    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
-                   pass_rates)
+    return items
 
 
 def standard_error(scores: list[float]) -> float | None:
