@@ -36,7 +36,11 @@ PANELS: list[tuple[str, list[str]]] = [
     ("grad norm", ["grad_norm"]),
     ("logprob mismatch |log pi_train - log pi_inf|", ["logprob_mismatch"]),
     ("MOPD reverse KL per domain", ["reverse_kl/"]),
-    ("reward model accuracy", ["accuracy", "rm_accuracy"]),
+    ("reward model accuracy", ["accuracy", "rm_accuracy", "train_accuracy", "heldout_accuracy"]),
+    # RLHF: a reward model's score beside the hidden rubric it should track; reward hacking is where they part
+    ("reward model score vs hidden rubric", ["rm_score", "rubric_score"]),
+    ("corr(reward model, rubric) over the step's rollouts", ["rm_rubric_corr"]),
+    ("KL to the reference", ["kl"]),
     ("learning rate", ["lr"]),
 ]
 SECTIONS = [("matrix", "Forgetting matrix"), ("curves", "Training curves"), ("data", "Data"),

@@ -123,13 +123,13 @@ class JudgeRewards:
 
 
 def probe(url: str, timeout_s: float) -> None:
-    """GET {url}/models: a JudgeError in one line unless the endpoint answers."""
+    """GET {url}/models: a JudgeError in one line unless something answers there (any HTTP status will do: the
+    judge's own requests retry 5xx)."""
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/models", timeout=timeout_s) as resp:
             resp.read()
-    except urllib.error.HTTPError as err:
-        if err.code >= 500:
-            raise JudgeError(f"judge {url} answers HTTP {err.code}") from None
+    except urllib.error.HTTPError:
+        return
     except (urllib.error.URLError, OSError) as err:
         raise JudgeError(f"judge {url} does not answer: {getattr(err, 'reason', err)}") from None
 

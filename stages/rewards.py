@@ -5,8 +5,8 @@ looks behind it. Three sources:
 - `grader`: the domain grader, the same function the eval scores with;
 - `reward_model`: an earlier reward_model stage's scalar score, length-normalized within each group
   (stages.losses.length_normalized_rewards). It also reports the hidden grader's score of the same rollouts
-  (`rubric_score` beside `rm_score`), so reward hacking shows as the two curves parting; the grader never
-  reaches the loss;
+  (`rubric_score` beside `rm_score`, and their correlation over the step's rollouts, `rm_rubric_corr`), so
+  reward hacking shows as the curves parting in the run report; the grader never reaches the loss;
 - `judge`: a generative judge behind an OpenAI-compatible endpoint, rollout vs reference (stages/judge.py).
 """
 
@@ -78,7 +78,9 @@ class RewardModelRewards:
         scores = torch.cat([sequence_scores(self.model, seqs[i : i + size], pad) for i in range(0, len(seqs), size)])
         raw = scores.view(len(groups), -1)  # [P, G]
         lengths = torch.tensor([[len(c.token_ids) for c in group] for group in groups])
-        self.last = {"rm_score": float(raw.mean()), "rubric_score": float(score_groups(items, groups).mean())}
+        rubric = score_groups(items, groups)
+        self.last = {"rm_score": float(raw.mean()), "rubric_score": float(rubric.mean()),
+                     "rm_rubric_corr": correlation(raw.flatten(), rubric.flatten())}
         return length_normalized_rewards(raw, lengths, self.cfg.length_coef)
 
     def close(self) -> None:
@@ -86,6 +88,13 @@ class RewardModelRewards:
 
     def metrics(self) -> dict[str, float]:
         return self.last
+
+
+def correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson correlation of two [N] vectors; 0 when either is constant (no ranking to agree on)."""
+    if float(x.std()) == 0.0 or float(y.std()) == 0.0:
+        return 0.0
+    return float(torch.corrcoef(torch.stack([x.float(), y.float()]))[0, 1])
 
 
 def make_reward_source(cfg: RewardConfig, ctx: Any, stages: dict[str, CheckpointRef]) -> RewardSource:

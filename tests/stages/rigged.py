@@ -1,4 +1,5 @@
-"""A tiny model whose greedy answer to any chat prompt is "7": real generation with a known result.
+"""A tiny model whose greedy answer to any chat prompt is "7" (or another one-token answer): real generation with
+a known result.
 
 Attention and MLP outputs are zeroed, so the residual stream is the last token's embedding, and three embedding
 rows are set so that after the prompt's final "\\n" the argmax is "7", and after "7" it is the end-of-turn token.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import torch
 
 
-def rig_short_answers(model, tokenizer) -> None:
-    """Greedy: "\\n" -> "7" -> end of turn (see the module docstring)."""
-    newline, seven, eos = tokenizer.encode("\n")[0], tokenizer.encode("7")[0], tokenizer.eos_token_id
+def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
+    """Greedy: "\\n" -> answer -> end of turn (see the module docstring); answer must be one token."""
+    (answer_id,) = tokenizer.encode(answer)
+    newline, eos = tokenizer.encode("\n")[0], tokenizer.eos_token_id
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -21,5 +23,5 @@ def rig_short_answers(model, tokenizer) -> None:
         side = torch.randn(base.shape, generator=torch.Generator().manual_seed(0))
         side -= (side @ base) / (base @ base) * base  # orthogonal to the newline embedding
         side *= base.norm() / side.norm()
-        emb[seven] = 2 * base + 3 * side  # from "\n": only "7" scores 2|base|^2
-        emb[eos] = 10 * side  # from "7": 30|side|^2 beats "7"'s own 13|side|^2
+        emb[answer_id] = 2 * base + 3 * side  # from "\n": only the answer scores 2|base|^2
+        emb[eos] = 10 * side  # from the answer: 30|side|^2 beats the answer's own 13|side|^2
