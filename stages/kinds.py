@@ -128,19 +128,24 @@ def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) 
 
 
 def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], domains: set[str]) -> None:
-    """A local preference file must exist and its first row must have the pair's fields, before any work."""
+    """The pairs' domain must build pairs; a local preference file must exist and its first row must have the
+    pair's fields, before any work."""
     if not isinstance(cfg.pairs, PreferenceFile):
+        from stages.domains import domain_names, get_domain
+
+        if cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
+            raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
     from pathlib import Path
+
+    from stages.datasets.preferences import check_first_row
 
     local = cfg.pairs.path.removeprefix("file://")
     if "://" in local:
         return
     if not Path(local).is_file():
         raise ValueError(f"stage {cfg.name!r}: preference file not found: {cfg.pairs.path}")
-    from stages.datasets.preferences import read_preference_file
-
-    read_preference_file(cfg.pairs, limit=1)
+    check_first_row(cfg.pairs, local)
 
 
 for _row in (

@@ -30,7 +30,8 @@ from artifacts.checkpoint import materialize
 from stages.config import DomainPairs, PreferenceFile, RewardModelConfig
 from stages.context import StageContext, StageResult, save_model_checkpoint
 from stages.domains import get_domain
-from stages.datasets.preferences import PreferencePair, read_preference_file
+from stages.datasets.preferences import PreferencePair, pair_of
+from stages.datasets.sources import _file_records
 from stages.kinds import StageInputs
 from stages.losses import bradley_terry_loss
 from stages.model import completion_ids, prompt_ids, resolve_model_dir
@@ -113,6 +114,11 @@ def load_pairs(cfg: RewardModelConfig, seed: int) -> tuple[list[PreferencePair],
     if cut < 1:
         raise ValueError(f"{cfg.pairs.path}: {len(rows)} pair(s), too few to hold out {cfg.pairs.heldout_share:g}")
     return rows[:cut], rows[cut:]
+
+
+def read_preference_file(src: PreferenceFile) -> list[PreferencePair]:
+    """Every row of a JSONL or Parquet pair file, local or remote (read as the SFT data build reads files)."""
+    return [pair_of(src, row, index) for index, row in enumerate(_file_records(src))]
 
 
 def encode_pairs(tokenizer, pairs: list[PreferencePair]) -> list[Pair]:

@@ -136,6 +136,7 @@ stages:
     ("{kind: domain}", "nope", "stage 'rlhf' reads reward.stage 'nope', which no earlier reward_model stage writes"),
     ("{kind: file, path: PAIRS}", "rm", "pairs.jsonl: row 1: no 'chosen' string"),
     ("{kind: file, path: /no/such/pairs.jsonl}", "rm", "stage 'rm': preference file not found: /no/such/pairs.jsonl"),
+    ("{kind: domain, domain: math}", "rm", "stage 'rm': domain 'math' builds no preference pairs"),
 ])
 def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_stage, message):
     pair_file = tmp_path / "pairs.jsonl"

@@ -118,3 +118,23 @@ def test_rlhf_logs_reward_model_and_rubric_side_by_side_and_kl_starts_at_zero(tm
     assert rows[0]["kl"] == 0.0  # step 1 trains the reference's own weights: k3 is exactly zero
     assert rows[1]["kl"] > 0.0
     assert all(0.0 <= m["rubric_score"] <= 1.0 for m in rows)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stages.config import RewardModelConfig
+    from stages.reward_model import load_pairs
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "extra": i} for i in range(10)]
+    path = tmp_path / f"pairs.{suffix}"
+    if suffix == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RewardModelConfig(init="sft", pairs={"kind": "file", "path": str(path), "heldout_share": 0.2})
+    train, heldout = load_pairs(cfg, seed=0)
+    assert [p.prompt for p in train] == [f"q{i}" for i in range(8)]
+    assert [(p.prompt, p.chosen, p.rejected) for p in heldout] == [("q8", "good 8", "bad 8"), ("q9", "good 9", "bad 9")]
