@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from flows.cli import app
 from stages.config import JudgeReward
 from stages.judge import PairwiseJudge
-from tests.stages.rigged import rig_short_answers
+from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_sft_data_vllm import FaultProxy
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 
@@ -25,19 +25,8 @@ REQUESTS = ["Tell me about Ada and rain in a calm tone.", "Name a color.", "Say 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     require_vllm_venv()
-    from stages.config import ModelConfig
-    from stages.engines.vllm import VLLMEngine
-    from stages.model import build_tiny_model, save_hf
-    from stages.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer()
-    model = build_tiny_model(ModelConfig(**TINY), len(tokenizer), seed=0).eval()
-    rig_short_answers(model, tokenizer, answer="A")
-    model_dir = tmp_path_factory.mktemp("judge-tiny")
-    save_hf(model, tokenizer, model_dir)
-    engine = VLLMEngine(model_dir, workdir=tmp_path_factory.mktemp("vllm-judge"))
-    yield engine.url
-    engine.close()
+    with rigged_vllm_server(tmp_path_factory, TINY, answer="A") as url:
+        yield url
 
 
 @pytest.fixture
