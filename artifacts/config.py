@@ -21,7 +21,8 @@ class Strict(BaseModel):
 
 def config_hash(cfg: BaseModel) -> str:
     """Stable short hash of a config: part of every checkpoint's provenance and cache key."""
-    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
+    exclude = set(getattr(cfg, "not_hashed", ()))  # fields a config declares irrelevant to its result
+    blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

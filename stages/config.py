@@ -10,7 +10,7 @@ kind reads and makes, is the registry's business (`stages/kinds.py`); the recipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, NamedTuple, Union
+from typing import Annotated, ClassVar, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
@@ -41,19 +41,90 @@ TopP = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_i
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+class RopeScaling(Strict):
+    """Hugging Face's `rope_scaling` (RoPE position interpolation), e.g. YaRN: {rope_type: yarn, factor: 4.0,
+    original_max_position_embeddings: 1024} stretches a 1024-position model to 4096."""
+
+    rope_type: Literal["linear", "dynamic", "yarn", "longrope", "llama3"]
+    factor: Positive
+    original_max_position_embeddings: Count | None = None
+    beta_fast: Positive | None = None  # yarn only
+    beta_slow: Positive | None = None  # yarn only
+    attention_factor: Positive | None = None  # yarn and longrope
+
+
 class ModelConfig(Strict):
     source: str = "tiny"  # "tiny" | "smollm2-135m" | an HF model dir | a checkpoint URI
     hidden_size: Count = 256  # the tiny architecture; ignored for other sources
     num_layers: Count = 4
     num_heads: Count = 4
     intermediate_size: Count = 688
-    bf16_autocast: bool = True  # measured 1.6x faster training on avx512_bf16 CPUs, same accuracy or better
+    # The context window, for the tiny model or set on a loaded one (then a checkpoint keeps it); None: the
+    # model's own (tiny: 1024). With rope_scaling, positions past the trained window are interpolated.
+    max_position_embeddings: Count | None = None
+    rope_scaling: RopeScaling | None = None
+
+    def context_overrides(self) -> dict:
+        """The config keys a recipe sets on the model it starts from."""
+        out: dict = {}
+        if self.max_position_embeddings is not None:
+            out["max_position_embeddings"] = self.max_position_embeddings
+        if self.rope_scaling is not None:
+            out["rope_scaling"] = self.rope_scaling.model_dump(exclude_none=True)
+        return out
+
+
+Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
+DType = Literal["bf16", "fp32"]  # bf16: autocast on the device (measured 1.6x faster on avx512_bf16 CPUs)
+Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
+RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
+
+
+class ComputeConfig(Strict):
+    """Where and how training runs. One process (the default) trains in the stage task's own process; more
+    launch `torchrun` with FSDP2 (stages/launch.py, docs/SCALE.md)."""
+
+    device: Device = "auto"
+    dtype: DType = "bf16"
+    nproc_per_node: Processes = 1  # GPUs (or CPU processes) per node
+    nnodes: Processes = 1
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward: memory for time
+
+    @model_validator(mode="after")
+    def _multi_node_needs_endpoint(self) -> ComputeConfig:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+class ComputeOverride(Strict):
+    """A training stage's `compute:`: the keys it sets replace the recipe's; the rest stay the recipe's."""
+
+    device: Device | None = None
+    dtype: DType | None = None
+    nproc_per_node: Processes | None = None
+    nnodes: Processes | None = None
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)
+    activation_checkpointing: bool | None = None
+
+    def over(self, base: ComputeConfig) -> ComputeConfig:
+        return ComputeConfig.model_validate(base.model_dump() | self.model_dump(exclude_none=True))
 
 
 class EngineConfig(Strict):
     kind: Literal["hf", "vllm"] = "hf"
     url: str | None = None  # an external OpenAI-compatible vLLM server instead of a managed one
     batch_size: Count = 128  # sequences per generate call of the HF engine (training rollouts and evals)
+    # The managed vLLM server's own options (`vllm serve` flags); an external server (`url`) has its own.
+    tensor_parallel_size: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    max_model_len: Count | None = None  # None: the model's own context length
 
 
 class DomainSpec(Strict):
@@ -61,10 +132,31 @@ class DomainSpec(Strict):
     heldout_size: Count = 500  # 500+ items resolve a ~4-point gain (docs/LOG.md)
     max_new_tokens: Count = 64
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
+    # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
+    # haystack; every item of the domain (train, held-out, SFT data) is generated with them
+    options: dict[str, int | float | str | bool] = {}
+
+
+BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
+
+
+class BenchmarkEval(Strict):
+    """A real benchmark evaluated after every model stage, beside the held-out splits, and gated like them."""
+
+    limit: Count | None = None  # the benchmark's first N items; None: all of them
+    max_new_tokens: Count = 256
+    tolerance: Fraction = 0.05  # the gate fires when pass@1 drops more than this below its best
 
 
 class EvalConfig(Strict):
     enabled: bool = True
+    benchmarks: dict[str, BenchmarkEval] = {}  # name (as `cascade eval --benchmark` takes it) -> settings
+    data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        from stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+        return DEFAULT_DATA_ROOT if self.data_root is None else (REPO_ROOT / self.data_root).resolve()
 
 
 # --- the sft_data stage: sources, teachers, filters ---
@@ -195,6 +287,10 @@ class TrainingConfig(StageConfig):
     grad_clip: Positive = 1.0
     checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
     keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
+    compute: ComputeOverride | None = None  # replaces keys of the recipe's `compute` for this stage
+    # Where and how a stage runs does not change what it computes (up to float rounding): the config hash
+    # leaves `compute` out, so a step checkpoint written by 2 processes resumes in 1 and the reverse.
+    not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
 
 
 class SFTDataConfig(StageConfig):
@@ -212,11 +308,7 @@ class SFTDataConfig(StageConfig):
     data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
 
     def resolved_data_root(self) -> Path:
-        from stages.domains.benchdata import DEFAULT_DATA_ROOT
-
-        if self.data_root is None:
-            return DEFAULT_DATA_ROOT
-        return (REPO_ROOT / self.data_root).resolve()
+        return EvalConfig(data_root=self.data_root).resolved_data_root()
 
     def domain_sources(self, domain: str) -> list[BaseModel]:
         return self.sources.get(domain) or [SyntheticSource()]
@@ -299,6 +391,15 @@ class OnPolicyConfig(TrainingConfig):
     lr: LearningRate = 5e-5
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
+    # domain -> share of each step's prompts (normalized; e.g. the paper's multi-domain blend mcqa 0.55, tool 0.30,
+    # structured 0.15); None: prompts drawn uniformly from the pooled domains, so each in proportion to its pool
+    domain_weights: dict[str, Fraction] | None = None
+
+    @model_validator(mode="after")
+    def _weights_sum(self) -> OnPolicyConfig:
+        if self.domain_weights is not None and sum(self.domain_weights.values()) <= 0:
+            raise ValueError(f"stage {self.name!r}: domain_weights must not all be 0")
+        return self
 
 
 class GraderReward(Strict):
@@ -402,7 +503,9 @@ class MOPDConfig(OnPolicyConfig):
     kind: Literal["mopd"] = "mopd"
     name: str = "mopd"
     domains: list[str] | None = None  # None: every domain that has a teacher
-    teachers: dict[str, str] = {}  # domain -> earlier stage whose checkpoint teaches it; the gate fills it on recovery
+    # domain -> earlier stage whose checkpoint teaches it; "auto": per domain, the stage with the best held-out score
+    # in the evals before this stage (chosen when the stage starts, as the gate's recovery chooses them)
+    teachers: dict[str, str] | Literal["auto"] = {}
     steps: Steps = 40  # the paper converges in ~30-50 steps
     group_size: Count = 4  # token-level teacher signal needs fewer samples per prompt than a group baseline
     eps_low: Fraction = 0.5
@@ -410,6 +513,8 @@ class MOPDConfig(OnPolicyConfig):
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
 
     def reads(self) -> list[Read]:
+        if self.teachers == "auto":
+            return []  # not known before the run: the flow chooses them, then hands their checkpoints over
         return [Read(f"teachers.{domain}", stage, "policy") for domain, stage in self.teachers.items()]
 
 

@@ -26,6 +26,7 @@ from stages.recipe import Recipe
 
 
 log = logging.getLogger("cascade.checkpoint")
+TRAIN_STATE_DIR = "train"  # state/train/: a step checkpoint's model + optimizer state, DCP-sharded by rank
 
 
 class MetricSink(Protocol):
@@ -90,12 +91,17 @@ def save_model_checkpoint(
     parent: CheckpointRef | None,
     metrics: dict[str, Any],
     state: dict[str, Any] | None = None,
+    local: Path | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> CheckpointRef:
-    """model/ (HF format) and, for step checkpoints, state/trainer.pt; the manifest goes last."""
-    local = Path(tempfile.mkdtemp(dir=ctx.workdir))
-    save_hf(model, tokenizer, local / "model")
+    """model/ (HF format) and, for step checkpoints, state/trainer.pt; the manifest goes last.
+
+    local: a directory already holding more of the checkpoint (the DCP train state); weights: the model's
+    full state dict when the module holds only a shard of it (FSDP2)."""
+    local = local or Path(tempfile.mkdtemp(dir=ctx.workdir))
+    save_hf(model, tokenizer, local / "model", weights)
     if state is not None:
-        (local / "state").mkdir()
+        (local / "state").mkdir(exist_ok=True)
         torch.save(state, local / "state" / "trainer.pt")
     return write_checkpoint(
         ctx.store, key, local, stage=cfg.name, step=step, parent=parent, config_hash=config_hash(cfg), metrics=metrics
@@ -141,7 +147,9 @@ def _verified_copy(ctx: StageContext, ref: CheckpointRef) -> Path:
     return local
 
 
-def load_step_state(ctx: StageContext, ref: CheckpointRef) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any]]:
+def load_step_state(ctx: StageContext, ref: CheckpointRef) -> tuple[torch.nn.Module, PreTrainedTokenizerFast,
+                                                                    dict[str, Any], Path]:
+    """The step's HF model, tokenizer, trainer state (step, RNG, history), and the local copy (its DCP state)."""
     local = _verified_copy(ctx, ref)
     model, tok = load_hf(local / "model")
-    return model, tok, torch.load(local / "state" / "trainer.pt", weights_only=False)
+    return model, tok, torch.load(local / "state" / "trainer.pt", weights_only=False), local

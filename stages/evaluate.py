@@ -11,8 +11,8 @@ from typing import Any
 
 from artifacts.checkpoint import CheckpointRef
 from artifacts.store import Store
+from stages.config import BENCHMARK_COLUMN
 from stages.context import load_checkpoint
-from stages.domains import get_domain
 from stages.engines import make_engine
 from stages.engines.base import RolloutEngine, SamplingParams
 from stages.model import prompt_ids
@@ -26,7 +26,7 @@ def evaluate_domains(
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
-        spec, domain = recipe.domains[name], get_domain(name)
+        spec, domain = recipe.domains[name], recipe.domain(name)
         items = domain.generate("heldout", spec.heldout_size, recipe.seed)
         prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
         greedy = SamplingParams(temperature=0.0, max_new_tokens=spec.max_new_tokens)
@@ -35,6 +35,23 @@ def evaluate_domains(
         scores[name] = sum(grades) / len(grades)
         rows += [{"domain": name, "id": it.id, "prompt": it.prompt, "completion": c, "score": g}
                  for it, c, g in zip(items, completions, grades)]
+    return scores, rows
+
+
+def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
+                        ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"."""
+    from stages.benchmarks import evaluate_benchmark
+
+    scores: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
+    for name, spec in recipe.eval.benchmarks.items():
+        result = evaluate_benchmark(engine, tokenizer, name, spec.limit, data_root=recipe.eval.resolved_data_root(),
+                                    max_new_tokens=spec.max_new_tokens, seed=recipe.seed)
+        column = BENCHMARK_COLUMN + name
+        scores[column] = result.metrics["pass@1"]
+        rows += [{"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"],
+                  "score": r["score"]} for r in result.rows]
     return scores, rows
 
 
@@ -50,9 +67,12 @@ def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: 
 
 def evaluate_model(recipe: Recipe, checkpoint: CheckpointRef | None = None,
                    store: Store | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source)."""
+    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source), and every
+    benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store)
     try:
-        return evaluate_domains(engine, tokenizer, recipe)
+        scores, rows = evaluate_domains(engine, tokenizer, recipe)
+        bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe)
+        return {**scores, **bench_scores}, rows + bench_rows
     finally:
         engine.close()

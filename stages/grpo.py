@@ -26,12 +26,12 @@ import torch
 from stages.config import GRPOConfig
 from stages.context import StageContext, StageResult, load_policy
 from stages.difficulty import load_kept_prompts
-from stages.engines import make_engine
 from stages.kinds import StageInputs
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy, token_logprobs
 from stages.rewards import make_reward_source
-from stages.rollout import prompt_pool, reward_metrics, rollout_batch, sample_groups
-from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
+from stages.distributed import rank_micro_batches
+from stages.rollout import make_rollout_engine, prompt_pool, reward_metrics, rollout_batch, sample_groups
+from stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -43,9 +43,9 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
         raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({cfg.prompts or 'train split'}), "
                          f"fewer than prompts_per_step={cfg.prompts_per_step}")
     run = TrainRun(ctx, cfg, inputs.policy)
-    engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
+    engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
-    reference = load_reference(ctx, cfg, inputs) if cfg.kl_coef > 0 else None
+    reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy
@@ -72,32 +72,36 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     return StageResult(run.finish(summary), summary)
 
 
-def load_reference(ctx: StageContext, cfg: GRPOConfig, inputs: StageInputs) -> torch.nn.Module:
-    """The frozen KL reference: the `reference` stage's checkpoint, else the policy this stage started from."""
-    model, _ = load_policy(ctx, inputs.stages[cfg.reference] if cfg.reference else inputs.policy)
-    return model.eval().requires_grad_(False)
+def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch.nn.Module:
+    """The frozen KL reference, on the rank's device: the `reference` stage's checkpoint, else the policy this
+    stage started from."""
+    model, _ = load_policy(run.ctx, inputs.stages[cfg.reference] if cfg.reference else inputs.policy)
+    return model.to(run.world.device).eval().requires_grad_(False)
 
 
 def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep,
                   reference: torch.nn.Module | None = None) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
     logprob mismatch over every sampled token (with cfg.mismatch_over_dropped, dropped groups get a no-grad
-    forward for it), else over the kept groups' tokens."""
-    rows = [(p, j) for p in range(len(prompts)) for j in range(len(groups[p]))]
-    ids, mask, inf_logp = rollout_batch([(prompts[p], groups[p][j]) for p, j in rows], run.tokenizer.pad_token_id)
-    kept = torch.tensor([bool(keep[p]) for p, _ in rows])
+    forward for it), else over the kept groups' tokens. Each rank takes its share of the prompts; counts and
+    sums are all-reduced, so N ranks make the update of one process."""
+    world = run.world
+    rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
+    batch = rollout_batch([(prompts[p], groups[p][j]) for p, j in rows], run.tokenizer.pad_token_id)
+    ids, mask, inf_logp = (t.to(world.device) for t in batch)
+    kept = torch.tensor([bool(keep[p]) for p, _ in rows], device=world.device)
     measured = mask if cfg.mismatch_over_dropped else mask[kept]
-    all_tokens = max(float(measured.sum()), 1.0)
+    all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
     gap = mismatch_sum(run, ctx, cfg, ids[~kept], mask[~kept], inf_logp[~kept]) if cfg.mismatch_over_dropped else 0.0
     stats = {"entropy": 0.0, "gap": gap, "kl": 0.0}
-    if not kept.any():
-        return {"logprob_mismatch": stats["gap"] / all_tokens}
+    if world.all_sum(float(kept.sum())) == 0:
+        return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
     ids, mask, inf_logp = ids[kept], mask[kept], inf_logp[kept]
-    adv = torch.tensor([float(advantages[p, j]) for p, j in rows])[kept]
-    num_tokens = int(mask.sum())
+    adv = torch.tensor([float(advantages[p, j]) for p, j in rows], device=world.device)[kept]
+    num_tokens = int(world.all_sum(float(mask.sum())))
 
     def micro_loss(part: slice) -> torch.Tensor:
-        with autocast(ctx.recipe.model.bf16_autocast):
+        with world.autocast():
             logits = run.model(input_ids=ids[part]).logits[:, :-1]
         logp = token_logprobs(logits, ids[part, 1:])  # [n, T-1]
         m = mask[part]
@@ -107,25 +111,29 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
         loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
         if reference is None:
             return loss
-        with torch.no_grad(), autocast(ctx.recipe.model.bf16_autocast):
+        with torch.no_grad(), world.autocast():
             ref_logp = token_logprobs(reference(input_ids=ids[part]).logits[:, :-1], ids[part, 1:])
         kl = kl_k3(logp, ref_logp, m, num_tokens)
         stats["kl"] += float(kl.detach())
         return loss + cfg.kl_coef * kl
 
-    loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss)
+    loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "entropy": stats["entropy"],
-            "logprob_mismatch": stats["gap"] / all_tokens, "tokens_trained": float(ids.numel()),
-            **({"kl": stats["kl"]} if reference is not None else {})}
+    return {"loss": loss, "grad_norm": grad_norm, "entropy": world.all_sum(stats["entropy"]),
+            "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
+            "tokens_trained": world.all_sum(float(ids.numel())),
+            **({"kl": world.all_sum(stats["kl"])} if reference is not None else {})}
 
 
 @torch.no_grad()
 def mismatch_sum(run: TrainRun, ctx: StageContext, cfg: GRPOConfig, ids, mask, inf_logp) -> float:
-    """sum |log pi_train - log pi_inf| over the masked tokens of rows that take no gradient."""
+    """sum |log pi_train - log pi_inf| over this rank's masked tokens of rows that take no gradient."""
     total = 0.0
-    for part in micro_batches(len(ids), cfg.micro_batch_size):
-        with autocast(ctx.recipe.model.bf16_autocast):
+    for part in rank_micro_batches(run.world, len(ids), cfg.micro_batch_size):
+        if part.start == part.stop:
+            idle_loss(run.model, run.world)
+            continue
+        with run.world.autocast():
             logits = run.model(input_ids=ids[part]).logits[:, :-1]
         total += float(((token_logprobs(logits, ids[part, 1:]) - inf_logp[part]).abs() * mask[part]).sum())
     return total

@@ -106,7 +106,14 @@ def _check_sft_data(cfg: SFTDataConfig, earlier: list[StageConfig], domains: set
         raise ValueError(f"stage {cfg.name!r} gives sources or teachers for domain(s) {extra} it does not build")
 
 
+def _check_domain_weights(cfg: Any, trained: list[str]) -> None:
+    stray = sorted(set(cfg.domain_weights or {}) - set(trained))
+    if stray:
+        raise ValueError(f"stage {cfg.name!r} weighs domain(s) {stray} it does not train on")
+
+
 def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    _check_domain_weights(cfg, cfg.domains)
     if cfg.prompts is None:
         return
     source = next(s for s in earlier if s.name == cfg.prompts)
@@ -117,11 +124,19 @@ def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) 
 
 
 def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    if cfg.teachers == "auto":
+        if not any(KINDS[s.kind].makes == "policy" for s in earlier):
+            raise ValueError(f"stage {cfg.name!r}: teachers: auto needs an earlier model stage to choose from")
+        unknown = sorted(set(cfg.domains or []) - domains)
+        if unknown:
+            raise ValueError(f"stage {cfg.name!r} names domain(s) {unknown} not declared in `domains`")
+        return
     if not cfg.teachers:
         raise ValueError(f"stage {cfg.name!r}: a mopd stage needs `teachers` (domain: earlier model stage)")
     missing = sorted(set(cfg.teachers) - domains)
     if missing:
         raise ValueError(f"stage {cfg.name!r} names teacher domain(s) {missing} not declared in `domains`")
+    _check_domain_weights(cfg, cfg.domains or list(cfg.teachers))
     untaught = sorted(set(cfg.domains or []) - set(cfg.teachers))
     if untaught:
         raise ValueError(f"stage {cfg.name!r} has no teacher for domain(s) {untaught}")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 from artifacts.checkpoint import committed, materialize
@@ -53,7 +53,18 @@ def build_tiny_model(cfg: ModelConfig, vocab_size: int, seed: int) -> Qwen2ForCa
         eos_token_id=2,
         pad_token_id=0,
     )
+    set_context(config, cfg.context_overrides())
     return Qwen2ForCausalLM(config)
+
+
+def set_context(config, overrides: dict) -> None:
+    """A recipe's window and RoPE scaling on a model config. transformers 5 keeps RoPE settings in
+    `rope_parameters`, which must carry the model's own rope_theta beside the scaling."""
+    if "max_position_embeddings" in overrides:
+        config.max_position_embeddings = overrides["max_position_embeddings"]
+    if "rope_scaling" in overrides:
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", None))
+        config.rope_parameters = {**overrides["rope_scaling"], "rope_theta": theta}
 
 
 def initial_model(cfg: ModelConfig, seed: int, workdir: Path | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
@@ -62,7 +73,7 @@ def initial_model(cfg: ModelConfig, seed: int, workdir: Path | None = None) -> t
     if model_dir is None:
         tok = load_tokenizer()
         return build_tiny_model(cfg, len(tok), seed), tok
-    return load_hf(model_dir)
+    return load_hf(model_dir, cfg.context_overrides())
 
 
 def smollm2_gguf() -> Path:
@@ -132,19 +143,24 @@ def resolve_model_dir(source: str | Path, workdir: Path | None = None) -> Path |
     return copy / "model" if (copy / "model").exists() else copy
 
 
-def load_hf(model_dir: str | Path) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+    """config_overrides: config keys set on load (a recipe's context window and RoPE scaling)."""
     path = resolve_model_dir(model_dir)
     if path is None or not (path / "config.json").exists():
         raise ModelSourceError(f"not an HF model directory (no config.json): {path or model_dir}")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        config = AutoConfig.from_pretrained(str(path))
+        set_context(config, config_overrides or {})
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32)
         return model, load_tokenizer(path)
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
         raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
 
 
-def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path) -> None:
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path,
+            weights: dict[str, torch.Tensor] | None = None) -> None:
+    """weights: the full state dict, when the module holds only a shard of it (FSDP2); None: the module's own."""
+    model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(str(out_dir))
 
 

@@ -24,11 +24,17 @@ import torch
 from artifacts.checkpoint import CheckpointRef
 from stages.config import MOPDConfig
 from stages.context import StageContext, StageResult, load_policy
-from stages.engines import make_engine
 from stages.kinds import StageInputs
 from stages.losses import mopd_loss, token_logprobs, truncated_fraction
-from stages.rollout import prompt_pool, reward_metrics, rollout_batch, sample_groups, score_groups
-from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, micro_batches
+from stages.rollout import (
+    make_rollout_engine,
+    prompt_pool,
+    reward_metrics,
+    rollout_batch,
+    sample_groups,
+    score_groups,
+)
+from stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches
 
 
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -40,22 +46,25 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     if missing:
         raise ValueError(f"MOPD stage {cfg.name!r} has no teacher for domain(s) {missing}")
     run = TrainRun(ctx, cfg, inputs.policy)
-    engine = make_engine(ctx.recipe.engine, run.model, run.tokenizer, seed=ctx.recipe.seed)
+    engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     pool = prompt_pool(ctx.recipe, domains)
-    teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident")
+    teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident", device=run.world.device)
     try:
         while run.step < cfg.steps:
             # rollout: the student samples; the engine reports pi_inf per token
             items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, ctx.recipe, domains, run.step)
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
-            ids, mask, inf_logp = rollout_batch(pairs, run.tokenizer.pad_token_id)
+            mine = run.world.shard(len(pairs))  # this rank's rows (all of them in one process)
+            ids, mask, inf_logp = (t.to(run.world.device) for t in
+                                   rollout_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id))
 
             # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
-            teacher_logp = teacher_pool.logprobs(ids, row_domains, cfg.micro_batch_size)
+            teacher_logp = teacher_pool.logprobs(ids, row_domains[mine.start : mine.stop], cfg.micro_batch_size)
 
             # update: truncated-importance-weighted reverse-KL policy gradient
-            update = distill_update(run, cfg, ctx, ids, mask, inf_logp, teacher_logp, row_domains)
+            update = distill_update(run, cfg, ids, mask, inf_logp, teacher_logp, row_domains[mine.start : mine.stop],
+                                    sorted(set(row_domains)))
             run.step += 1
             engine.sync_weights(run.model)
 
@@ -68,39 +77,44 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     return StageResult(run.finish(summary), summary)
 
 
-def distill_update(run: TrainRun, cfg: MOPDConfig, ctx: StageContext, ids, mask, inf_logp, teacher_logp,
-                   row_domains: list[str]) -> dict[str, float]:
-    """One optimizer step on the MOPD loss; returns loss, grad norm, truncation, mismatch and KL per domain."""
-    num_tokens = int(mask.sum())
+def distill_update(run: TrainRun, cfg: MOPDConfig, ids, mask, inf_logp, teacher_logp, row_domains: list[str],
+                   domains: list[str]) -> dict[str, float]:
+    """One optimizer step on the MOPD loss over this rank's rows (row_domains: theirs; domains: every domain of
+    the step, on every rank); returns loss, grad norm, truncation, mismatch and KL per domain, all-reduced."""
+    world = run.world
+    local_tokens = float(mask.sum())
+    num_tokens = int(world.all_sum(local_tokens))
     student_logp = torch.zeros_like(mask)
 
     def micro_loss(part: slice) -> torch.Tensor:
-        with autocast(ctx.recipe.model.bf16_autocast):
+        with world.autocast():
             logits = run.model(input_ids=ids[part]).logits[:, :-1]
         logp = token_logprobs(logits, ids[part, 1:])
         student_logp[part] = logp.detach()
         return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
 
-    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss)
+    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
+    outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {
         "loss": loss, "grad_norm": grad_norm,
-        "truncated_fraction": float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)),
-        "logprob_mismatch": float(((student_logp - inf_logp).abs() * mask).sum() / num_tokens),
-        "tokens_sampled": float(num_tokens), "tokens_trained": float(ids.numel()),
+        "truncated_fraction": world.all_sum(outside) / max(num_tokens, 1),
+        "logprob_mismatch": world.all_sum(float(((student_logp - inf_logp).abs() * mask).sum())) / num_tokens,
+        "tokens_sampled": float(num_tokens), "tokens_trained": world.all_sum(float(ids.numel())),
     }
-    for domain in sorted(set(row_domains)):
+    for domain in domains:
         rows = [i for i, d in enumerate(row_domains) if d == domain]
-        gap = ((student_logp[rows] - teacher_logp[rows]) * mask[rows]).sum() / mask[rows].sum().clamp(min=1)
-        metrics[f"reverse_kl/{domain}"] = float(gap)
+        gap = world.all_sum(float(((student_logp[rows] - teacher_logp[rows]) * mask[rows]).sum()))
+        metrics[f"reverse_kl/{domain}"] = gap / max(world.all_sum(float(mask[rows].sum())), 1.0)
     return metrics
 
 
 class TeacherPool:
     """Frozen teachers by domain. Domains sharing a checkpoint share one loaded model."""
 
-    def __init__(self, ctx: StageContext, refs: dict[str, CheckpointRef], resident: bool):
-        self.ctx, self.refs, self.resident = ctx, refs, resident
+    def __init__(self, ctx: StageContext, refs: dict[str, CheckpointRef], resident: bool,
+                 device: torch.device = torch.device("cpu")):
+        self.ctx, self.refs, self.resident, self.device = ctx, refs, resident, device
         self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
 
     @torch.no_grad()
@@ -108,7 +122,7 @@ class TeacherPool:
         """[N, T] ids -> [N, T-1] log pi_teacher(ids[:, 1:]) with each row's own domain teacher.
 
         Forwards micro_batch_size rows at a time, as the student does: logits are [n, T, V], never [N, T, V]."""
-        out = torch.zeros(ids.shape[0], ids.shape[1] - 1)
+        out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
         by_digest: dict[str, list[int]] = {}
         for row, domain in enumerate(row_domains):
             by_digest.setdefault(self.refs[domain].digest, []).append(row)
@@ -125,7 +139,7 @@ class TeacherPool:
         if digest not in self.loaded:
             ref = next(r for r in self.refs.values() if r.digest == digest)
             model, _ = load_policy(self.ctx, ref)
-            self.loaded[digest] = model.eval().requires_grad_(False)
+            self.loaded[digest] = model.to(self.device).eval().requires_grad_(False)
         return self.loaded[digest]
 
 

@@ -21,6 +21,8 @@ from pydantic_core import PydanticCustomError
 from artifacts.config import StorageConfig, Strict, TrackingConfig
 from artifacts.urls import credential_error
 from stages.config import (
+    BENCHMARK_COLUMN,
+    ComputeConfig,
     DomainSpec,
     EngineConfig,
     EvalConfig,
@@ -49,6 +51,7 @@ class Recipe(Strict):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     engine: EngineConfig = EngineConfig()
+    compute: ComputeConfig = ComputeConfig()
     domains: dict[str, DomainSpec]
     stages: list[SerializeAsAny[StageConfig]]
     eval: EvalConfig = EvalConfig()
@@ -74,18 +77,45 @@ class Recipe(Strict):
         unknown = sorted(set(self.domains) - set(domain_names()))
         if unknown:
             raise ValueError(f"unknown domain(s) {unknown}; known: {domain_names()}")
+        for name in self.domains:
+            self.domain(name)  # bad options are refused here, before anything runs
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
+        if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
+            raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
+        if self.eval.benchmarks:
+            from stages.domains.benchdata import benchmark_registry
+
+            known = benchmark_registry()
+            unknown = sorted(set(self.eval.benchmarks) - set(known))
+            if unknown:
+                raise ValueError(f"eval.benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(sorted(known))}")
         return self
+
+    def domain(self, name: str):
+        """The recipe's domain `name`, built with its `options`."""
+        from stages.domains import get_domain
+
+        return get_domain(name, self.domains[name].options)
+
+    def tolerances(self) -> dict[str, float]:
+        """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""
+        return {**{d: spec.tolerance for d, spec in self.domains.items()},
+                **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()}}
 
     def stage(self, name: str) -> StageConfig:
         for s in self.stages:
             if s.name == name:
                 return s
         raise KeyError(name)
+
+    def compute_for(self, stage: StageConfig) -> ComputeConfig:
+        """The recipe's compute settings with the stage's own `compute:` keys in place of the recipe's."""
+        override = getattr(stage, "compute", None)
+        return self.compute if override is None else override.over(self.compute)
 
     def model_stages(self) -> list[StageConfig]:
         """The stages that make a policy: each is evaluated and gated."""

@@ -11,9 +11,10 @@ Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it) or
 ecosystem's `prompt`/`chosen`/`rejected` format. Metrics: pairwise accuracy (share of held-out pairs with
 r(chosen) > r(rejected)) and the mean reward margin on them.
 
-Deviations: the score head starts at zero (transformers initializes it randomly), so every pair starts at loss
-log 2 and the first steps are not spent undoing a random head; no step checkpoints (the stage is minutes long on
-CPU, so a cut-off run repeats it); Cascade 2's generative pairwise reward model is the `judge` reward instead.
+Deviations: one process (no FSDP), on the recipe's compute device and dtype; the score head starts at zero
+(transformers initializes it randomly), so every pair starts at loss log 2 and the first steps are not spent
+undoing a random head; no step checkpoints (the stage is minutes long on CPU, so a cut-off run repeats it);
+Cascade 2's generative pairwise reward model is the `judge` reward instead.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from stages.losses import bradley_terry_loss
 from stages.model import completion_ids, prompt_ids, resolve_model_dir
 from stages.sft import batch_for_step
 from stages.tokenizer import load_tokenizer
-from stages.training import autocast, backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
+from stages.distributed import World, resolve_device
+from stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
 
@@ -45,7 +47,10 @@ Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + 
 def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
     started = time.time()
+    compute = ctx.recipe.compute_for(cfg)
+    world = World(0, 1, resolve_device(compute.device), compute)  # one process: the stage is minutes on a CPU
     model, tokenizer = load_backbone(ctx, cfg, inputs)
+    model.to(world.device)
     train, heldout = load_pairs(cfg, ctx.recipe.seed)
     train_ids, heldout_ids = encode_pairs(tokenizer, train), encode_pairs(tokenizer, heldout)
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
@@ -59,7 +64,7 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
 
         # update: Bradley-Terry loss normalized by the batch's pair count, accumulated over micro-batches
         def micro_loss(part: slice) -> torch.Tensor:
-            with autocast(ctx.recipe.model.bf16_autocast):
+            with world.autocast():
                 chosen, rejected = pair_scores(model, batch[part], pad)
             stats["correct"] += float((chosen > rejected).sum())
             return bradley_terry_loss(chosen, rejected, len(batch), cfg.margin)
@@ -133,7 +138,7 @@ def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad: int) -> 
     ids = torch.full((len(seqs), max(len(s) for s in seqs)), pad, dtype=torch.long)
     for row, seq in enumerate(seqs):
         ids[row, : len(seq)] = torch.tensor(seq)
-    return model(input_ids=ids).logits[:, 0].float()
+    return model(input_ids=ids.to(model.device)).logits[:, 0].float()
 
 
 def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

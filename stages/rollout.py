@@ -6,14 +6,17 @@ step checkpoint draws exactly the prompts and samples it would have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
+from typing import Any
 
 import torch
 
-from stages.config import OnPolicyConfig
+from stages.config import EngineConfig, OnPolicyConfig
+from stages.distributed import full_weights_everywhere
 from stages.domains import Item, get_domain
-from stages.engines import Completion, RolloutEngine, SamplingParams
+from stages.engines import Completion, RolloutEngine, SamplingParams, make_engine
 from stages.model import prompt_ids
 from stages.recipe import Recipe
 
@@ -23,12 +26,35 @@ def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = Non
     pool: list[Item] = []
     for name in domains:
         size = recipe.domains[name].train_size
-        pool += get_domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
+        pool += recipe.domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
     return pool
 
 
-def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int) -> list[Item]:
-    return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
+def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
+                   weights: dict[str, float] | None = None) -> list[Item]:
+    """n prompts of the pool without replacement: uniformly, or `weights[d]`'s share of them from domain d."""
+    if weights is None:
+        return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
+    by_domain: dict[str, list[Item]] = defaultdict(list)
+    for item in pool:
+        by_domain[item.domain].append(item)
+    drawn: list[Item] = []
+    for domain, count in weighted_counts(n, weights).items():
+        if count > len(by_domain[domain]):
+            raise ValueError(f"stage {stage!r}: domain {domain!r} has {len(by_domain[domain])} prompts, "
+                             f"fewer than its {count} of each step")
+        drawn += random.Random(f"prompts:{seed}:{stage}:{step}:{domain}").sample(by_domain[domain], count)
+    return drawn
+
+
+def weighted_counts(n: int, weights: dict[str, float]) -> dict[str, int]:
+    """n split by weight, by largest remainder (ties: domain name), so the counts sum to n exactly."""
+    total = sum(weights.values())
+    exact = {d: n * w / total for d, w in sorted(weights.items())}
+    counts = {d: int(x) for d, x in exact.items()}
+    for d in sorted(exact, key=lambda d: counts[d] - exact[d])[: n - sum(counts.values())]:
+        counts[d] += 1
+    return counts
 
 
 def step_seed(seed: int, stage: str, step: int) -> int:
@@ -39,11 +65,52 @@ def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
     return max(recipe.domains[d].max_new_tokens for d in domains)
 
 
+def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine:
+    """The engine an on-policy stage samples with: on the trainer's own module in one process, else
+    `ShardedRollouts` (run: a stages.training.TrainRun)."""
+    if not run.world.distributed:
+        return make_engine(cfg, run.model, run.tokenizer, seed=seed)
+    if cfg.kind == "vllm":
+        raise ValueError("engine.kind vllm with compute.nproc_per_node * nnodes > 1 is not supported yet: "
+                         "use engine.kind hf (each rank samples its share; docs/SCALE.md)")
+    return ShardedRollouts(cfg, run, seed)
+
+
+class ShardedRollouts:
+    """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank) from its own
+    full copy of the policy, and every rank returns every rank's samples, in prompt order. The trainer's FSDP2
+    shards cannot generate: their forwards are collectives, and ranks stop decoding at different lengths."""
+
+    def __init__(self, cfg: EngineConfig, run: Any, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        self.world = run.world
+        self.replica = AutoModelForCausalLM.from_config(run.model.config).to(self.world.device)
+        self.replica.load_state_dict(full_weights_everywhere(run.model, self.world))
+        self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
+        self.name = self.engine.name
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+        if len(prompts) < self.world.size:
+            raise ValueError(f"{len(prompts)} prompts per step cannot be shared by {self.world.size} ranks")
+        mine = self.world.shard(len(prompts))
+        seed = None if sampling.seed is None else sampling.seed + self.world.rank
+        groups = self.engine.generate(prompts[mine.start : mine.stop], n, dataclasses.replace(sampling, seed=seed))
+        return [group for share in self.world.all_gather(groups) for group in share]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        self.replica.load_state_dict(full_weights_everywhere(model, self.world))
+        self.engine.sync_weights(self.replica)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
 def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,
                   domains: list[str], step: int) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
     """The rollout phase of every on-policy stage: this step's P prompts, their chat-formatted token ids, and
     G samples of each from the current policy (groups[p][j] is sample j of prompt p)."""
-    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step)
+    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step, cfg.domain_weights)
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, cfg.name, step))

@@ -6,7 +6,8 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
 
 with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
-(docs/LOG.md); batches are sampled from a per-epoch seeded permutation, so the data position is just the
+(docs/LOG.md); under torchrun each rank takes a contiguous share of every batch's rows and the token count is
+all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data position is just the
 step number and a resumed stage sees exactly the batches it would have seen.
 """
 
@@ -24,7 +25,7 @@ from stages.model import completion_ids, prompt_ids
 from stages.config import SFTConfig
 from stages.kinds import StageInputs
 from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
-from stages.training import TrainRun, autocast, backward_micro_batches, clip_and_step, warmup_cosine
+from stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
 
@@ -35,28 +36,32 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     run = TrainRun(ctx, cfg, inputs.policy)
     examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
     pad = run.tokenizer.pad_token_id
+    world, device = run.world, run.world.device
+    if cfg.batch_size < world.size:
+        raise ValueError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
     tokens_seen = 0
     loss = 0.0
     while run.step < cfg.steps:
-        # batch: this step's slice of the epoch permutation
+        # batch: this step's slice of the epoch permutation; this rank's share of its rows
         batch = batch_for_step(examples, run.step, cfg.batch_size, ctx.recipe.seed)
-        ids, mask = pad_batch(batch, pad)
-        num_tokens = int(mask[:, 1:].sum())
+        ids, mask = (t.to(device) for t in pad_batch([batch[i] for i in world.shard(len(batch))], pad))
+        num_tokens = int(world.all_sum(float(mask[:, 1:].sum())))  # global: N ranks equal one process
 
         # update: global-token-normalized NLL, accumulated over micro-batches
         def micro_loss(part: slice) -> torch.Tensor:
-            with autocast(ctx.recipe.model.bf16_autocast):
+            with world.autocast():
                 logits = run.model(input_ids=ids[part]).logits[:, :-1]
             return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
 
-        loss = backward_micro_batches(len(batch), cfg.micro_batch_size, micro_loss)
+        loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
         grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
         run.step += 1
-        tokens_seen += int(ids.numel())
+        tokens = world.all_sum(float(ids.numel()))
+        tokens_seen += int(tokens)
 
         # log
-        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_trained": float(ids.numel())})
+        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_trained": tokens})
     seconds = time.time() - started
     metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
                "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}

@@ -245,7 +245,7 @@ def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
     from stages.domains.benchdata import load_items, resolve_benchmarks
 
     for name, spec in recipe.domains.items():
-        yield from (item.prompt for item in get_domain(name).iter_items("heldout", spec.heldout_size, recipe.seed))
+        yield from (item.prompt for item in recipe.domain(name).iter_items("heldout", spec.heldout_size, recipe.seed))
     for bench in cfg.decontamination.benchmarks:
         yield from (item.prompt for item in load_items(resolve_benchmarks([bench])[0], cfg.resolved_data_root()))
 

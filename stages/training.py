@@ -1,17 +1,25 @@
-"""Parts every training stage shares: optimizer, LR schedule, micro-batched backward, step checkpoints."""
+"""Parts every training stage shares: optimizer, LR schedule, micro-batched backward, step checkpoints.
+
+`TrainRun` runs in one process or as one rank of N under torchrun (stages/distributed.py): the model is on the
+compute device (FSDP2-sharded under torchrun), step checkpoints hold the sharded train state (DCP) beside an
+ordinary HF model directory, and only rank 0 writes to the store, after every rank's shard is on disk.
+"""
 
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
 from artifacts.layout import step_key
 from stages.config import TrainingConfig
 from stages.context import (
+    TRAIN_STATE_DIR,
     StageContext,
     latest_step_checkpoint,
     load_policy,
@@ -19,6 +27,15 @@ from stages.context import (
     rng_state,
     save_model_checkpoint,
     set_rng_state,
+)
+from stages.distributed import (
+    World,
+    full_state_dict,
+    load_train_state,
+    prepare_model,
+    rank_micro_batches,
+    save_train_state,
+    world_for,
 )
 
 
@@ -35,31 +52,41 @@ def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def autocast(enabled: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else nullcontext()
-
-
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, grad_clip: float) -> float:
     for group in optimizer.param_groups:
         group["lr"] = lr
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm)
+    return float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)  # FSDP2: sharded
 
 
 def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
-def backward_micro_batches(n: int, size: int, loss_of: Callable[[slice], torch.Tensor]) -> float:
-    """Backward each micro-batch's loss (already normalized by the global count); return the summed loss."""
+def backward_micro_batches(n: int, size: int, loss_of: Callable[[slice], torch.Tensor],
+                           run: TrainRun | None = None) -> float:
+    """Backward each micro-batch's loss (already normalized by the global count); return the summed loss. With
+    a run, over every rank: ranks run the same number of micro-batches, a short rank idle ones."""
+    if run is None:
+        parts = micro_batches(n, size)
+    else:
+        parts = rank_micro_batches(run.world, n, size)
     total = 0.0
-    for part in micro_batches(n, size):
-        loss = loss_of(part)
+    for part in parts:
+        loss = loss_of(part) if part.start < part.stop else idle_loss(run.model, run.world)
         loss.backward()
         total += float(loss.detach())
-    return total
+    return total if run is None else run.world.all_sum(total)
+
+
+def idle_loss(model: torch.nn.Module, world: World) -> torch.Tensor:
+    """A one-token forward whose loss is 0: a rank without rows still joins FSDP2's collectives (an empty batch
+    cannot be forwarded)."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=world.device)
+    with world.autocast():
+        return model(input_ids=ids).logits.sum() * 0.0
 
 
 class TrainRun:
@@ -67,17 +94,23 @@ class TrainRun:
 
     def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None):
         self.ctx, self.cfg, self.start = ctx, cfg, start
+        self.world = world_for(ctx.recipe.compute_for(cfg))
         lr, weight_decay = cfg.lr, cfg.weight_decay
         resume = latest_step_checkpoint(ctx, cfg)
         if resume is None:
-            self.model, self.tokenizer = load_policy(ctx, start)
+            model, self.tokenizer = load_policy(ctx, start)
+            self.model = prepare_model(model, self.world)
             self.optimizer = make_optimizer(self.model, lr, weight_decay)
             self.step, self.history = 0, []
             torch.manual_seed(ctx.recipe.seed)
         else:
-            self.model, self.tokenizer, state = load_step_state(ctx, resume)
+            model, self.tokenizer, state, local = load_step_state(ctx, resume)
+            self.model = prepare_model(model, self.world)
             self.optimizer = make_optimizer(self.model, lr, weight_decay)
-            self.optimizer.load_state_dict(state["optimizer"])
+            if "optimizer" in state:  # a step checkpoint from before DCP train state: one process's optimizer
+                self.optimizer.load_state_dict(state["optimizer"])
+            else:
+                load_train_state(self.model, self.optimizer, local / "state" / TRAIN_STATE_DIR)
             self.step, self.history = state["step"], state["history"]
             set_rng_state(state["rng"])
             restore = getattr(ctx.log, "restore", None)  # a step log in the store: the history is its truth
@@ -94,16 +127,28 @@ class TrainRun:
         every = self.cfg.checkpoint_every
         if every <= 0 or self.step % every or self.step >= self.cfg.steps:
             return
-        state = {"step": self.step, "optimizer": self.optimizer.state_dict(), "rng": rng_state(),
-                 "history": self.history}
-        save_model_checkpoint(
-            self.ctx, step_key(self.ctx.key, self.step), self.model, self.tokenizer,
-            cfg=self.cfg, step=self.step, parent=self.start, metrics={}, state=state,
-        )
-        prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
+        state = {"step": self.step, "rng": rng_state(), "history": self.history}
+        self._commit(step_key(self.ctx.key, self.step), {}, state)
+        if self.world.is_main:
+            prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
 
     def finish(self, metrics: dict[str, Any]) -> CheckpointRef:
-        return save_model_checkpoint(
-            self.ctx, self.ctx.key, self.model, self.tokenizer,
-            cfg=self.cfg, step=self.step, parent=self.start, metrics=metrics,
-        )
+        """The stage's checkpoint: the whole model as one HF directory (gathered to rank 0 under torchrun)."""
+        return self._commit(self.ctx.key, metrics, None)
+
+    def _commit(self, key: str, metrics: dict[str, Any], state: dict[str, Any] | None) -> CheckpointRef:
+        """Every rank writes its share of the train state (step checkpoints) into one local directory; after a
+        barrier, rank 0 adds the HF model and the trainer state and commits it, manifest last. Every rank
+        returns rank 0's ref."""
+        local = Path(self.world.from_main(tempfile.mkdtemp(dir=self.ctx.workdir) if self.world.is_main else None))
+        if state is not None:
+            save_train_state(self.model, self.optimizer, local / "state" / TRAIN_STATE_DIR)
+        weights = full_state_dict(self.model, self.world)  # a collective; None in one process
+        self.world.barrier()
+        ref = None
+        if self.world.is_main:
+            ref = save_model_checkpoint(
+                self.ctx, key, self.model, self.tokenizer, cfg=self.cfg, step=self.step, parent=self.start,
+                metrics=metrics, state=state, local=local, weights=weights,
+            )
+        return self.world.from_main(ref)

@@ -70,7 +70,7 @@ def evaluate_checkpoint_task(recipe: Recipe, name: str, ref: CheckpointRef, key:
 
 @task(name="judge", cache_policy=NO_CACHE)
 def judge_task(recipe: Recipe, baseline: Baseline | None, record: EvalRecord) -> list[dict[str, Any]]:
-    tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
+    tolerances = recipe.tolerances()
     return compare(record.checkpoint or record.model, record.scores, baseline, tolerances)
 
 

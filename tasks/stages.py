@@ -43,7 +43,8 @@ from stages.config import MOPDConfig, StageConfig
 from stages.context import ListSink, StageContext
 from stages.evaluate import evaluate_model
 from stages.gate import best_stages, decide
-from stages.kinds import StageInputs, kind_of, run_stage
+from stages.kinds import StageInputs, kind_of
+from stages.launch import run_stage_where_configured
 from stages.recipe import Recipe, validate_recipe
 from tasks.progress import stage_progress
 
@@ -122,7 +123,7 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     memory = PeakMemory()
     try:
         with compute_slot(cfg.kind):
-            result = run_stage(cfg, ctx, inputs)
+            result = run_stage_where_configured(cfg, ctx, inputs)  # in-process, or torchrun per `compute`
     except BaseException:
         _close_quietly(steps)
         _record(store, report, cfg, "failed", None, time.time() - started, {}, peak_rss_mb=memory.peak_mb())
@@ -238,7 +239,7 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
     store, report = open_report(recipe, run_id)
     earlier = [e for e in report.evals_through(stage) if e["after_stage"] != stage]
-    tolerances = {d: spec.tolerance for d, spec in recipe.domains.items()}
+    tolerances = recipe.tolerances()
     decisions = decide(stage, earlier, scores, tolerances, policy)
     report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
     report.save(store)
@@ -254,12 +255,16 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     return decisions
 
 
-@task(name="plan-recovery", cache_policy=NO_CACHE)
-def plan_recovery_task(recipe: Recipe, run_id: str, stage: str) -> MOPDConfig:
-    """The recovery MOPD stage: teacher per domain = the stage holding that domain's best score so far."""
+@task(name="choose-teachers", cache_policy=NO_CACHE)
+def choose_teachers_task(recipe: Recipe, run_id: str, cfg: MOPDConfig, through: str | None) -> MOPDConfig:
+    """A MOPD stage with its teachers chosen: per domain (cfg.domains, default every recipe domain), the stage
+    whose checkpoint holds that domain's best held-out score in the evals up to the one after `through`."""
     _, report = open_report(recipe, run_id)
-    teachers = best_stages(report.evals_through(stage), list(recipe.domains))
-    return recipe.gate.recovery.model_copy(update={"name": f"recover-{stage}", "teachers": teachers})
+    evals = report.evals_through(through) if through else []
+    teachers = best_stages(evals, cfg.domains or list(recipe.domains))
+    if not teachers:
+        raise ValueError(f"stage {cfg.name!r}: teachers: auto, but no domain has been evaluated before it")
+    return cfg.model_copy(update={"teachers": teachers})
 
 
 @task(name="record-recovery", cache_policy=NO_CACHE)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from flows.cli import deploy, evals, regression, runs  # noqa: F401  (each registers its commands on `app`)
+from flows.cli import deploy, evals, plan, regression, runs  # noqa: F401  (each registers its commands on `app`)
 from flows.cli.common import app
 
 

@@ -24,9 +24,9 @@ class CLIError(Exception):
     """Bad user input: printed as one line, exit code 2."""
 
 
-def fail(message: str) -> None:
+def fail(message: str, code: int = 2) -> None:
     typer.echo(f"cascade: error: {message}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
@@ -42,8 +42,18 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
             LookupError)
 
 
+def stage_failures() -> tuple[type[BaseException], ...]:
+    """The failures of a run that are one line, not a bug: a torchrun stage whose rank died or raised (the
+    line names the rank; its traceback is in the torchrun log the line names), and the gate under policy
+    `fail` (the line names the domain, its drop and the tolerance)."""
+    from stages.launch import DistributedStageError
+    from tasks.stages import GateFailed
+
+    return (DistributedStageError, GateFailed)
+
+
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn known bad-input errors into one line on stderr and exit 2."""
+    """Turn known bad-input errors into one line on stderr and exit 2, a stage failure into one line and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -53,6 +63,8 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(e, (KeyError, IndexError)):  # LookupError's built-in kinds are bugs, not user input
                 raise
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        except stage_failures() as e:
+            fail(str(e), code=1)
 
     return wrapper
 

@@ -16,7 +16,6 @@ from typing import Any, Iterator
 import fsspec
 
 from artifacts.store import storage_options
-from stages.domains import get_domain
 from stages.domains.base import Item
 from artifacts.config import StorageConfig
 from stages.config import FileSource, SFTDataConfig, SharedSource, SyntheticSource
@@ -56,7 +55,7 @@ def iter_rows(cfg: SFTDataConfig, recipe: Recipe, oracle_domains: set[str]) -> I
             n = draw_count(src, recipe.domains[domain].train_size)
             label = source_label(domain, src)
             if isinstance(src, SyntheticSource):
-                items = get_domain(domain).iter_items("train", n, recipe.seed)
+                items = recipe.domain(domain).iter_items("train", n, recipe.seed)
             elif isinstance(src, SharedSource):
                 items = _shared_items(src, cfg.resolved_data_root())
             else:

@@ -18,6 +18,7 @@ DOMAIN_CLASSES: dict[str, str] = {
     "chat": "stages.domains.chat:ChatDomain",
 }
 _instances: dict[str, Domain] = {}
+_configured: dict[tuple[str, tuple], Domain] = {}  # (name, options) -> a domain built with constructor options
 
 
 def domain_names() -> list[str]:
@@ -33,7 +34,21 @@ def unregister_domain(name: str) -> None:
     _instances.pop(name, None)
 
 
-def get_domain(name: str) -> Domain:
+def get_domain(name: str, options: dict | None = None) -> Domain:
+    """The domain `name`; with options (a recipe's `domains.<name>.options`), one built with those keyword
+    arguments, e.g. the long-context haystack's size. Grading reads only an item's meta, so any instance of a
+    domain grades its items alike."""
+    if options:
+        key = (name, tuple(sorted(options.items())))
+        if key not in _configured:
+            if name not in DOMAIN_CLASSES:
+                raise ValueError(f"domain {name!r} takes no options")
+            module, cls = DOMAIN_CLASSES[name].split(":")
+            try:
+                _configured[key] = getattr(importlib.import_module(module), cls)(**options)
+            except TypeError as e:
+                raise ValueError(f"domains.{name}.options: {e}") from None
+        return _configured[key]
     if name not in _instances:
         if name not in DOMAIN_CLASSES:
             raise KeyError(f"unknown domain {name!r}; known: {domain_names()}")

@@ -31,7 +31,20 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
         return engine
     model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
     save_hf(model, tokenizer, model_dir)
-    return VLLMEngine(model_dir, stop_token_ids=stop)
+    return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg))
+
+
+def server_options(cfg: EngineConfig):
+    """The managed server's launch options from the recipe's engine section (GPU ones apply on a GPU only)."""
+    from stages.engines.vllm import ServerOptions
+
+    on_gpu = torch.cuda.is_available()
+    return ServerOptions(
+        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+        **({} if cfg.dtype == "auto" else {"dtype": cfg.dtype}),
+        **({"device": "cuda", "extra_args": ("--gpu-memory-utilization", str(cfg.gpu_memory_utilization))}
+           if on_gpu else {}),
+    )
 
 
 __all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine"]

@@ -71,6 +71,8 @@ class HFEngine:
         for row, p in enumerate(prompts):
             ids[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
+        device = next(self.model.parameters()).device  # the training device; sampling stays on this CPU generator
+        ids, mask, repeat = ids.to(device), mask.to(device), repeat.to(device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache).logits[:, -1]
@@ -79,8 +81,9 @@ class HFEngine:
         done = torch.zeros(len(repeat), dtype=torch.bool)
         tokens, logps = [], []
         for _ in range(sampling.max_new_tokens):
-            logp_all = torch.log_softmax(logits.float(), dim=-1)
-            tok = sample_next(logits.float(), sampling, self.generator).masked_fill(done, pad)
+            logits = logits.float().cpu()
+            logp_all = torch.log_softmax(logits, dim=-1)
+            tok = sample_next(logits, sampling, self.generator).masked_fill(done, pad)
             tokens.append(tok)
             logps.append(logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
             done |= tok == eos
@@ -88,7 +91,7 @@ class HFEngine:
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             next_pos = next_pos + 1
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1), past_key_values=cache)
+            out = self.model(input_ids=tok.unsqueeze(-1).to(device), attention_mask=mask, position_ids=next_pos.unsqueeze(-1), past_key_values=cache)
             logits = out.logits[:, -1]
         self.model.train(was_training)
         return self._completions(torch.stack(tokens, 1), torch.stack(logps, 1), eos)

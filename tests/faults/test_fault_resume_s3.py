@@ -34,8 +34,8 @@ class Vowels(Domain):
 def grpo_recipe(s3_url: str):
     return validate_recipe({
         "seed": 0, "storage": {"root": f"s3://{new_bucket(s3_url)}/cascade", "endpoint_url": s3_url},
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
-                  "bf16_autocast": False},
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+        "compute": {"dtype": "fp32"},
         "domains": {"vowels": {"train_size": 64, "heldout_size": 8, "max_new_tokens": 8}},
         "stages": [{"kind": "grpo", "name": "rl", "domains": ["vowels"], "steps": 4, "prompts_per_step": 4,
                     "group_size": 4, "lr": 1e-2, "checkpoint_every": 1}],

@@ -140,3 +140,19 @@ def test_a_racing_run_of_the_same_id_writes_nothing_and_is_one_line(tmp_path):
         assert len(lines) == 1 and "run 'raced' is being written by another process" in lines[0], result.stderr
         assert "Traceback" not in result.stderr + result.stdout
         assert not store.exists("runs/raced/recipe.json")
+
+
+def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
+    import typer
+
+    from flows.cli.common import guarded
+    from tasks.stages import GateFailed
+
+    @guarded
+    def failing_run():
+        raise GateFailed("regression gate: math dropped 0.130 after if_rl (tolerance 0.05)")
+
+    with pytest.raises(typer.Exit) as exit_:
+        failing_run()
+    assert exit_.value.exit_code == 1
+    assert capsys.readouterr().err == "cascade: error: regression gate: math dropped 0.130 after if_rl (tolerance 0.05)\n"

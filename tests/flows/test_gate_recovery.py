@@ -45,8 +45,8 @@ def toy_recipe(tmp_path, policy="recover", max_recoveries=1):
         "name": "toy-regression", "seed": 0,
         "storage": {"root": f"file://{tmp_path}/store"},
         "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"},
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
-                  "bf16_autocast": False},
+        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+        "compute": {"dtype": "fp32"},
         "domains": {d: {"train_size": 200, "heldout_size": 64, "max_new_tokens": 8, "tolerance": 0.05}
                     for d in ("vowels", "consonants")},
         "stages": [{"kind": "grpo", "name": "vowel_rl", "domains": ["vowels"], **rl},

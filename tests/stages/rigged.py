@@ -14,9 +14,8 @@ import torch
 
 
 def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
-    """Greedy: "\\n" -> answer -> end of turn (see the module docstring); answer must be one token."""
-    (answer_id,) = tokenizer.encode(answer)
-    newline, eos = tokenizer.encode("\n")[0], tokenizer.eos_token_id
+    """Greedy: "\\n" -> answer (one token) -> end of turn (see the module docstring)."""
+    newline, wanted, eos = tokenizer.encode("\n")[0], tokenizer.encode(answer)[0], tokenizer.eos_token_id
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -26,8 +25,8 @@ def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
         side = torch.randn(base.shape, generator=torch.Generator().manual_seed(0))
         side -= (side @ base) / (base @ base) * base  # orthogonal to the newline embedding
         side *= base.norm() / side.norm()
-        emb[answer_id] = 2 * base + 3 * side  # from "\n": only the answer scores 2|base|^2
-        emb[eos] = 10 * side  # from the answer: 30|side|^2 beats the answer's own 13|side|^2
+        emb[wanted] = 2 * base + 3 * side  # from "\n": only the answer scores 2|base|^2
+        emb[eos] = 10 * side  # from the answer: 30|side|^2 beats its own 13|side|^2
 
 
 @contextmanager

@@ -48,7 +48,7 @@ def reference_dir(tmp_path):
 
 def recipe_for(tmp_path, reference, **difficulty):
     return validate_recipe({
-        "model": SMALL.model_dump() | {"bf16_autocast": False},
+        "model": SMALL.model_dump(), "compute": {"dtype": "fp32"},
         "storage": {"root": f"file://{tmp_path}/store"},
         "tracking": {"enabled": False},
         "domains": {"even": {"train_size": 24, "max_new_tokens": 5}},

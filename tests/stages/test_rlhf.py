@@ -52,8 +52,8 @@ def test_chat_rubric_gives_fifths_and_generation_is_seeded_with_disjoint_splits(
 
 MICRO_RLHF = {
     "seed": 0,
-    "model": {"source": "tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128,
-              "bf16_autocast": False},
+    "model": {"source": "tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+    "compute": {"dtype": "fp32"},
     "domains": {"chat": {"train_size": 64, "heldout_size": 16, "max_new_tokens": 12}},
     "stages": [
         {"kind": "sft_data"},

@@ -152,7 +152,7 @@ def vowel_recipe(tmp_path, monkeypatch, **grpo):
 
     return validate_recipe({
         "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
-        "model": SMALL.model_dump() | {"bf16_autocast": False},
+        "model": SMALL.model_dump(), "compute": {"dtype": "fp32"},
         "domains": {"vowels": {"train_size": 200, "heldout_size": 10, "max_new_tokens": 8}},
         "stages": [{"kind": "grpo", "name": "rl", "domains": ["vowels"], "steps": 24, "prompts_per_step": 8,
                     "group_size": 8, "lr": 1e-2, "checkpoint_every": 0, **grpo}],

@@ -1,0 +1,293 @@
+"""A recipe's dry run: the DAG the flow will walk, and per stage what it will sample, train, store and take.
+
+Nothing is loaded but configs: the parameter count comes from the model's config built on torch's `meta`
+device (no weights), so a 30B recipe plans on a laptop. Every figure is an upper bound under stated
+assumptions, because what a run really costs depends on how long the model's answers turn out:
+
+- a sampled answer runs to its domain's `max_new_tokens`; a prompt is `prompt_tokens` long (an option);
+- training costs 6 N FLOPs per token and sampling 2 N, with N the (active) parameter count (Kaplan et al.);
+- a throughput profile turns FLOPs into seconds: its effective FLOP/s for training and for sampling. The `cpu`
+  profile is this project's measured 2-core figures on the tiny model (bench/RESULTS.md: SFT ~8.5k tok/s, HF
+  engine ~4.7k tok/s); the GPU profiles are the card's dense bf16 peak times an assumed utilization;
+- storage: a policy checkpoint holds fp32 weights; a step checkpoint adds AdamW's two moments; a stage keeps
+  `keep_step_checkpoints` of them while it runs.
+
+Evals run after every policy-making stage (greedy, each domain's held-out split); the gate may branch into one
+MOPD recovery per fired stage, up to `gate.max_recoveries`, which the plan counts as possible, not certain.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stages.config import (
+    DifficultyConfig,
+    GRPOConfig,
+    MOPDConfig,
+    OnPolicyConfig,
+    SFTConfig,
+    SFTDataConfig,
+    StageConfig,
+)
+from stages.recipe import Recipe
+
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Effective FLOP/s of one device: what a real step achieves, not the datasheet's peak."""
+
+    name: str
+    train_flops: float
+    sample_flops: float
+    basis: str  # where the figures come from, printed under the table
+
+
+_TINY = 3.4e6  # the tiny model's parameters, on which the cpu figures were measured
+_H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM (the H200 has the same compute)
+PROFILES = {
+    "cpu": Throughput("cpu", 6 * _TINY * 8552, 2 * _TINY * 4700,
+                      "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s"),
+    "h100": Throughput("h100", 0.40 * _H100_BF16, 0.10 * _H100_BF16,
+                       "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)"),
+    "h200": Throughput("h200", 0.40 * _H100_BF16, 0.13 * _H100_BF16,
+                       "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
+                       "(more memory bandwidth for decode)"),
+}
+
+
+@dataclass
+class StageEstimate:
+    stage: str
+    kind: str
+    tokens_sampled: int = 0
+    tokens_trained: int = 0
+    teacher_tokens: int = 0  # forward-only tokens of frozen models (MOPD teachers)
+    storage_bytes: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    total: int  # parameters stored
+    active: int  # parameters each token passes through (MoE: fewer than total)
+    from_config: bool  # counted from the recipe's model config, not given by the user
+
+
+def model_size(recipe: Recipe, params: float | None = None, active: float | None = None) -> ModelSize:
+    """Parameter counts from the model's config on the meta device; `params`/`active` override (a model that
+    is not on this machine)."""
+    if params is not None:
+        return ModelSize(int(params), int(active or params), from_config=False)
+    import torch
+
+    from stages.model import build_tiny_model, resolve_model_dir
+    from stages.tokenizer import load_tokenizer
+
+    source = recipe.model.source
+    model_dir = None if source == "tiny" else resolve_model_dir(source)
+    with torch.device("meta"):
+        if model_dir is None:
+            model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
+        else:
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    total = sum(p.numel() for p in model.parameters())
+    return ModelSize(total, int(active or total), from_config=True)
+
+
+def _mean_new_tokens(recipe: Recipe, domains: list[str] | None) -> float:
+    names = domains or list(recipe.domains)
+    return sum(recipe.domains[d].max_new_tokens for d in names) / len(names)
+
+
+def _checkpoint_bytes(params: int, step_checkpoints: int = 0) -> int:
+    """The final checkpoint, plus the step checkpoints kept while the stage runs (weights + two moments)."""
+    return params * FP32_BYTES * (1 + 3 * step_checkpoints)
+
+
+def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tokens: int) -> StageEstimate:
+    """Token, storage and note figures of one stage; seconds are filled in by `plan`."""
+    est = StageEstimate(cfg.name, cfg.kind)
+    if isinstance(cfg, SFTDataConfig):
+        names = cfg.domains or list(recipe.domains)
+        rows = sum(recipe.domains[d].train_size for d in names)
+        generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
+        est.tokens_sampled = sum(recipe.domains[d].train_size * recipe.domains[d].max_new_tokens for d in generated)
+        est.storage_bytes = rows * (prompt_tokens + int(_mean_new_tokens(recipe, names))) * 4  # ~4 bytes per token
+        est.notes.append(f"{rows:,} synthetic rows; file sources add their own rows")
+    elif isinstance(cfg, SFTConfig):
+        est.tokens_trained = cfg.steps * cfg.batch_size * (prompt_tokens + int(_mean_new_tokens(recipe, None)))
+    elif isinstance(cfg, DifficultyConfig):
+        prompts = sum(cfg.prompts_per_domain or recipe.domains[d].train_size for d in cfg.domains)
+        est.tokens_sampled = prompts * cfg.k * int(_mean_new_tokens(recipe, cfg.domains))
+        est.notes.append(f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}")
+    elif isinstance(cfg, OnPolicyConfig):
+        domains = cfg.domains if isinstance(cfg, GRPOConfig) else (
+            cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers)))
+        est.tokens_sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(_mean_new_tokens(recipe, domains))
+        est.tokens_trained = est.tokens_sampled  # an upper bound: GRPO drops groups without signal
+        if isinstance(cfg, MOPDConfig):
+            est.teacher_tokens = est.tokens_sampled
+    else:
+        est.notes.append(f"no estimate for kind {cfg.kind!r}")
+    if isinstance(cfg, (SFTConfig, OnPolicyConfig)):
+        est.storage_bytes = _checkpoint_bytes(size.total, cfg.keep_step_checkpoints if cfg.checkpoint_every else 0)
+    return est
+
+
+def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
+    est = StageEstimate(f"eval after {name}", "eval")
+    items = sum(d.heldout_size for d in recipe.domains.values())
+    est.tokens_sampled = sum(d.heldout_size * d.max_new_tokens for d in recipe.domains.values())
+    for bench, spec in recipe.eval.benchmarks.items():
+        if spec.limit is None:
+            est.notes.append(f"benchmark {bench}: every item (no limit), not counted")
+            continue
+        items += spec.limit
+        est.tokens_sampled += spec.limit * spec.max_new_tokens
+    est.storage_bytes = items * 256  # a stored row per item
+    return est
+
+
+def seconds(est: StageEstimate, size: ModelSize, profile: Throughput, devices: int) -> float:
+    """Training 6N per token; teacher forwards 2N at training efficiency (whole sequences at once); sampling
+    2N per token at decode efficiency."""
+    flops_train = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active
+    flops_sample = 2 * size.active * est.tokens_sampled
+    return (flops_train / profile.train_flops + flops_sample / profile.sample_flops) / devices
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    size: ModelSize
+    profile: Throughput
+    devices: int
+    prompt_tokens: int
+    rows: list[StageEstimate]  # stages and evals, in the order the flow runs them
+    recovery: StageEstimate | None  # one MOPD recovery, if the gate may branch into it
+
+    def total(self, attr: str) -> float:
+        return sum(getattr(r, attr) for r in self.rows)
+
+
+def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1,
+              prompt_tokens: int = 128) -> Plan:
+    from stages.kinds import kind_of
+
+    rows = []
+    for cfg in recipe.stages:
+        rows.append(estimate_stage(cfg, recipe, size, prompt_tokens))
+        if kind_of(cfg.kind).makes == "policy" and recipe.eval.enabled:
+            rows.append(eval_estimate(cfg.name, recipe))
+    recovery = None
+    if recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0 and recipe.eval.enabled:
+        recovery = estimate_stage(recipe.gate.recovery.model_copy(update={"name": "MOPD recovery"}), recipe, size,
+                                  prompt_tokens)
+        recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
+    for est in rows + ([recovery] if recovery else []):
+        est.seconds = seconds(est, size, profile, devices)
+    return Plan(recipe, size, profile, devices, prompt_tokens, rows, recovery)
+
+
+def dag_lines(recipe: Recipe) -> list[str]:
+    """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
+    from stages.kinds import kind_of
+
+    lines = []
+    gate = recipe.gate
+    for i, cfg in enumerate(recipe.stages, 1):
+        reads = ", ".join(sorted({r.stage for r in cfg.reads()}))
+        makes = kind_of(cfg.kind).makes
+        lines.append(f"{i:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else ""))
+        if makes != "policy" or not recipe.eval.enabled:
+            continue
+        benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
+        lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
+        branch = (f"fired -> MOPD recovery ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
+                  "so far) -> eval -> go on from it" if gate.policy == "recover" else f"fired -> {gate.policy}")
+        lines.append(f"    `- gate ({gate.policy}): {branch}")
+    return lines
+
+
+def _human(n: float, unit: str = "") -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{suffix}{unit}"
+    return f"{n:.0f}{unit}"
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def render_table(plan: Plan) -> str:
+    """The estimate as a Markdown table (the CLI prints it; the README quotes it), assumptions underneath."""
+    head = "| stage | kind | tokens sampled | tokens trained | storage | time |\n| --- | --- | ---: | ---: | ---: | ---: |"
+    body = [f"| {r.stage} | {r.kind} | {_human(r.tokens_sampled)} | {_human(r.tokens_trained)} | "
+            f"{_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |" for r in plan.rows]
+    body.append(f"| **total** | | {_human(plan.total('tokens_sampled'))} | {_human(plan.total('tokens_trained'))} | "
+                f"{_human(plan.total('storage_bytes'), 'B')} | {_duration(plan.total('seconds'))} |")
+    if plan.recovery:
+        r = plan.recovery
+        body.append(f"| {r.stage} (if the gate fires) | {r.kind} | {_human(r.tokens_sampled)} | "
+                    f"{_human(r.tokens_trained)} | {_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |")
+    size = plan.size
+    params = _human(size.total) + (f" ({_human(size.active)} active)" if size.active != size.total else "")
+    model = plan.recipe.model.source if size.from_config else "as given"
+    notes = [f"model: {model}, {params} parameters; prompts ~{plan.prompt_tokens} tokens; answers at their domain's "
+             "max_new_tokens (upper bounds)",
+             f"throughput: {plan.profile.basis}; {plan.devices} device(s)"]
+    notes += [f"{r.stage}: {n}" for r in plan.rows + ([plan.recovery] if plan.recovery else []) for n in r.notes]
+    return "\n".join([head, *body, "", *notes])
+
+
+def draw_dag(recipe: Recipe, path: Path) -> None:
+    """The DAG as a PNG: stages top to bottom, each policy stage's eval and gate beside it, the gate's branch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from stages.kinds import kind_of
+
+    n = len(recipe.stages)
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.8 * n))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.8 * n - 0.2, 0.8)
+    ax.axis("off")
+    box = dict(boxstyle="round,pad=0.3", fc="#e8f0fe", ec="#3367d6")
+    for i, cfg in enumerate(recipe.stages):
+        y = -0.8 * i
+        ax.text(1.8, y, f"{cfg.name}\n[{cfg.kind}]", ha="center", va="center", fontsize=9, bbox=box)
+        if i:
+            ax.annotate("", (1.8, y + 0.25), (1.8, y + 0.55), arrowprops=dict(arrowstyle="->"))
+        if kind_of(cfg.kind).makes == "policy" and recipe.eval.enabled:
+            ax.annotate("", (4.2, y), (2.9, y), arrowprops=dict(arrowstyle="->", color="#777"))
+            ax.text(5.0, y, "eval + gate", ha="center", va="center", fontsize=8,
+                    bbox=dict(boxstyle="round,pad=0.3", fc="#fef7e0", ec="#f9ab00"))
+            if recipe.gate.policy == "recover":
+                ax.annotate("", (7.2, y), (5.9, y), arrowprops=dict(arrowstyle="->", ls="--", color="#d93025"))
+                ax.text(8.3, y, "fired:\nMOPD recovery", ha="center", va="center",
+                        fontsize=8, bbox=dict(boxstyle="round,pad=0.3", fc="#fce8e6", ec="#d93025"))
+    ax.set_title(f"recipe {recipe.name}: {n} stages, gate policy {recipe.gate.policy}", fontsize=10)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plan_json(plan: Plan) -> str:
+    rows = [r.__dict__ for r in plan.rows + ([plan.recovery] if plan.recovery else [])]
+    return json.dumps({"recipe": plan.recipe.name, "params": plan.size.total, "active_params": plan.size.active,
+                       "profile": plan.profile.name, "devices": plan.devices, "rows": rows}, indent=1)

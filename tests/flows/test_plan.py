@@ -1,0 +1,71 @@
+"""`cascade plan`: the dry run validates, draws the DAG, and estimates by the formulas stages/plan.py states."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.recipes import load_recipe
+from stages.model import build_tiny_model, num_parameters
+from stages.plan import PROFILES
+from stages.tokenizer import load_tokenizer
+from tests.flows.test_cli import cascade, files_under
+
+
+def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
+    done = cascade("plan", "tiny-regression", "stages.sft.steps=100", "--json", home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    recipe = load_recipe("tiny-regression", ["stages.sft.steps=100"])
+    # the parameter count from the config on the meta device is the real model's
+    real = num_parameters(build_tiny_model(recipe.model, len(load_tokenizer()), 0))
+    assert plan["params"] == plan["active_params"] == real
+    rows = {r["stage"]: r for r in plan["rows"]}
+    assert list(rows) == ["sft_data", "sft", "eval after sft", "math_rl", "eval after math_rl", "if_rl_hot",
+                          "eval after if_rl_hot", "MOPD recovery"]
+    mean_new = (24 + 32) / 2  # math and instruct max_new_tokens
+    assert rows["sft"]["tokens_trained"] == 100 * 32 * (128 + int(mean_new))
+    assert rows["math_rl"]["tokens_sampled"] == 40 * 16 * 8 * 24  # steps x prompts x group x math's max_new_tokens
+    assert rows["if_rl_hot"]["tokens_trained"] == 40 * 16 * 8 * 32
+    assert rows["eval after sft"]["tokens_sampled"] == 400 * 24 + 400 * 32
+    assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
+    cpu = PROFILES["cpu"]
+    assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)
+    assert rows["math_rl"]["seconds"] == pytest.approx(real * 6 * rows["math_rl"]["tokens_trained"] / cpu.train_flops
+                                                       + real * 2 * rows["math_rl"]["tokens_sampled"] / cpu.sample_flops)
+    # final weights, plus 2 kept step checkpoints of weights and AdamW's two moments, all fp32
+    assert rows["sft"]["storage_bytes"] == real * 4 * (1 + 3 * 2)
+
+
+def test_plan_prints_the_walk_and_draws_a_png_loading_no_model(tmp_path):
+    image = tmp_path / "dag.png"
+    done = cascade("plan", "tiny-regression", "--image", str(image), "--on", "h100", "--devices", "8",
+                   "--params", "30e9", "--active-params", "3e9", home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "recipe tiny-regression: valid, 4 stages"
+    assert [l.split(" [")[0].strip() for l in lines if l[:3].strip().rstrip(".").isdigit()] == [
+        "1. sft_data", "2. sft", "3. math_rl", "4. if_rl_hot"]
+    assert sum("gate (recover): fired -> MOPD recovery" in l for l in lines) == 3
+    assert "model: as given, 30.0G (3.0G active) parameters" in done.stdout
+    assert "8 device(s)" in done.stdout
+    assert ("kubernetes job variables (infra/k8s-gpu-job-template.json): --job-variable gpus_per_node=1 "
+            "--job-variable nnodes=1") in lines
+    assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert files_under(tmp_path / "home") == []  # a dry run writes nothing and converts no model
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "nope"], "unknown recipe 'nope'"),
+    (["plan", "tiny", "--on", "tpu"], "--on 'tpu': known profiles are cpu, h100, h200"),
+    (["plan", "tiny", "--devices", "0"], "--devices must be >= 1, got 0"),
+    (["plan", "tiny", "stages.sft.steps=0"], "greater than or equal to 1"),
+    (["plan", "tiny", "--image", "/no/such/dir/dag.png"], "cannot write /no/such/dir/dag.png"),
+    (["plan", "tiny", *(f"stages.{s}.compute={{nnodes: 2, rdzv_endpoint: {s}.ns.svc:1}}" for s in ("sft", "math_rl"))],
+     "multi-node stages rendezvous at different hosts ['math_rl.ns.svc', 'sft.ns.svc']"),
+])
+def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    done = cascade(*args, home=tmp_path)
+    assert done.returncode == 2, done
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
