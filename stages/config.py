@@ -293,7 +293,24 @@ class TrainingConfig(StageConfig):
     not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
 
 
-class SFTDataConfig(StageConfig):
+class ReadsDataFiles(Strict):
+    """A stage that reads prompts from data files: `shared` sources resolve against its data root."""
+
+    data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        return EvalConfig(data_root=self.data_root).resolved_data_root()
+
+    def file_sources(self) -> dict[str, list[BaseModel]]:
+        """domain -> the sources the recipe gives it (checked for existence before any work)."""
+        raise NotImplementedError
+
+    def domain_sources(self, domain: str) -> list[BaseModel]:
+        """A domain's sources; one the recipe gives none reads its synthetic generator's train split."""
+        return self.file_sources().get(domain) or [SyntheticSource()]
+
+
+class SFTDataConfig(StageConfig, ReadsDataFiles):
     kind: Literal["sft_data"] = "sft_data"
     name: str = "sft_data"
     domains: list[str] | None = None  # None: every recipe domain
@@ -305,13 +322,9 @@ class SFTDataConfig(StageConfig):
     decontamination: DecontaminationConfig = DecontaminationConfig()
     max_tokens: Count = 1024  # prompt + response tokens as SFT sees them; the tiny model's context
     shard_rows: Count = 4096  # source rows per shard: the unit of commit and of resume
-    data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
 
-    def resolved_data_root(self) -> Path:
-        return EvalConfig(data_root=self.data_root).resolved_data_root()
-
-    def domain_sources(self, domain: str) -> list[BaseModel]:
-        return self.sources.get(domain) or [SyntheticSource()]
+    def file_sources(self) -> dict[str, list[BaseModel]]:
+        return dict(self.sources)
 
     def domain_teacher(self, domain: str) -> BaseModel:
         return self.teachers.get(domain, self.teacher)
@@ -429,12 +442,14 @@ class JudgeReward(OpenAIEndpoint):
 RewardConfig = Annotated[Union[GraderReward, RewardModelReward, JudgeReward], Field(discriminator="kind")]
 
 
-class GRPOConfig(OnPolicyConfig):
+class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     kind: Literal["grpo"] = "grpo"
     name: str
     domains: list[str]
     std_eps: Positive = 1e-6
-    prompts: str | None = None  # an earlier difficulty stage whose kept prompts to train on; None: the train split
+    # None: each domain's synthetic train split; a name: the prompts an earlier difficulty stage kept; a mapping:
+    # domain -> sources, as sft_data reads them (a domain not listed: its synthetic train split)
+    prompts: str | dict[str, list[DataSource]] | None = None
     reward: RewardConfig = GraderReward()
     # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.losses.kl_k3); the paper uses it in RLHF only
     kl_coef: NonNegative = 0.0
@@ -444,12 +459,15 @@ class GRPOConfig(OnPolicyConfig):
     mismatch_over_dropped: bool = True
 
     def reads(self) -> list[Read]:
-        reads = [Read("prompts", self.prompts, "prompts")] if self.prompts else []
+        reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []
         if isinstance(self.reward, RewardModelReward):
             reads.append(Read("reward.stage", self.reward.stage, "reward_model"))
         if self.reference is not None:
             reads.append(Read("reference", self.reference, "policy"))
         return reads
+
+    def file_sources(self) -> dict[str, list[BaseModel]]:
+        return dict(self.prompts) if isinstance(self.prompts, dict) else {}
 
 
 class DomainPairs(Strict):

@@ -12,8 +12,9 @@ estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoin
 stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
 filtering). Deviation: the paper refills dropped groups by over-sampling prompts; we keep the step smaller
 instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
-so a resumed stage replays exactly the rollouts it would have drawn. With `prompts:` set, prompts are drawn from
-the ones an earlier difficulty stage kept (stages/difficulty.py) instead of the whole train split.
+so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
+difficulty stage kept (stages/difficulty.py), or real data files per domain (GSM8K train, a user's JSONL or
+Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
 """
 
 from __future__ import annotations
@@ -25,22 +26,24 @@ import torch
 
 from stages.config import GRPOConfig
 from stages.context import StageContext, StageResult, load_policy
+from stages.datasets.sources import iter_rows
 from stages.difficulty import load_kept_prompts
+from stages.domains import Item
 from stages.kinds import StageInputs
 from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy, token_logprobs
 from stages.rewards import make_reward_source
 from stages.distributed import rank_micro_batches
-from stages.rollout import make_rollout_engine, prompt_pool, reward_metrics, rollout_batch, sample_groups
+from stages.rollout import make_rollout_engine, reward_metrics, rollout_batch, sample_groups
 from stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
-    """Trains inputs.policy; prompts from the difficulty stage cfg.prompts names, else the domains' train split."""
+    """Trains inputs.policy on the prompt pool cfg.prompts picks (train_prompts)."""
     started = time.time()
-    pool = (load_kept_prompts(ctx, inputs.stages[cfg.prompts], cfg.domains) if cfg.prompts
-            else prompt_pool(ctx.recipe, cfg.domains))
+    pool = train_prompts(cfg, ctx, inputs)
     if len(pool) < cfg.prompts_per_step:
-        raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({cfg.prompts or 'train split'}), "
+        where = cfg.prompts if isinstance(cfg.prompts, str) else "train split" if cfg.prompts is None else "files"
+        raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({where}), "
                          f"fewer than prompts_per_step={cfg.prompts_per_step}")
     run = TrainRun(ctx, cfg, inputs.policy)
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
@@ -70,6 +73,15 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
         reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
     return StageResult(run.finish(summary), summary)
+
+
+def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> list[Item]:
+    """The prompt pool: a difficulty stage's kept prompts, the domains' files (parsed as sft_data parses them:
+    a benchmark's own row parser, or a user's JSONL/Parquet fields); a domain without files: its synthetic
+    train split (the same items as stages.rollout.prompt_pool)."""
+    if isinstance(cfg.prompts, str):
+        return load_kept_prompts(ctx, inputs.stages[cfg.prompts], cfg.domains)
+    return [row.item for row in iter_rows(cfg, ctx.recipe, cfg.domains, oracle_domains=set())]
 
 
 def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch.nn.Module:

@@ -114,7 +114,11 @@ def _check_domain_weights(cfg: Any, trained: list[str]) -> None:
 
 def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) -> None:
     _check_domain_weights(cfg, cfg.domains)
-    if cfg.prompts is None:
+    if isinstance(cfg.prompts, dict):
+        extra = sorted(set(cfg.prompts) - set(cfg.domains))
+        if extra:
+            raise ValueError(f"stage {cfg.name!r} gives prompts for domain(s) {extra} it does not train on")
+    if not isinstance(cfg.prompts, str):
         return
     source = next(s for s in earlier if s.name == cfg.prompts)
     unfiltered = sorted(set(cfg.domains) - set(source.domains))

@@ -152,9 +152,25 @@ def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tupl
         config = AutoConfig.from_pretrained(str(path))
         set_context(config, config_overrides or {})
         model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32)
-        return model, load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
     except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
         raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    return model, chat_ready(tokenizer, path)
+
+
+def chat_ready(tokenizer: PreTrainedTokenizerFast, path: Path) -> PreTrainedTokenizerFast:
+    """The tokenizer as every stage uses it: the model's own chat template, an end-of-turn token (eos: where an
+    assistant answer stops), and a pad id. A tokenizer without a pad token pads with eos: the stages mask padding
+    out of every loss and pass attention masks to generation, so the filler id never matters. Its padding side
+    does not matter either: the stages pad by hand (SFT and training batches right, the HF engine left)."""
+    if not tokenizer.chat_template:
+        raise ModelSourceError(f"the tokenizer in {path} has no chat template: use an instruct model, or add "
+                               "`chat_template` to its tokenizer_config.json")
+    if tokenizer.eos_token_id is None:
+        raise ModelSourceError(f"the tokenizer in {path} has no eos token: completions would never stop")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path,

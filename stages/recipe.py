@@ -29,6 +29,7 @@ from stages.config import (
     FileSource,
     GateConfig,
     ModelConfig,
+    ReadsDataFiles,
     Seed,
     SFTDataConfig,
     SharedSource,
@@ -162,22 +163,24 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
     row = kind_of(stage.kind)
     if row.check is not None:
         row.check(stage, earlier, domains)
-    if isinstance(stage, SFTDataConfig):
+    if isinstance(stage, ReadsDataFiles):
         _check_sources(stage)
 
 
-def _check_sources(cfg: SFTDataConfig) -> None:
+def _check_sources(cfg: ReadsDataFiles) -> None:
     """Local files must exist and shared formats must be known before any work starts."""
     from stages.domains.benchdata import benchmark_registry
 
     known = {name: spec.domain for name, spec in benchmark_registry().items()}
-    unknown = sorted(set(cfg.decontamination.benchmarks) - set(known))
-    if unknown:
-        raise ValueError(f"decontamination.benchmarks: unknown benchmark(s) {unknown}")
+    if isinstance(cfg, SFTDataConfig):
+        unknown = sorted(set(cfg.decontamination.benchmarks) - set(known))
+        if unknown:
+            raise ValueError(f"decontamination.benchmarks: unknown benchmark(s) {unknown}")
+    field = "sources" if isinstance(cfg, SFTDataConfig) else "prompts"
     data_root = cfg.resolved_data_root()
-    for domain, sources in cfg.sources.items():
+    for domain, sources in cfg.file_sources().items():
         for i, src in enumerate(sources):
-            where = f"sources.{domain}.{i}"
+            where = f"stage {cfg.name!r}: {field}.{domain}.{i}"
             if isinstance(src, SharedSource):
                 if not (data_root / src.file).is_file():
                     raise ValueError(f"{where}: data file not found: {data_root / src.file}")

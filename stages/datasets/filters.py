@@ -5,7 +5,11 @@ Text normalization, shared by all three: lower case, and a token is a run of wor
 "Compute 3+4-2." and "compute 3 + 4 - 2" are one text, while "3+4" and "3-4" stay different.
 
 Decontamination (the usual n-gram overlap, n = 13 by default): a training prompt is contaminated when it shares
-any n-token window with any eval prompt. An eval prompt shorter than n tokens has no n-gram, so it counts whole:
+any n-token window of an eval prompt's own content. A window that two or more eval prompts share is their
+template (an instruction every item of a loader appends, which training prompts of the same loader carry too), so
+it is not compared, and neither is any window overlapping one (a question's last words + the instruction's
+first); a question with no content window left counts whole, as a short prompt does. (An eval set of one templated
+prompt keeps its template: nothing shows it is one.) An eval prompt shorter than n tokens has no n-gram, so it counts whole:
 a training prompt that contains its full token sequence (contiguously) is contaminated. This is what makes the
 check meaningful for the tiny synthetic prompts (5-15 tokens): with n = 13 most of them match only as a whole.
 Eval prompts: every recipe domain's held-out split (what `evaluate` scores) and the benchmark files the stage
@@ -78,16 +82,44 @@ class ContaminationIndex:
 
     def __init__(self, eval_prompts: Iterable[str], n: int):
         self.n = n
-        self.ngrams: set[int] = set()
         self.short: dict[int, set[int]] = {}  # length -> hashes of whole eval prompts of that length
+        self.ngrams: set[int] = set()
+        long_prompts = []
         self.prompts = 0
         for prompt in eval_prompts:
             self.prompts += 1
             tokens = normalized_tokens(prompt)
             if len(tokens) >= n:
-                self.ngrams.update(hash(tuple(tokens[i : i + n])) for i in range(len(tokens) - n + 1))
+                long_prompts.append(tokens)
             elif tokens:
-                self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
+                self._add_short(tokens)
+        template = self._template_ngrams(long_prompts)
+        self.template_ngrams = len(template)
+        for tokens in long_prompts:
+            grams = self._windows(tokens)
+            in_template = [False] * len(tokens)  # positions inside a template n-gram
+            for i, gram in enumerate(grams):
+                if gram in template:
+                    in_template[i : i + n] = [True] * n
+            content = [gram for i, gram in enumerate(grams) if not any(in_template[i : i + n])]
+            self.ngrams.update(content)
+            if not content:  # a question shorter than n beside its template: its own words count whole
+                self._add_short([t for t, templated in zip(tokens, in_template) if not templated])
+
+    def _windows(self, tokens: list[str]) -> list[int]:
+        return [hash(tuple(tokens[i : i + self.n])) for i in range(len(tokens) - self.n + 1)]
+
+    def _template_ngrams(self, prompts: list[list[str]]) -> set[int]:
+        """n-grams found in two or more eval prompts: a template every item of their loader carries."""
+        prompts_with: dict[int, int] = {}
+        for tokens in prompts:
+            for gram in set(self._windows(tokens)):
+                prompts_with[gram] = prompts_with.get(gram, 0) + 1
+        return {gram for gram, count in prompts_with.items() if count > 1}
+
+    def _add_short(self, tokens: list[str]) -> None:
+        if tokens:
+            self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
 
     def is_contaminated(self, prompt: str) -> bool:
         tokens = normalized_tokens(prompt)

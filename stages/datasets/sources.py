@@ -1,4 +1,4 @@
-"""Where SFT prompts come from: a domain's synthetic generator, a real file in shared/data, or a user's file.
+"""Where SFT and RL prompts come from: a domain's synthetic generator, a real file in shared/data, or a user's file.
 
 Every source is a lazy stream of `Row`s (nothing is read before it is needed and nothing is held after it is
 passed on), so a build over millions of rows holds one shard at a time. The stream order is fixed by the
@@ -18,7 +18,7 @@ import fsspec
 from artifacts.store import storage_options
 from stages.domains.base import Item
 from artifacts.config import StorageConfig
-from stages.config import FileSource, SFTDataConfig, SharedSource, SyntheticSource
+from stages.config import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from stages.recipe import Recipe
 
 PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
@@ -48,9 +48,10 @@ def draw_count(src: Any, train_size: int) -> int | None:
     return train_size if n is None and isinstance(src, SyntheticSource) else n
 
 
-def iter_rows(cfg: SFTDataConfig, recipe: Recipe, oracle_domains: set[str]) -> Iterator[Row]:
-    """Every source row of the build, in stream order. oracle_domains: their rows must carry a reference."""
-    for domain in cfg.domains or list(recipe.domains):
+def iter_rows(cfg: ReadsDataFiles, recipe: Recipe, domains: list[str], oracle_domains: set[str]) -> Iterator[Row]:
+    """Every source row of `domains` (an SFT build's or an RL stage's prompt pool), in stream order.
+    oracle_domains: their rows must carry a reference."""
+    for domain in domains:
         for src in cfg.domain_sources(domain):
             n = draw_count(src, recipe.domains[domain].train_size)
             label = source_label(domain, src)

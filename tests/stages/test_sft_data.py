@@ -98,6 +98,24 @@ def test_short_eval_prompts_match_whole_and_long_ones_by_ngram():
     assert normalized_tokens("A+b, (C)!") == ["a", "+", "b", "c"]
 
 
+def test_a_template_the_eval_prompts_share_does_not_contaminate_every_prompt_of_its_loader():
+    """GSM8K items end with one box instruction: train questions of the same loader are clean, while a
+    train prompt that repeats a test question is still caught by that question's own 13-grams."""
+    from stages.domains.math import parse_gsm8k
+
+    def item(question):
+        return parse_gsm8k({"question": question, "answer": "#### 1"}, 0).prompt
+
+    test = [item(" ".join(f"q{k}w{i}" for i in range(15))) for k in range(2)]
+    index = ContaminationIndex(test, n=13)
+    assert index.template_ngrams == 3  # the instruction is 15 tokens (`\\`, `boxed`, `{`, `}` are four): three 13-grams
+    assert not index.is_contaminated(item("Natalia sold clips to 48 of her friends in April"))
+    # the last words of a test question followed by the instruction are no content of that question
+    assert not index.is_contaminated(item("How many did Natalia sell in q1w13 q1w14"))
+    assert index.is_contaminated(test[1])
+    assert index.is_contaminated(item(" ".join(f"q0w{i}" for i in range(13))))  # a 13-token copy of a question
+
+
 def test_exact_and_near_duplicates_are_dropped_and_counted(tmp_path):
     words = LONG.split()
     near = [" ".join(words[:i] + ["otter"] + words[i + 1 :]) for i in (5, 30)]  # one word swapped each

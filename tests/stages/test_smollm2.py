@@ -18,14 +18,12 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    """Convert once for the module (tens of seconds); tests then load the cached checkpoint."""
-    home = tmp_path_factory.mktemp("smollm2-home")
-    patch = pytest.MonkeyPatch()
-    patch.setenv("CASCADE_HOME", str(home))
-    model, tok = load_hf(SMOLLM2)
-    yield home, model, tok
-    patch.undo()
+def converted(smollm2_home):
+    """The session's converted checkpoint, loaded once for the module."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CASCADE_HOME", str(smollm2_home))
+        model, tok = load_hf(SMOLLM2)
+    return smollm2_home, model, tok
 
 
 def test_converts_once_into_an_hf_checkpoint(converted, monkeypatch):
