@@ -36,7 +36,11 @@ PANELS: list[tuple[str, list[str]]] = [
     ("grad norm", ["grad_norm"]),
     ("logprob mismatch |log pi_train - log pi_inf|", ["logprob_mismatch"]),
     ("MOPD reverse KL per domain", ["reverse_kl/"]),
-    ("reward model accuracy", ["accuracy", "rm_accuracy"]),
+    ("reward model accuracy", ["accuracy", "rm_accuracy", "train_accuracy", "heldout_accuracy"]),
+    # RLHF: a reward model's score beside the hidden rubric it should track; reward hacking is where they part
+    ("reward model score vs hidden rubric", ["rm_score", "rubric_score"]),
+    ("corr(reward model, rubric) over the step's rollouts", ["rm_rubric_corr"]),
+    ("KL to the reference", ["kl"]),
     ("learning rate", ["lr"]),
 ]
 SECTIONS = [("matrix", "Forgetting matrix"), ("curves", "Training curves"), ("data", "Data"),
@@ -64,6 +68,19 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
+    items = item_scores(store, run_id)
+    pass_rates = {}
+    for stage in report.stages:
+        uri = (stage.get("plots") or {}).get("pass_rates")
+        key = store.key_of(uri) if uri else None
+        if key and store.exists(key):
+            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
+    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
+                   pass_rates)
+
+
+def item_scores(store: Store, run_id: str) -> dict[str, dict[str, list[float]]]:
+    """after_stage -> domain -> per-item held-out scores, from the run's eval records (torn ones skipped)."""
     items: dict[str, dict[str, list[float]]] = {}
     for key in store.list(layout.evals_dir(run_id)):
         base = key.rsplit("/", 1)[-1]
@@ -78,14 +95,7 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
             if isinstance(row.get("score"), (int, float)) and row.get("domain"):
                 per.setdefault(row["domain"], []).append(float(row["score"]))
         items[base[: -len(".json")].split("-", 1)[1]] = per
-    pass_rates = {}
-    for stage in report.stages:
-        uri = (stage.get("plots") or {}).get("pass_rates")
-        key = store.key_of(uri) if uri else None
-        if key and store.exists(key):
-            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
-    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
-                   pass_rates)
+    return items
 
 
 def standard_error(scores: list[float]) -> float | None:

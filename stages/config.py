@@ -220,8 +220,9 @@ class ModelTeacher(GenerationTeacher):
     source: str  # "tiny", "smollm2-135m", an HF model dir, or a checkpoint (URI or dir with MANIFEST.json)
 
 
-class OpenAITeacher(GenerationTeacher):
-    kind: Literal["openai"] = "openai"
+class OpenAIEndpoint(Strict):
+    """An OpenAI-compatible chat-completions endpoint: the openai teacher's and the judge's."""
+
     url: str = Field(pattern=r"^https?://")  # the API base, e.g. http://127.0.0.1:8000/v1
     model: str
     api_key_env: str | None = Field(None, pattern=ENV_NAME)  # the NAME of the variable holding the key
@@ -229,6 +230,10 @@ class OpenAITeacher(GenerationTeacher):
     max_retries: int = Field(4, strict=True, ge=0, le=100)  # per request, on 5xx, connection errors and timeouts
     backoff_s: NonNegative = 0.5  # doubled per retry ...
     max_backoff_s: NonNegative = 8.0  # ... up to this
+
+
+class OpenAITeacher(GenerationTeacher, OpenAIEndpoint):
+    kind: Literal["openai"] = "openai"
 
 
 TeacherConfig = Annotated[Union[OracleTeacher, ModelTeacher, OpenAITeacher], Field(discriminator="kind")]
@@ -416,7 +421,25 @@ class GraderReward(Strict):
     kind: Literal["grader"] = "grader"
 
 
-RewardConfig = Annotated[Union[GraderReward], Field(discriminator="kind")]
+class RewardModelReward(Strict):
+    """An earlier reward_model stage's scalar score, with the group's length trend taken out
+    (stages.losses.length_normalized_rewards; 0: the raw score)."""
+
+    kind: Literal["reward_model"] = "reward_model"
+    stage: str  # the reward_model stage whose checkpoint scores
+    length_coef: NonNegative = 0.5
+    batch_size: Count = 64  # sequences per reward-model forward
+
+
+class JudgeReward(OpenAIEndpoint):
+    """A generative judge compares each rollout with the item's reference answer (stages/judge.py)."""
+
+    kind: Literal["judge"] = "judge"
+    max_tokens: Count = 8  # the verdict is one letter
+    concurrency: Count = 16  # requests in flight
+
+
+RewardConfig = Annotated[Union[GraderReward, RewardModelReward, JudgeReward], Field(discriminator="kind")]
 
 
 class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
@@ -428,15 +451,70 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     # domain -> sources, as sft_data reads them (a domain not listed: its synthetic train split)
     prompts: str | dict[str, list[DataSource]] | None = None
     reward: RewardConfig = GraderReward()
+    # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.losses.kl_k3); the paper uses it in RLHF only
+    kl_coef: NonNegative = 0.0
+    reference: str | None = None  # with kl_coef > 0: an earlier policy stage, frozen; None: this stage's start
     # The mean |log pi_train - log pi_inf| over every sampled token needs a no-grad forward over the dropped
     # groups; off, the metric covers the kept groups only and the step skips that forward.
     mismatch_over_dropped: bool = True
 
     def reads(self) -> list[Read]:
-        return [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []
+        reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []
+        if isinstance(self.reward, RewardModelReward):
+            reads.append(Read("reward.stage", self.reward.stage, "reward_model"))
+        if self.reference is not None:
+            reads.append(Read("reference", self.reference, "policy"))
+        return reads
 
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.prompts) if isinstance(self.prompts, dict) else {}
+
+
+class DomainPairs(Strict):
+    """Preference pairs built by a domain (`pairs(split, n, seed)`): the oracle answer over a near-miss."""
+
+    kind: Literal["domain"] = "domain"
+    domain: str = "chat"
+    train: Count = 2000
+    heldout: Count = 400
+
+
+class PreferenceFile(Strict):
+    """Real preference pairs, one per row: JSONL (.jsonl, .jsonl.gz) or Parquet, local or any fsspec URL."""
+
+    kind: Literal["file"] = "file"
+    path: str
+    format: Literal["jsonl", "parquet"] | None = None  # None: from the suffix
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    heldout_share: Fraction = 0.1  # the last rows, held out for pairwise accuracy
+
+
+PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
+
+
+class RewardModelConfig(StageConfig):
+    """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
+
+    kind: Literal["reward_model"] = "reward_model"
+    name: str = "rm"
+    init: str = "sft"  # an earlier policy stage, an HF model dir or "smollm2-135m": the backbone
+    pairs: PairSource = DomainPairs()
+    steps: Steps = 300
+    batch_size: Count = 32  # pairs per optimizer step
+    micro_batch_size: Count = 32
+    lr: LearningRate = 3e-4
+    warmup_steps: Every = 20
+    min_lr_ratio: Fraction = 0.1
+    weight_decay: NonNegative = 0.0
+    grad_clip: Positive = 1.0
+    margin: NonNegative = 0.0  # Bradley-Terry margin: chosen must beat rejected by this much
+
+    def reads(self) -> list[Read]:
+        if reference_kind(self.init) != "stage":
+            return []
+        return [Read("init", self.init, "policy", hint=f"; a model is an HF model dir (a path) or {SMOLLM2!r}")]
 
 
 class MOPDConfig(OnPolicyConfig):

@@ -6,8 +6,10 @@ For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i wit
     A_i = (r_i - mean(r)) / (std(r) + eps)
     L(theta) = -(1 / sum_i |o_i|) * sum_i sum_t A_i * pi_theta(o_it) / sg[pi_theta(o_it)]
 
-One gradient step per rollout batch, so the importance ratio is exactly 1 and PPO clipping never engages; no KL
-term and no reference model. Groups whose G rewards are all equal carry no signal and are dropped (dynamic
+One gradient step per rollout batch, so the importance ratio is exactly 1 and PPO clipping never engages. With
+`kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere else), L gains kl_coef * KL(pi_theta || pi_ref), the k3
+estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoint (`reference`, default the
+stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
 filtering). Deviation: the paper refills dropped groups by over-sampling prompts; we keep the step smaller
 instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
 so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
@@ -23,12 +25,12 @@ from typing import Any
 import torch
 
 from stages.config import GRPOConfig
-from stages.context import StageContext, StageResult
+from stages.context import StageContext, StageResult, load_policy
 from stages.datasets.sources import iter_rows
 from stages.difficulty import load_kept_prompts
 from stages.domains import Item
 from stages.kinds import StageInputs
-from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, token_entropy, token_logprobs
+from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy, token_logprobs
 from stages.rewards import make_reward_source
 from stages.distributed import rank_micro_batches
 from stages.rollout import make_rollout_engine, reward_metrics, rollout_batch, sample_groups
@@ -45,7 +47,8 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
                          f"fewer than prompts_per_step={cfg.prompts_per_step}")
     run = TrainRun(ctx, cfg, inputs.policy)
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
-    reward_source = make_reward_source(cfg.reward)
+    reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
+    reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
     try:
         while run.step < cfg.steps:
             # rollout: P prompts x G samples from the current policy
@@ -59,12 +62,12 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             advantages = grpo_advantages(rewards, cfg.std_eps)
 
             # update: one on-policy step, token-level loss over the kept groups
-            update = policy_update(run, cfg, ctx, prompts, groups, advantages, keep)
+            update = policy_update(run, cfg, ctx, prompts, groups, advantages, keep, reference)
             run.step += 1
             engine.sync_weights(run.model)
 
             # log
-            run.record_step(step_metrics(items, groups, rewards, keep, update))
+            run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics()})
     finally:
         engine.close()
         reward_source.close()
@@ -81,7 +84,15 @@ def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> li
     return [row.item for row in iter_rows(cfg, ctx.recipe, cfg.domains, oracle_domains=set())]
 
 
-def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep) -> dict[str, float]:
+def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch.nn.Module:
+    """The frozen KL reference, on the rank's device: the `reference` stage's checkpoint, else the policy this
+    stage started from."""
+    model, _ = load_policy(run.ctx, inputs.stages[cfg.reference] if cfg.reference else inputs.policy)
+    return model.to(run.world.device).eval().requires_grad_(False)
+
+
+def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep,
+                  reference: torch.nn.Module | None = None) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
     logprob mismatch over every sampled token (with cfg.mismatch_over_dropped, dropped groups get a no-grad
     forward for it), else over the kept groups' tokens. Each rank takes its share of the prompts; counts and
@@ -94,7 +105,7 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     measured = mask if cfg.mismatch_over_dropped else mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
     gap = mismatch_sum(run, ctx, cfg, ids[~kept], mask[~kept], inf_logp[~kept]) if cfg.mismatch_over_dropped else 0.0
-    stats = {"entropy": 0.0, "gap": gap}
+    stats = {"entropy": 0.0, "gap": gap, "kl": 0.0}
     if world.all_sum(float(kept.sum())) == 0:
         return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
     ids, mask, inf_logp = ids[kept], mask[kept], inf_logp[kept]
@@ -109,13 +120,21 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
         with torch.no_grad():
             stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
             stats["gap"] += float(((logp - inf_logp[part]).abs() * m).sum())
-        return grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
+        loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
+        if reference is None:
+            return loss
+        with torch.no_grad(), world.autocast():
+            ref_logp = token_logprobs(reference(input_ids=ids[part]).logits[:, :-1], ids[part, 1:])
+        kl = kl_k3(logp, ref_logp, m, num_tokens)
+        stats["kl"] += float(kl.detach())
+        return loss + cfg.kl_coef * kl
 
     loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "entropy": world.all_sum(stats["entropy"]),
             "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
-            "tokens_trained": world.all_sum(float(ids.numel()))}
+            "tokens_trained": world.all_sum(float(ids.numel())),
+            **({"kl": world.all_sum(stats["kl"])} if reference is not None else {})}
 
 
 @torch.no_grad()

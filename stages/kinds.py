@@ -26,7 +26,9 @@ from stages.config import (
     DifficultyConfig,
     GRPOConfig,
     MOPDConfig,
+    PreferenceFile,
     Product,
+    RewardModelConfig,
     SFTConfig,
     SFTDataConfig,
     StageConfig,
@@ -144,6 +146,27 @@ def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) 
         raise ValueError(f"stage {cfg.name!r} has no teacher for domain(s) {untaught}")
 
 
+def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    """The pairs' domain must build pairs; a local preference file must exist and its first row must have the
+    pair's fields, before any work."""
+    if not isinstance(cfg.pairs, PreferenceFile):
+        from stages.domains import domain_names, get_domain
+
+        if cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
+            raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
+        return
+    from pathlib import Path
+
+    from stages.datasets.preferences import check_first_row
+
+    local = cfg.pairs.path.removeprefix("file://")
+    if "://" in local:
+        return
+    if not Path(local).is_file():
+        raise ValueError(f"stage {cfg.name!r}: preference file not found: {cfg.pairs.path}")
+    check_first_row(cfg.pairs, local)
+
+
 for _row in (
     StageKind("sft_data", SFTDataConfig, _lazy("stages.sft_data", "run_sft_data"), makes="dataset",
               takes_policy=False, holds_compute=False, check=_check_sft_data),
@@ -153,6 +176,8 @@ for _row in (
               takes_policy=False, holds_compute=False),
     StageKind("grpo", GRPOConfig, _lazy("stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_grpo),
+    StageKind("reward_model", RewardModelConfig, _lazy("stages.reward_model", "run_reward_model"),
+              makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model),
     StageKind("mopd", MOPDConfig, _lazy("stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_mopd),
 ):

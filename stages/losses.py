@@ -91,3 +91,38 @@ def truncated_fraction(logp: Tensor, inf_logp: Tensor, mask: Tensor, eps_low: fl
     ratio = torch.exp(logp.detach() - inf_logp)
     outside = ((ratio < eps_low) | (ratio > eps_high)).float()
     return (outside * mask).sum() / mask.sum().clamp(min=1)
+
+
+def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, num_pairs: int, margin: float = 0.0) -> Tensor:
+    """Bradley-Terry reward-model loss (InstructGPT eq. 1; Llama 2's margin variant):
+
+        L = -sum_k log sigmoid(r_chosen_k - r_rejected_k - margin) / num_pairs
+
+    r_chosen, r_rejected: [K] scalar rewards of K pairs of this micro-batch; num_pairs: global count of pairs in
+    the optimizer batch, so micro-batch losses sum to the full batch's. logsigmoid keeps large gaps finite.
+    """
+    return -torch.nn.functional.logsigmoid(r_chosen - r_rejected - margin).sum() / num_pairs
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, mask: Tensor, num_tokens: int) -> Tensor:
+    """KL(pi_theta || pi_ref) by Schulman's k3 estimator on the sampled tokens (GRPO's KL term, DeepSeekMath eq. 4):
+
+        k3_t = exp(ref_logp_t - logp_t) - (ref_logp_t - logp_t) - 1   (>= 0, unbiased for samples of pi_theta)
+        KL   = sum_{i,t} mask_it * k3_it / num_tokens
+
+    logp: [N, T] log pi_theta of the sampled tokens (with grad); ref_logp: [N, T] the frozen reference (no grad);
+    mask: [N, T] 1 on completion tokens; num_tokens: global count of completion tokens in the optimizer batch.
+    """
+    delta = ref_logp - logp
+    return ((torch.exp(delta) - delta - 1) * mask).sum() / num_tokens
+
+
+def length_normalized_rewards(rewards: Tensor, lengths: Tensor, coef: float) -> Tensor:
+    """A reward model's scores with the group's length trend taken out, so longer is not better by itself:
+
+        r'_ij = r_ij - coef * (L_ij - mean_j L_ij) / mean_j L_ij
+
+    rewards: [P, G] scalar rewards; lengths: [P, G] completion lengths in tokens -> [P, G]. coef = 0: unchanged.
+    """
+    mean = lengths.float().mean(dim=1, keepdim=True).clamp(min=1.0)
+    return rewards - coef * (lengths.float() - mean) / mean

@@ -49,6 +49,13 @@ def eval_cmd(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per generate call."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads; on a busy machine 1 can be "
                                           "many times faster than oversubscribed OpenMP threads."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="arena_hard: the judge's OpenAI-compatible API base "
+                                        "(http://host:port/v1)."),
+    judge_model: str = typer.Option("judge", "--judge-model", help="arena_hard: the model name the judge serves."),
+    judge_key_env: Optional[str] = typer.Option(None, "--judge-key-env", help="arena_hard: the NAME of the "
+                                                "environment variable holding the judge's API key."),
+    baseline: str = typer.Option("tiny", "--baseline", help="arena_hard: the model whose answers MODEL plays "
+                                 "against (any model source)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evaluate a model on every domain's held-out split, or on real benchmarks with --benchmark."""
@@ -58,6 +65,12 @@ def eval_cmd(
         import torch
 
         torch.set_num_threads(threads)
+    if (benchmark == ARENA_HARD) != (judge is not None):
+        raise CLIError(f"--benchmark {ARENA_HARD} needs --judge URL, and --judge applies to it only")
+    if judge is not None:
+        _eval_arena_hard(model, recipe, judge, judge_model, judge_key_env, baseline, limit, max_new_tokens,
+                         batch_size, out, as_json)
+        return
     if benchmark is None:
         if limit is not None or samples != 1 or data is not None or out is not None:
             raise CLIError("--limit, --samples, --data and --out apply to --benchmark runs only")
@@ -82,6 +95,64 @@ def eval_cmd(
     finally:
         engine.close()
     _print_benchmark_scores(model, results, out_dir, as_json)
+
+
+ARENA_HARD = "arena_hard"
+
+
+def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_env: Optional[str], baseline: str,
+                     limit: Optional[int], max_new_tokens: int, batch_size: Optional[int], out: Optional[Path],
+                     as_json: bool) -> None:
+    """Win rate of MODEL's greedy answers over BASELINE's on ArenaHard's questions, judged in both orders."""
+    from pydantic import ValidationError
+
+    from stages.config import JudgeReward
+    from stages.datasets.teachers import TeacherError
+    from stages.domains.benchdata import DEFAULT_DATA_ROOT
+    from stages.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
+
+    try:
+        cfg = JudgeReward(url=url, model=judge_model, api_key_env=key_env)
+        probe(cfg.url, cfg.timeout_s)
+        judge = PairwiseJudge(cfg)
+        prompts = arena_hard_prompts(DEFAULT_DATA_ROOT, limit)
+    except ValidationError as e:
+        raise CLIError(f"--judge: {e.errors()[0]['msg']}") from None
+    except (JudgeError, TeacherError, FileNotFoundError) as e:
+        raise CLIError(str(e)) from None
+    answers = [_greedy_answers(source, recipe, prompts, max_new_tokens, batch_size) for source in (model, baseline)]
+    try:
+        scores = judge.compare(prompts, *answers)
+    except JudgeError as e:
+        raise CLIError(str(e)) from None
+    rate, se = win_rate(scores)
+    result = {"model": model, "baseline": baseline, "judge": url, "prompts": len(prompts), "win_rate": rate,
+              "standard_error": se, "malformed_verdicts": judge.malformed, "retries": judge.retries}
+    out_dir = out or _default_eval_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "scores.json").write_text(json.dumps(result, indent=2))
+    with open(out_dir / f"{ARENA_HARD}.jsonl", "w") as f:
+        for prompt, a, b, score in zip(prompts, *answers, scores):
+            f.write(json.dumps({"prompt": prompt, "model": a, "baseline": b, "score": score}) + "\n")
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    console.print(f"arena_hard: {model} vs {baseline}: win rate {rate:.3f} ± {se or 0:.3f} over {len(prompts)} "
+                  f"prompts (both orders; {judge.malformed} malformed verdicts scored 0, {judge.retries} retries); "
+                  f"{out_dir}")
+
+
+def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens: int,
+                    batch_size: Optional[int]) -> list[str]:
+    from stages.engines.base import SamplingParams
+    from stages.model import prompt_ids
+
+    tokenizer, engine = _load_for_benchmarks(source, recipe, batch_size)
+    try:
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+        return [g[0].text for g in engine.generate([prompt_ids(tokenizer, p) for p in prompts], 1, greedy)]
+    finally:
+        engine.close()
 
 
 def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:

@@ -46,18 +46,29 @@ def execute(recipe, run_id: str) -> None:
             report = cascade_flow(recipe, run_id)
         finally:
             set_progress_factory(None)
-    print_matrix(report)
+    print_matrix(report, Store.from_config(recipe.storage))
     console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
 
 
-def print_matrix(report) -> None:
+def print_matrix(report, store=None) -> None:
+    """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items)."""
+    from artifacts.html_report import item_scores, standard_error
+
     domains, rows = report.forgetting_matrix()
+    items = item_scores(store, report.run_id) if store is not None else {}
     table = Table(title=f"Forgetting matrix: held-out score after each stage ({report.run_id})")
     table.add_column("after stage")
     for d in domains:
         table.add_column(d, justify="right")
+
+    def cell(stage: str, domain: str, score: float | None) -> str:
+        if score is None:
+            return "-"
+        se = standard_error(items.get(stage, {}).get(domain, []))
+        return f"{score:.3f}" if se is None else f"{score:.3f} ± {se:.3f}"
+
     for stage, scores in rows:
-        table.add_row(stage, *("-" if s is None else f"{s:.3f}" for s in scores))
+        table.add_row(stage, *(cell(stage, d, s) for d, s in zip(domains, scores)))
     console.print(table)
     for g in report.gate:
         console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
@@ -165,7 +176,7 @@ def status(
         s = done.get(cfg.name, {})
         table.add_row(cfg.name, cfg.kind, s.get("status", "pending"), str(s.get("seconds", "")), s.get("checkpoint") or "")
     console.print(table)
-    print_matrix(report)
+    print_matrix(report, st)
 
 
 @app.command()
@@ -192,7 +203,7 @@ def report(
             raise CLIError(f"run {r!r} has no report yet")
         reports.append(rep)
     for rep in reports:
-        print_matrix(rep)
+        print_matrix(rep, st)
     if html is None:
         return
     from artifacts.html_report import collect, render

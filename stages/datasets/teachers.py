@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stages.domains.base import Item
-from stages.config import ModelTeacher, OpenAITeacher, OracleTeacher
+from stages.config import ModelTeacher, OpenAIEndpoint, OracleTeacher
 from stages.recipe import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row
@@ -116,13 +116,13 @@ def load_teacher_model(source: str, recipe: Recipe, workdir: Path):
 class OpenAIChatTeacher:
     """POST {url}/chat/completions, one request per prompt, `batch_size` requests in flight."""
 
-    def __init__(self, cfg: OpenAITeacher):
-        self.cfg = cfg
+    def __init__(self, cfg: OpenAIEndpoint, label: str = "openai teacher"):
+        self.cfg, self.label = cfg, label  # the label starts its errors (the judge shares this client)
         self.headers = {"Content-Type": "application/json"}
         if cfg.api_key_env:
             key = os.environ.get(cfg.api_key_env)
             if not key:
-                raise TeacherError(f"openai teacher: environment variable {cfg.api_key_env} (the API key) is not set")
+                raise TeacherError(f"{label}: environment variable {cfg.api_key_env} (the API key) is not set")
             self.headers["Authorization"] = f"Bearer {key}"
         self.retries = 0
 
@@ -140,17 +140,23 @@ class OpenAIChatTeacher:
             "model": self.cfg.model, "messages": [{"role": "user", "content": item.prompt}],
             "max_tokens": max_new_tokens, "temperature": self.cfg.temperature,
         }).encode()
+        try:
+            return parse_chat_reply(self.request(body, item.id), item.id, self.cfg.url)
+        except RequestRefused as err:
+            return Answer(None, str(err))
+
+    def request(self, body: bytes, item_id: str) -> bytes:
+        """The reply to one POST, retried with backoff on 5xx, connection errors and timeouts (TeacherError when
+        the retries run out); RequestRefused when the server refuses this one prompt."""
         for attempt in range(self.cfg.max_retries + 1):
             try:
-                return parse_chat_reply(self._post(body), item.id, self.cfg.url)
+                return self._post(body)
             except _Transient as err:
                 if attempt == self.cfg.max_retries:
-                    raise TeacherError(f"openai teacher {self.cfg.url}: {err} on item {item.id}, "
+                    raise TeacherError(f"{self.label} {self.cfg.url}: {err} on item {item_id}, "
                                        f"{attempt + 1} attempts") from None
                 self.retries += 1
                 time.sleep(min(self.cfg.backoff_s * 2**attempt, self.cfg.max_backoff_s))
-            except _Refused as err:
-                return Answer(None, str(err))
         raise AssertionError("unreachable")
 
     def _post(self, body: bytes) -> bytes:
@@ -164,8 +170,8 @@ class OpenAIChatTeacher:
             if err.code >= 500:
                 raise _Transient(f"HTTP {err.code}") from None
             if err.code in PER_PROMPT_ERRORS:
-                raise _Refused(f"HTTP {err.code}: {detail}") from None
-            raise TeacherError(f"openai teacher {self.cfg.url}: HTTP {err.code}: {detail}") from None
+                raise RequestRefused(f"HTTP {err.code}: {detail}") from None
+            raise TeacherError(f"{self.label} {self.cfg.url}: HTTP {err.code}: {detail}") from None
         except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as err:
             reason = getattr(err, "reason", err)
             if isinstance(reason, (socket.timeout, TimeoutError)):
@@ -177,8 +183,8 @@ class _Transient(Exception):
     pass
 
 
-class _Refused(Exception):
-    pass
+class RequestRefused(Exception):
+    """The server refused this one request (a 4xx about the prompt): the item gets no answer, the rest go on."""
 
 
 def parse_chat_reply(raw: bytes, item_id: str, url: str) -> Answer:

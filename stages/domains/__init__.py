@@ -15,6 +15,7 @@ DOMAIN_CLASSES: dict[str, str] = {
     "tool": "stages.domains.tool:ToolDomain",
     "longctx": "stages.domains.longctx:LongContextDomain",
     "swe": "stages.domains.swe:SWEDomain",
+    "chat": "stages.domains.chat:ChatDomain",
 }
 _instances: dict[str, Domain] = {}
 _configured: dict[tuple[str, tuple], Domain] = {}  # (name, options) -> a domain built with constructor options

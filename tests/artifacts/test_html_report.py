@@ -130,3 +130,18 @@ def test_two_runs_side_by_side(tmp_path):
     assert "<h3>a</h3>" in rendered.html and "<h3>b</h3>" in rendered.html
     assert "Solid: a; dashed: b" in rendered.html
     json.dumps(rendered.html)  # plain text
+
+
+def test_the_printed_forgetting_matrix_carries_standard_errors(tmp_path):
+    from flows.cli.common import console
+    from flows.cli.runs import print_matrix
+
+    store = Store(f"file://{tmp_path}/store")
+    synthetic_run(store, "r")
+    with console.capture() as out:
+        print_matrix(RunReport.load(store, "r"), store)
+    text = out.get()
+    # sft: instruct items 1,1,0,0 -> SE sqrt((1/3)/4); math items 1,0,0,0 -> SE sqrt((1/4)/4)
+    assert "0.500 ± 0.289" in text and "0.250 ± 0.250" in text
+    # if_rl: instruct 1,1,1,0 -> SE 0.25; math 0.1 of 4 items rounds to 0 passes -> SE 0
+    assert "0.750 ± 0.250" in text

@@ -118,3 +118,40 @@ def test_status_survives_a_truncated_report_or_recipe(cascade_home):
     assert "unreadable" in listed["torn-report"][0][1]
     assert_one_line(*cascade("status", "torn-recipe"), "recipe.json is not valid JSON (truncated?)")
     assert_one_line(*cascade("report", "torn-report"), "report.json is not a valid report (truncated?)")
+
+
+RLHF_RECIPE = """
+model: {{source: tiny, hidden_size: 64, num_layers: 2, num_heads: 2, intermediate_size: 128}}
+domains: {{chat: {{train_size: 64, heldout_size: 16}}}}
+stages:
+  - {{kind: sft_data}}
+  - {{kind: sft, steps: 2}}
+  - {{kind: reward_model, init: sft, pairs: {pairs}}}
+  - {{kind: grpo, name: rlhf, domains: [chat], reward: {{kind: reward_model, stage: {reward_stage}}}}}
+"""
+
+
+@pytest.mark.parametrize("pairs, reward_stage, message", [
+    ("{kind: domain}", "sft", "stage 'rlhf' reads reward.stage 'sft', which no earlier reward_model stage writes"),
+    ("{kind: domain}", "nope", "stage 'rlhf' reads reward.stage 'nope', which no earlier reward_model stage writes"),
+    ("{kind: file, path: PAIRS}", "rm", "pairs.jsonl: row 1: no 'chosen' string"),
+    ("{kind: file, path: /no/such/pairs.jsonl}", "rm", "stage 'rm': preference file not found: /no/such/pairs.jsonl"),
+    ("{kind: domain, domain: math}", "rm", "stage 'rm': domain 'math' builds no preference pairs"),
+])
+def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_stage, message):
+    pair_file = tmp_path / "pairs.jsonl"
+    pair_file.write_text(json.dumps({"prompt": "Hi", "answer": "Hello", "rejected": "Go away"}) + "\n")
+    recipe = tmp_path / "rlhf.yaml"
+    recipe.write_text(RLHF_RECIPE.format(pairs=pairs.replace("PAIRS", str(pair_file)), reward_stage=reward_stage))
+    assert_one_line(*cascade("run", str(recipe)), message)
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--judge", "http://127.0.0.1:9/v1"], "judge http://127.0.0.1:9/v1 does not answer"),
+    (["--judge", "ftp://judge/v1"], "--judge: String should match pattern"),
+    ([], "--benchmark arena_hard needs --judge URL, and --judge applies to it only"),
+])
+def test_arena_hard_without_a_working_judge_is_one_line(cascade_home, args, message):
+    assert_one_line(*cascade("eval", "tiny", "--benchmark", "arena_hard", *args), message)
+    assert files_under(cascade_home) == []

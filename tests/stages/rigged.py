@@ -1,10 +1,14 @@
-"""A tiny model whose greedy answer to any chat prompt is "7": real generation with a known result.
+"""A tiny model whose greedy answer to any chat prompt is "7" (or another one-token answer): real generation with
+a known result.
 
 Attention and MLP outputs are zeroed, so the residual stream is the last token's embedding, and three embedding
 rows are set so that after the prompt's final "\\n" the argmax is "7", and after "7" it is the end-of-turn token.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 
@@ -23,3 +27,23 @@ def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
         side *= base.norm() / side.norm()
         emb[wanted] = 2 * base + 3 * side  # from "\n": only the answer scores 2|base|^2
         emb[eos] = 10 * side  # from the answer: 30|side|^2 beats its own 13|side|^2
+
+
+@contextmanager
+def rigged_vllm_server(tmp_path_factory, model_cfg: dict, answer: str = "7") -> Iterator[str]:
+    """A vLLM server (from .venv-vllm) serving a rigged tiny model; yields its root URL (the API is URL + /v1)."""
+    from stages.config import ModelConfig
+    from stages.engines.vllm import VLLMEngine
+    from stages.model import build_tiny_model, save_hf
+    from stages.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    model = build_tiny_model(ModelConfig(**model_cfg), len(tokenizer), seed=0).eval()
+    rig_short_answers(model, tokenizer, answer)
+    model_dir = tmp_path_factory.mktemp(f"rigged-{answer}")
+    save_hf(model, tokenizer, model_dir)
+    engine = VLLMEngine(model_dir, workdir=tmp_path_factory.mktemp("vllm-rigged"))
+    try:
+        yield engine.url
+    finally:
+        engine.close()

@@ -5,7 +5,17 @@ import math
 import pytest
 import torch
 
-from stages.losses import grpo_advantages, grpo_loss, groups_with_signal, sft_loss, token_entropy, token_logprobs
+from stages.losses import (
+    bradley_terry_loss,
+    grpo_advantages,
+    grpo_loss,
+    groups_with_signal,
+    kl_k3,
+    length_normalized_rewards,
+    sft_loss,
+    token_entropy,
+    token_logprobs,
+)
 
 
 def test_grpo_advantages_hand_computed():
@@ -55,3 +65,55 @@ def test_token_logprobs_and_entropy():
     h = token_entropy(logits)[0].tolist()
     assert h[0] == pytest.approx(-(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25)), abs=1e-6)
     assert h[1] == pytest.approx(-(2 * 0.1 * math.log(0.1) + 0.8 * math.log(0.8)), abs=1e-6)
+
+
+def test_bradley_terry_loss_hand_computed_with_and_without_margin():
+    chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
+    # gaps 1 and -1: (log(1 + e^-1) + log(1 + e)) / 2
+    assert float(bradley_terry_loss(chosen, rejected, 2)) == pytest.approx(0.8132617, abs=1e-6)
+    # margin 0.5: gaps 0.5 and -1.5: (log(1 + e^-0.5) + log(1 + e^1.5)) / 2
+    assert float(bradley_terry_loss(chosen, rejected, 2, margin=0.5)) == pytest.approx(1.0877451, abs=1e-6)
+    # a huge gap stays finite (logsigmoid, not log(sigmoid))
+    assert float(bradley_terry_loss(torch.tensor([0.0]), torch.tensor([200.0]), 1)) == pytest.approx(200.0)
+
+
+def test_bradley_terry_micro_batches_sum_to_the_full_batch_in_value_and_gradient():
+    torch.manual_seed(0)
+    chosen, rejected = torch.randn(6, requires_grad=True), torch.randn(6)
+    full = bradley_terry_loss(chosen, rejected, 6, margin=0.2)
+    (g_full,) = torch.autograd.grad(full, chosen)
+    parts = sum(bradley_terry_loss(chosen[s], rejected[s], 6, margin=0.2) for s in (slice(0, 2), slice(2, 6)))
+    (g_parts,) = torch.autograd.grad(parts, chosen)
+    assert float(parts.detach()) == pytest.approx(float(full.detach()), abs=1e-6)
+    assert torch.allclose(g_parts, g_full, atol=1e-7)
+
+
+def test_kl_k3_hand_computed_value_and_gradient():
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])  # the third token is padding: its huge k3 must not count
+    kl = kl_k3(logp, ref, mask, 2)
+    # delta = ref - logp = -0.5, 1: (e^-0.5 + 0.5 - 1) + (e - 1 - 1) = 0.1065307 + 0.7182818, over 2 tokens
+    assert float(kl.detach()) == pytest.approx(0.4124063, abs=1e-6)
+    (grad,) = torch.autograd.grad(kl, logp)
+    # d k3 / d logp = 1 - e^delta, over 2 tokens
+    assert torch.allclose(grad, torch.tensor([[(1 - 0.6065307) / 2, (1 - 2.7182818) / 2, 0.0]]), atol=1e-6)
+    assert float(kl_k3(ref, ref, torch.ones(1, 3), 3)) == 0.0  # the policy at its reference: no KL
+
+
+def test_kl_k3_micro_batches_sum_to_the_full_batch():
+    torch.manual_seed(1)
+    logp, ref = -torch.rand(4, 5), -torch.rand(4, 5)
+    mask = (torch.rand(4, 5) > 0.3).float()
+    n = int(mask.sum())
+    parts = kl_k3(logp[:1], ref[:1], mask[:1], n) + kl_k3(logp[1:], ref[1:], mask[1:], n)
+    assert float(parts) == pytest.approx(float(kl_k3(logp, ref, mask, n)), abs=1e-6)
+
+
+def test_length_normalized_rewards_hand_computed():
+    rewards = torch.tensor([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5]])
+    lengths = torch.tensor([[10, 20, 30], [4, 4, 4]])
+    # group 0: mean length 20, relative deviations -0.5, 0, 0.5, times 0.5; group 1: equal lengths, unchanged
+    expected = torch.tensor([[1.25, 2.0, 2.75], [0.5, 0.5, 0.5]])
+    assert torch.allclose(length_normalized_rewards(rewards, lengths, 0.5), expected)
+    assert torch.equal(length_normalized_rewards(rewards, lengths, 0.0), rewards)

@@ -24,7 +24,7 @@ from stages.datasets.shards import DATA_DIR, shard_paths
 from stages.datasets.teachers import TeacherError
 from stages.recipe import validate_recipe
 from stages.sft_data import run_sft_data
-from tests.stages.rigged import rig_short_answers
+from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 
 pytestmark = pytest.mark.vllm
@@ -35,19 +35,8 @@ ROWS, SHARD = 24, 8  # three shards of eight prompts
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
     require_vllm_venv()
-    from stages.engines.vllm import VLLMEngine
-    from stages.model import build_tiny_model, save_hf
-    from stages.config import ModelConfig
-    from stages.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer()
-    model = build_tiny_model(ModelConfig(**TINY), len(tokenizer), seed=0).eval()
-    rig_short_answers(model, tokenizer)
-    model_dir = tmp_path_factory.mktemp("rigged-tiny")
-    save_hf(model, tokenizer, model_dir)
-    engine = VLLMEngine(model_dir, workdir=tmp_path_factory.mktemp("vllm-teacher"))
-    yield engine.url  # the server root; the teacher URL is root + /v1
-    engine.close()
+    with rigged_vllm_server(tmp_path_factory, TINY) as url:
+        yield url  # the server root; the teacher URL is root + /v1
 
 
 class FaultProxy(http.server.ThreadingHTTPServer):

@@ -1,0 +1,162 @@
+"""A Bradley-Terry reward model, trained in the pipeline (Nemotron-Cascade 1's RLHF reward; InstructGPT sec. 3.5).
+
+For preference pairs (x, y_c, y_r), a scalar head r_phi on a language-model backbone is trained by
+
+    L(phi) = -(1 / K) * sum_k log sigmoid(r_phi(x_k, y_c,k) - r_phi(x_k, y_r,k) - margin)
+
+(stages.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
+chat-formatted prompt + answer (the end-of-turn token): the checkpoint is an ordinary one-label
+`AutoModelForSequenceClassification` that `transformers` loads, with a manifest like every checkpoint.
+Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it) or from a file of real pairs in the
+ecosystem's `prompt`/`chosen`/`rejected` format. Metrics: pairwise accuracy (share of held-out pairs with
+r(chosen) > r(rejected)) and the mean reward margin on them.
+
+Deviations: one process (no FSDP), on the recipe's compute device and dtype; the score head starts at zero
+(transformers initializes it randomly), so every pair starts at loss log 2 and the first steps are not spent
+undoing a random head; no step checkpoints (the stage is minutes long on CPU, so a cut-off run repeats it);
+Cascade 2's generative pairwise reward model is the `judge` reward instead.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from artifacts.checkpoint import materialize
+from stages.config import DomainPairs, PreferenceFile, RewardModelConfig
+from stages.context import StageContext, StageResult, save_model_checkpoint
+from stages.domains import get_domain
+from stages.datasets.preferences import PreferencePair, pair_of
+from stages.datasets.sources import _file_records
+from stages.kinds import StageInputs
+from stages.losses import bradley_terry_loss
+from stages.model import completion_ids, prompt_ids, resolve_model_dir
+from stages.sft import batch_for_step
+from stages.tokenizer import load_tokenizer
+from stages.distributed import World, resolve_device
+from stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
+
+Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
+
+
+def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
+    """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
+    started = time.time()
+    compute = ctx.recipe.compute_for(cfg)
+    world = World(0, 1, resolve_device(compute.device), compute)  # one process: the stage is minutes on a CPU
+    model, tokenizer = load_backbone(ctx, cfg, inputs)
+    model.to(world.device)
+    train, heldout = load_pairs(cfg, ctx.recipe.seed)
+    train_ids, heldout_ids = encode_pairs(tokenizer, train), encode_pairs(tokenizer, heldout)
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    pad = tokenizer.pad_token_id
+    torch.manual_seed(ctx.recipe.seed)
+    model.train()
+    for step in range(cfg.steps):
+        # batch: this step's slice of the epoch permutation of the train pairs
+        batch = batch_for_step(train_ids, step, cfg.batch_size, ctx.recipe.seed)
+        stats = {"correct": 0.0}
+
+        # update: Bradley-Terry loss normalized by the batch's pair count, accumulated over micro-batches
+        def micro_loss(part: slice) -> torch.Tensor:
+            with world.autocast():
+                chosen, rejected = pair_scores(model, batch[part], pad)
+            stats["correct"] += float((chosen > rejected).sum())
+            return bradley_terry_loss(chosen, rejected, len(batch), cfg.margin)
+
+        loss = backward_micro_batches(len(batch), cfg.micro_batch_size, micro_loss)
+        lr = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        grad_norm = clip_and_step(model, optimizer, lr, cfg.grad_clip)
+
+        # log
+        ctx.log.log(step + 1, {"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                               "train_accuracy": stats["correct"] / len(batch)})
+        ctx.progress(step + 1, cfg.steps)
+
+    # evaluate: pairwise accuracy and reward margin on the held-out pairs
+    metrics = {**pairwise_metrics(model, heldout_ids, pad, cfg.micro_batch_size), "steps": cfg.steps,
+               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1)}
+    ctx.log.log(cfg.steps, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
+    ref = save_model_checkpoint(ctx, ctx.key, model, tokenizer, cfg=cfg, step=cfg.steps,
+                                parent=inputs.stages.get(cfg.init), metrics=metrics)
+    return StageResult(ref, metrics)
+
+
+def load_backbone(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInputs):
+    """A one-label sequence classifier on cfg.init's weights (an earlier stage's checkpoint or a model source)."""
+    if cfg.init in inputs.stages:
+        local = materialize(ctx.store, inputs.stages[cfg.init], Path(tempfile.mkdtemp(dir=ctx.workdir)))
+        model_dir = local / "model"
+    else:
+        model_dir = resolve_model_dir(cfg.init, ctx.workdir)
+    return load_reward_model(model_dir)
+
+
+def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
+    """A one-label sequence classifier from an HF dir: a reward model's checkpoint, or a causal LM's backbone
+    (whose new score head starts at zero)."""
+    tokenizer = load_tokenizer(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32)
+    if getattr(model.config, "problem_type", None) is None:  # a fresh head: not yet trained as a reward model
+        torch.nn.init.zeros_(model.score.weight)
+        model.config.problem_type = "regression"
+    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
+    return model, tokenizer
+
+
+def load_pairs(cfg: RewardModelConfig, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs: a domain's two splits, or a file's rows with the last heldout_share held out."""
+    if isinstance(cfg.pairs, DomainPairs):
+        domain = get_domain(cfg.pairs.domain)
+        return domain.pairs("train", cfg.pairs.train, seed), domain.pairs("heldout", cfg.pairs.heldout, seed)
+    rows = read_preference_file(cfg.pairs)
+    cut = len(rows) - max(1, round(cfg.pairs.heldout_share * len(rows)))
+    if cut < 1:
+        raise ValueError(f"{cfg.pairs.path}: {len(rows)} pair(s), too few to hold out {cfg.pairs.heldout_share:g}")
+    return rows[:cut], rows[cut:]
+
+
+def read_preference_file(src: PreferenceFile) -> list[PreferencePair]:
+    """Every row of a JSONL or Parquet pair file, local or remote (read as the SFT data build reads files)."""
+    return [pair_of(src, row, index) for index, row in enumerate(_file_records(src))]
+
+
+def encode_pairs(tokenizer, pairs: list[PreferencePair]) -> list[Pair]:
+    def ids(prompt: str, answer: str) -> list[int]:
+        return prompt_ids(tokenizer, prompt) + completion_ids(tokenizer, answer)
+
+    return [(ids(p.prompt, p.chosen), ids(p.prompt, p.rejected)) for p in pairs]
+
+
+def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad: int) -> torch.Tensor:
+    """r_phi of each token sequence [n], right-padded into one batch (the head pools the last real token)."""
+    ids = torch.full((len(seqs), max(len(s) for s in seqs)), pad, dtype=torch.long)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq)
+    return model(input_ids=ids.to(model.device)).logits[:, 0].float()
+
+
+def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(r(chosen) [K], r(rejected) [K]) in one forward."""
+    scores = sequence_scores(model, [c for c, _ in pairs] + [r for _, r in pairs], pad)
+    return scores[: len(pairs)], scores[len(pairs):]
+
+
+@torch.no_grad()
+def pairwise_metrics(model: torch.nn.Module, pairs: list[Pair], pad: int, batch_size: int) -> dict[str, float]:
+    """Share of pairs with r(chosen) > r(rejected), and the mean r(chosen) - r(rejected)."""
+    was_training = model.training
+    model.eval()
+    margins = []
+    for start in range(0, len(pairs), batch_size):
+        chosen, rejected = pair_scores(model, pairs[start : start + batch_size], pad)
+        margins += (chosen - rejected).tolist()
+    model.train(was_training)
+    return {"heldout_accuracy": round(sum(m > 0 for m in margins) / len(margins), 4),
+            "heldout_margin": round(sum(margins) / len(margins), 4)}
+

@@ -1,0 +1,140 @@
+"""RLHF: the chat domain's rubric and pairs, the reward_model stage, and a GRPO stage rewarded by it with KL."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForSequenceClassification
+
+from flows.recipes import load_recipe
+from stages.context import ListSink, StageContext
+from stages.domains import get_domain
+from stages.domains.chat import NEAR_MISSES, near_miss, rubric
+from stages.grpo import run_grpo
+from stages.kinds import StageInputs
+from stages.model import completion_ids, prompt_ids
+from stages.reward_model import run_reward_model
+from stages.sft import run_sft
+from stages.sft_data import run_sft_data
+from stages.tokenizer import load_tokenizer
+from artifacts.store import Store
+
+BROKEN = {"off_topic": {"on_topic"}, "wrong_tone": {"tone"}, "padded": {"length"},
+          "repetitive": {"no_repetition", "on_topic"}, "other_entity": {"entity"}}
+
+
+def test_chat_gold_passes_every_check_and_each_near_miss_breaks_its_own():
+    import random
+
+    items = get_domain("chat").generate("heldout", 200, seed=0)
+    rng = random.Random(0)
+    for item in items:
+        assert all(rubric(item.meta, item.reference).values()), item
+        for kind in NEAR_MISSES:
+            checks = rubric(item.meta, near_miss(item.meta, item.reference, kind, rng))
+            assert {name for name, ok in checks.items() if not ok} == BROKEN[kind], (item, kind)
+
+
+def test_chat_rubric_gives_fifths_and_generation_is_seeded_with_disjoint_splits():
+    chat = get_domain("chat")
+    item = chat.generate("train", 1, seed=0)[0]
+    entity, tone = item.meta["entity"], item.meta["tone"]
+    assert chat.grade(item, "") == 0.0
+    assert chat.grade(item, f"{entity} {entity}") == pytest.approx(1 / 5)  # names the entity, nothing else
+    assert chat.generate("train", 50, seed=3) == chat.generate("train", 50, seed=3)
+    train = {i.prompt for i in chat.generate("train", 2000, seed=0)}
+    assert not train & {i.prompt for i in chat.generate("heldout", 300, seed=0)}
+    pairs = chat.pairs("heldout", 10, seed=0)
+    assert pairs == chat.pairs("heldout", 10, seed=0) and all(p.chosen != p.rejected for p in pairs)
+    assert tone in item.prompt
+
+
+MICRO_RLHF = {
+    "seed": 0,
+    "model": {"source": "tiny", "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+    "compute": {"dtype": "fp32"},
+    "domains": {"chat": {"train_size": 64, "heldout_size": 16, "max_new_tokens": 12}},
+    "stages": [
+        {"kind": "sft_data"},
+        {"kind": "sft", "steps": 4, "batch_size": 8, "micro_batch_size": 8, "warmup_steps": 1},
+        {"kind": "reward_model", "init": "sft", "steps": 6, "batch_size": 8, "micro_batch_size": 4,
+         "pairs": {"kind": "domain", "domain": "chat", "train": 32, "heldout": 16}},
+        {"kind": "grpo", "name": "rlhf", "domains": ["chat"], "steps": 2, "prompts_per_step": 4, "group_size": 4,
+         "micro_batch_size": 5, "kl_coef": 0.03, "reward": {"kind": "reward_model", "stage": "rm"}},
+    ],
+}
+
+
+def micro_rlhf(tmp_path, **changes):
+    doc = {**MICRO_RLHF, **changes}
+    path = tmp_path / "micro-rlhf.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_recipe(str(path), [f"storage.root=file://{tmp_path}/store"])
+
+
+def run_stages(recipe, tmp_path, upto: str) -> tuple[dict, dict]:
+    """Runs the recipe's stages in order up to `upto`; (checkpoint by stage name, sink by stage name)."""
+    store, made, sinks = Store.from_config(recipe.storage), {}, {}
+    runs = {"sft_data": run_sft_data, "sft": run_sft, "reward_model": run_reward_model, "grpo": run_grpo}
+    for index, stage in enumerate(recipe.stages):
+        sinks[stage.name] = ListSink()
+        ctx = StageContext(recipe, store, "r", f"runs/r/{index:02d}-{stage.name}", sinks[stage.name],
+                           workdir=tmp_path)
+        policy = made.get("sft") if stage.kind == "grpo" else None
+        inputs = StageInputs(policy=policy, stages={r.stage: made[r.stage] for r in stage.reads()})
+        made[stage.name] = runs[stage.kind](stage, ctx, inputs).checkpoint
+        if stage.name == upto:
+            return made, sinks
+    return made, sinks
+
+
+def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_metrics(tmp_path):
+    recipe = micro_rlhf(tmp_path)
+    made, sinks = run_stages(recipe, tmp_path, "rm")
+    local = tmp_path / "store" / made["rm"].key
+    manifest = json.loads((local / "MANIFEST.json").read_text())
+    # the score head starts at zero: every pair's first loss is exactly log 2
+    assert sinks["rm"].series("loss")[0] == pytest.approx(0.6931472, abs=1e-6)
+    model = AutoModelForSequenceClassification.from_pretrained(str(local / "model")).eval()
+    assert model.config.num_labels == 1
+    tok = load_tokenizer(local / "model")
+    margins = []
+    for pair in get_domain("chat").pairs("heldout", 16, seed=0):
+        with torch.no_grad():
+            chosen, rejected = (float(model(input_ids=torch.tensor([prompt_ids(tok, pair.prompt) + completion_ids(tok, a)])).logits[0, 0])
+                                for a in (pair.chosen, pair.rejected))
+        margins.append(chosen - rejected)
+    # transformers' own load, one sequence at a time (no padding), gives the stage's figures
+    assert manifest["metrics"]["heldout_accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 16, abs=1e-9)
+    assert manifest["metrics"]["heldout_margin"] == pytest.approx(sum(margins) / 16, abs=1e-4)
+
+
+def test_rlhf_logs_reward_model_and_rubric_side_by_side_and_kl_starts_at_zero(tmp_path):
+    recipe = micro_rlhf(tmp_path)
+    made, sinks = run_stages(recipe, tmp_path, "rlhf")
+    rows = [m for _, m in sinks["rlhf"].rows]
+    assert len(rows) == 2 and all({"rm_score", "rubric_score", "kl"} <= set(m) for m in rows)
+    assert rows[0]["kl"] == 0.0  # step 1 trains the reference's own weights: k3 is exactly zero
+    assert rows[1]["kl"] > 0.0
+    assert all(0.0 <= m["rubric_score"] <= 1.0 for m in rows)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stages.config import RewardModelConfig
+    from stages.reward_model import load_pairs
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "extra": i} for i in range(10)]
+    path = tmp_path / f"pairs.{suffix}"
+    if suffix == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RewardModelConfig(init="sft", pairs={"kind": "file", "path": str(path), "heldout_share": 0.2})
+    train, heldout = load_pairs(cfg, seed=0)
+    assert [p.prompt for p in train] == [f"q{i}" for i in range(8)]
+    assert [(p.prompt, p.chosen, p.rejected) for p in heldout] == [("q8", "good 8", "bad 8"), ("q9", "good 9", "bad 9")]
