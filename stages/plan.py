@@ -1,14 +1,15 @@
 """A recipe's dry run: the DAG the flow will walk, and per stage what it will sample, train, store and take.
 
 Nothing is loaded but configs: the parameter count comes from the model's config built on torch's `meta`
-device (no weights), so a 30B recipe plans on a laptop. Every figure is an upper bound under stated
-assumptions, because what a run really costs depends on how long the model's answers turn out:
+device (no weights), so a 30B recipe plans on a laptop. Token counts and storage are upper bounds, and times are
+estimates, under stated assumptions: what a run really costs depends on how long the model's answers turn out.
 
 - a sampled answer runs to its domain's `max_new_tokens`; a prompt is `prompt_tokens` long (an option);
 - training costs 6 N FLOPs per token and sampling 2 N, with N the (active) parameter count (Kaplan et al.);
 - a throughput profile turns FLOPs into seconds: its effective FLOP/s for training and for sampling. The `cpu`
   profile is this project's measured 2-core figures on the tiny model (bench/RESULTS.md: SFT ~8.5k tok/s, HF
-  engine ~4.7k tok/s); the GPU profiles are the card's dense bf16 peak times an assumed utilization;
+  engine ~4.7k tok/s), which are also its token-rate ceilings: a smaller model is not faster per token on a CPU,
+  where per-token overhead dominates; the GPU profiles are the card's dense bf16 peak times an assumed utilization;
 - storage: a policy checkpoint holds fp32 weights; a step checkpoint adds AdamW's two moments; a stage keeps
   `keep_step_checkpoints` of them while it runs.
 
@@ -27,6 +28,7 @@ from stages.config import (
     GRPOConfig,
     MOPDConfig,
     OnPolicyConfig,
+    RewardModelConfig,
     SFTConfig,
     SFTDataConfig,
     StageConfig,
@@ -44,13 +46,16 @@ class Throughput:
     train_flops: float
     sample_flops: float
     basis: str  # where the figures come from, printed under the table
+    max_train_tokens_per_s: float | None = None  # a ceiling whatever the model's size (per-token overhead)
+    max_sample_tokens_per_s: float | None = None
 
 
 _TINY = 3.4e6  # the tiny model's parameters, on which the cpu figures were measured
 _H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM (the H200 has the same compute)
 PROFILES = {
     "cpu": Throughput("cpu", 6 * _TINY * 8552, 2 * _TINY * 4700,
-                      "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s"),
+                      "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s "
+                      "(also the ceilings for smaller models)", max_train_tokens_per_s=8552, max_sample_tokens_per_s=4700),
     "h100": Throughput("h100", 0.40 * _H100_BF16, 0.10 * _H100_BF16,
                        "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)"),
     "h200": Throughput("h200", 0.40 * _H100_BF16, 0.13 * _H100_BF16,
@@ -65,7 +70,7 @@ class StageEstimate:
     kind: str
     tokens_sampled: int = 0
     tokens_trained: int = 0
-    teacher_tokens: int = 0  # forward-only tokens of frozen models (MOPD teachers)
+    teacher_tokens: int = 0  # forward-only tokens of frozen models (MOPD teachers, KL references, reward models)
     storage_bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -132,8 +137,12 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
             cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers)))
         est.tokens_sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(_mean_new_tokens(recipe, domains))
         est.tokens_trained = est.tokens_sampled  # an upper bound: GRPO drops groups without signal
-        if isinstance(cfg, MOPDConfig):
-            est.teacher_tokens = est.tokens_sampled
+        frozen = (isinstance(cfg, MOPDConfig) + (getattr(cfg, "kl_coef", 0) > 0)  # teacher; KL reference
+                  + (getattr(getattr(cfg, "reward", None), "kind", "grader") == "reward_model"))  # reward model
+        est.teacher_tokens = frozen * est.tokens_sampled
+    elif isinstance(cfg, RewardModelConfig):
+        est.tokens_trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(_mean_new_tokens(recipe, None)))
+        est.storage_bytes = _checkpoint_bytes(size.total)
     else:
         est.notes.append(f"no estimate for kind {cfg.kind!r}")
     if isinstance(cfg, (SFTConfig, OnPolicyConfig)):
@@ -158,9 +167,13 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
 def seconds(est: StageEstimate, size: ModelSize, profile: Throughput, devices: int) -> float:
     """Training 6N per token; teacher forwards 2N at training efficiency (whole sequences at once); sampling
     2N per token at decode efficiency."""
-    flops_train = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active
-    flops_sample = 2 * size.active * est.tokens_sampled
-    return (flops_train / profile.train_flops + flops_sample / profile.sample_flops) / devices
+    train_s = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active / profile.train_flops
+    sample_s = 2 * size.active * est.tokens_sampled / profile.sample_flops
+    if profile.max_train_tokens_per_s:
+        train_s = max(train_s, (est.tokens_trained + est.teacher_tokens / 3) / profile.max_train_tokens_per_s)
+    if profile.max_sample_tokens_per_s:
+        sample_s = max(sample_s, est.tokens_sampled / profile.max_sample_tokens_per_s)
+    return (train_s + sample_s) / devices
 
 
 @dataclass
