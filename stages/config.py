@@ -457,6 +457,9 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     # The mean |log pi_train - log pi_inf| over every sampled token needs a no-grad forward over the dropped
     # groups; off, the metric covers the kept groups only and the step skips that forward.
     mismatch_over_dropped: bool = True
+    # dynamic-sampling refill: up to this many extra rollout rounds per step replace groups without signal with
+    # fresh prompts' groups (0: off; a step then trains on fewer groups)
+    refill_rounds: int = Field(0, strict=True, ge=0, le=16)
 
     def reads(self) -> list[Read]:
         reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []

@@ -10,8 +10,9 @@ One gradient step per rollout batch, so the importance ratio is exactly 1 and PP
 `kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere else), L gains kl_coef * KL(pi_theta || pi_ref), the k3
 estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoint (`reference`, default the
 stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
-filtering). Deviation: the paper refills dropped groups by over-sampling prompts; we keep the step smaller
-instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
+filtering). The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
+sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
+phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
 so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
 difficulty stage kept (stages/difficulty.py), or real data files per domain (GSM8K train, a user's JSONL or
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
@@ -51,11 +52,10 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
     try:
         while run.step < cfg.steps:
-            # rollout: P prompts x G samples from the current policy
-            items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, ctx.recipe, cfg.domains, run.step)
-
-            # score: the stage's reward source (by default the domain's grader, the one the eval uses)
-            rewards = reward_source.rewards(items, groups)  # [P, G]
+            # rollout and score: P prompts x G samples from the current policy, scored by the stage's reward source
+            # (by default the domain's grader, the one the eval uses); with refill_rounds, groups without signal
+            # are replaced by fresh prompts' groups
+            items, prompts, groups, rewards, refilled = rollout_and_score(engine, run, pool, cfg, reward_source)
 
             # advantages: group-normalized; zero-variance groups dropped
             keep = groups_with_signal(rewards)
@@ -67,12 +67,36 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             engine.sync_weights(run.model)
 
             # log
-            run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics()})
+            run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics(),
+                             **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {})})
     finally:
         engine.close()
         reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
     return StageResult(run.finish(summary), summary)
+
+
+def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source):
+    """(items, prompt ids, groups, rewards [P, G], prompts sampled beyond P). Each refill round (at most
+    cfg.refill_rounds) samples as many unused prompts as groups lack signal and puts their groups in place of
+    those, as the paper's dynamic sampling over-samples; a step costs at most 1 + refill_rounds rollout phases."""
+    recipe = run.ctx.recipe
+    items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, recipe, cfg.domains, run.step)
+    rewards = reward_source.rewards(items, groups)
+    refilled = 0
+    for refill in range(1, cfg.refill_rounds + 1):
+        keep = groups_with_signal(rewards)
+        missing = len(items) - int(keep.sum())
+        drawn = {(it.domain, it.id, it.prompt) for it in items}
+        unused = [it for it in pool if (it.domain, it.id, it.prompt) not in drawn]
+        if missing == 0 or len(unused) < missing or missing < run.world.size:  # every rank samples a share
+            break
+        more = sample_groups(engine, run.tokenizer, unused, cfg, recipe, cfg.domains, run.step, refill, missing)
+        kept = [p for p in range(len(items)) if keep[p]]
+        items, prompts, groups = ([seq[p] for p in kept] + new for seq, new in zip((items, prompts, groups), more))
+        rewards = torch.cat([rewards[keep], reward_source.rewards(more[0], more[2])])
+        refilled += missing
+    return items, prompts, groups, rewards, refilled
 
 
 def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> list[Item]:

@@ -107,13 +107,16 @@ class ShardedRollouts:
 
 
 def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,
-                  domains: list[str], step: int) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
-    """The rollout phase of every on-policy stage: this step's P prompts, their chat-formatted token ids, and
-    G samples of each from the current policy (groups[p][j] is sample j of prompt p)."""
-    items = sample_prompts(pool, cfg.prompts_per_step, recipe.seed, cfg.name, step, cfg.domain_weights)
+                  domains: list[str], step: int, refill: int = 0,
+                  count: int | None = None) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
+    """The rollout phase of every on-policy stage: this step's P prompts (or `count`), their chat-formatted token
+    ids, and G samples of each from the current policy (groups[p][j] is sample j of prompt p). Refill round r > 0
+    of a step draws its prompts and samples with seeds of their own, so a resumed step replays every round."""
+    stream = cfg.name if refill == 0 else f"{cfg.name}#refill{refill}"
+    items = sample_prompts(pool, count or cfg.prompts_per_step, recipe.seed, stream, step, cfg.domain_weights)
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, cfg.name, step))
+                              max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, stream, step))
     return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
 
 
