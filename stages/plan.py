@@ -155,13 +155,24 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     items = sum(d.heldout_size for d in recipe.domains.values())
     est.tokens_sampled = sum(d.heldout_size * d.max_new_tokens for d in recipe.domains.values())
     for bench, spec in recipe.eval.benchmarks.items():
-        if spec.limit is None:
-            est.notes.append(f"benchmark {bench}: every item (no limit), not counted")
+        count = spec.limit or benchmark_size(bench, recipe)
+        if count is None:
+            est.notes.append(f"benchmark {bench}: no file under the data root and no limit, not counted")
             continue
-        items += spec.limit
-        est.tokens_sampled += spec.limit * spec.max_new_tokens
+        items += count
+        est.tokens_sampled += count * spec.max_new_tokens
     est.storage_bytes = items * 256  # a stored row per item
     return est
+
+
+def benchmark_size(name: str, recipe: Recipe) -> int | None:
+    """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
+    sets up their checkers); None: it has no file here."""
+    from stages.domains.benchdata import benchmark_registry, read_rows
+
+    relpath = getattr(benchmark_registry()[name].loader, "relpath", None)
+    path = recipe.eval.resolved_data_root() / relpath if relpath else None
+    return len(read_rows(path)) if path is not None and path.is_file() else None
 
 
 def seconds(est: StageEstimate, size: ModelSize, profile: Throughput, devices: int) -> float:
@@ -263,7 +274,9 @@ def render_table(plan: Plan) -> str:
     notes = [f"model: {model}, {params} parameters; prompts ~{plan.prompt_tokens} tokens; answers at their domain's "
              "max_new_tokens (upper bounds)",
              f"throughput: {plan.profile.basis}; {plan.devices} device(s)"]
-    notes += [f"{r.stage}: {n}" for r in plan.rows + ([plan.recovery] if plan.recovery else []) for n in r.notes]
+    for r in plan.rows + ([plan.recovery] if plan.recovery else []):
+        notes += [f"{r.stage}: {n}" for n in r.notes if f"{r.stage}: {n}" not in notes and
+                  not (r.kind == "eval" and any(n in seen for seen in notes))]  # an eval's note once
     return "\n".join([head, *body, "", *notes])
 
 

@@ -125,7 +125,8 @@ def api_runs(deployed):
 def test_cascade_deployment_has_a_typed_form(deployed):
     schema = deployed.deployment["parameter_openapi_schema"]
     form = schema["definitions"]["RunRequest"]["properties"]
-    assert form["recipe"]["enum"] == ["micro", "smollm2-gsm8k", "tiny", "tiny-all", "tiny-regression", "tiny-rlhf"]
+    assert form["recipe"]["enum"] == ["micro", "nemotron-cascade-2", "smollm2-gsm8k", "tiny", "tiny-all", "tiny-paper",
+                                      "tiny-regression", "tiny-rlhf"]
     assert {"enum": ["chat", "code", "instruct", "longctx", "math", "mcqa", "structured", "swe", "tool"],
             "type": "string"} == form["domains"]["anyOf"][0]["items"]
     assert form["steps"]["anyOf"][0] == {"minimum": 1, "maximum": 1_000_000, "type": "integer"}

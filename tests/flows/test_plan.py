@@ -69,3 +69,16 @@ def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     done = cascade(*args, home=tmp_path)
     assert done.returncode == 2, done
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_paper_scale_recipe_plans_without_its_model(tmp_path):
+    done = cascade("plan", "nemotron-cascade-2", "--on", "h100", "--devices", "8", "--params", "30e9",
+                   "--active-params", "3e9", "--json", home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr
+    rows = {r["stage"]: r for r in json.loads(done.stdout)["rows"]}
+    order = [s for s in rows if not s.startswith("eval after")]
+    assert order == ["sft_data", "sft", "if_rl", "multi_domain_rl", "mopd", "rm", "rlhf", "lc_rl", "code_filter",
+                     "code_rl", "swe_rl", "MOPD recovery"]  # the paper's order, the reward model before RLHF
+    assert rows["rlhf"]["tokens_sampled"] == 160 * 128 * 16 * 4096  # the paper's RLHF batch, 160 steps
+    assert rows["rlhf"]["teacher_tokens"] == 2 * rows["rlhf"]["tokens_sampled"]  # KL reference + reward model
+    assert files_under(tmp_path / "home") == []
