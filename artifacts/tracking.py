@@ -66,8 +66,18 @@ SECRET_ENV = {"AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_USERNAM
 
 def secret_values() -> list[str]:
     """Values of credential-like environment variables (longest first), at least 4 characters long."""
-    found = {v for k, v in os.environ.items() if (SECRET_KEY.search(k) or k in SECRET_ENV) and len(v) >= 4}
+    found = {v for k, v in environment().items() if (SECRET_KEY.search(k) or k in SECRET_ENV) and len(v) >= 4}
     return sorted(found, key=len, reverse=True)
+
+
+def environment() -> dict[str, str]:
+    """A copy of os.environ. MLflow's threads set and delete variables while a run logs, and reading os.environ
+    as it changes raises KeyError (a run died on '_MLFLOW_TELEMETRY_SESSION_ID'): copy again until a copy holds."""
+    while True:
+        try:
+            return dict(os.environ)
+        except (KeyError, RuntimeError):
+            continue
 
 
 def redact(text: str) -> str:

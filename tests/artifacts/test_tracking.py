@@ -59,3 +59,31 @@ def test_eval_and_report_artifacts_on_the_parent_run(tracker, tmp_path):
     assert table["columns"] == ["after_stage", "instruct", "math"] and table["data"] == [["sft", 0.25, 0.5]]
     evals = {a.path for a in tracker.client.list_artifacts(tracker.parent_id, "evals")}
     assert evals == {"evals/01-sft.json", "evals/01-sft-items.json"}
+
+
+def test_secrets_are_read_again_when_the_environment_changes_mid_read(monkeypatch):
+    """MLflow's threads change os.environ while a run logs; a read that meets a vanished key reads again."""
+    from collections.abc import Mapping
+    from types import SimpleNamespace
+
+    import artifacts.tracking as tracking
+
+    class ChangingEnviron(Mapping):
+        def __init__(self, data):
+            self.data, self.reads = data, 0
+
+        def __iter__(self):
+            self.reads += 1
+            if self.reads == 1:
+                raise KeyError("_MLFLOW_TELEMETRY_SESSION_ID")
+            return iter(self.data)
+
+        def __getitem__(self, key):
+            return self.data[key]
+
+        def __len__(self):
+            return len(self.data)
+
+    changing = ChangingEnviron({"SERVICE_API_KEY": "s3cr3t-value", "HOME": "/root"})
+    monkeypatch.setattr(tracking, "os", SimpleNamespace(environ=changing))  # the process's own stays intact
+    assert tracking.secret_values() == ["s3cr3t-value"] and changing.reads == 2
