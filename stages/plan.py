@@ -275,8 +275,8 @@ def render_table(plan: Plan) -> str:
              "max_new_tokens (upper bounds)",
              f"throughput: {plan.profile.basis}; {plan.devices} device(s)"]
     for r in plan.rows + ([plan.recovery] if plan.recovery else []):
-        notes += [f"{r.stage}: {n}" for n in r.notes if f"{r.stage}: {n}" not in notes and
-                  not (r.kind == "eval" and any(n in seen for seen in notes))]  # an eval's note once
+        label = "evals" if r.kind == "eval" else r.stage  # every eval has the same notes: say them once
+        notes += [f"{label}: {n}" for n in r.notes if f"{label}: {n}" not in notes]
     return "\n".join([head, *body, "", *notes])
 
 

@@ -176,6 +176,17 @@ def fast_verdict(files: dict[str, str], hidden: dict[str, list]) -> float | None
     return None if None in verdicts else min(verdicts)
 
 
+def edited_job(files: dict[str, str] | None, hidden: dict[str, list], fast: bool = True) -> Job:
+    """The grading job of an edited repository (None: a malformed edit, score 0): the fast path when it applies,
+    else the repository's program in the sandbox."""
+    if files is None:
+        return Job(score=0.0)
+    verdict = fast_verdict(files, hidden) if fast else None
+    if verdict is not None:
+        return Job(score=verdict)
+    return Job(repository_program(files, hidden), SYNTHETIC_LIMITS)
+
+
 class SWEDomain(Domain):
     name = "swe"
 
@@ -194,17 +205,11 @@ class SWEDomain(Domain):
         return run_jobs([self.job(it, c, fast) for it, c in zip(items, completions, strict=True)])
 
     def job(self, item: Item, completion: str, fast: bool = True) -> Job:
-        files, _ = apply_edit(item.meta["files"], completion)
-        if files is None:
-            return Job(score=0.0)
-        verdict = fast_verdict(files, item.meta["hidden"]) if fast else None
-        if verdict is not None:
-            return Job(score=verdict)
-        return Job(repository_program(files, item.meta["hidden"]), SYNTHETIC_LIMITS)
+        return edited_job(apply_edit(item.meta["files"], completion)[0], item.meta["hidden"], fast)
 
     def grade_details(self, item: Item, completion: str) -> dict[str, Any]:
-        _, malformed = apply_edit(item.meta["files"], completion)
-        return {"score": self.grade(item, completion), "malformed": malformed}
+        files, malformed = apply_edit(item.meta["files"], completion)
+        return {"score": run_jobs([edited_job(files, item.meta["hidden"])])[0], "malformed": malformed}
 
     def summarize_details(self, details: list[dict[str, Any]]) -> dict[str, float]:
         return {"malformed_rate": sum(d["malformed"] is not None for d in details) / max(1, len(details))}
