@@ -132,9 +132,19 @@ class DomainSpec(Strict):
     heldout_size: Count = 500  # 500+ items resolve a ~4-point gain (docs/LOG.md)
     max_new_tokens: Count = 64
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
+    # Held-out decoding: greedy (0) by default. An open-ended domain (chat) may be scored on samples instead, as
+    # chat benchmarks are: each item's score is the mean grade of `eval_samples` answers at this temperature.
+    eval_temperature: Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 0.0
+    eval_samples: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
     # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
     # haystack; every item of the domain (train, held-out, SFT data) is generated with them
     options: dict[str, int | float | str | bool] = {}
+
+    @model_validator(mode="after")
+    def _samples_need_temperature(self) -> DomainSpec:
+        if self.eval_samples > 1 and self.eval_temperature == 0:
+            raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy answers are all the same)")
+        return self
 
 
 BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name

@@ -1,4 +1,5 @@
-"""Evaluate a policy on every recipe domain's held-out split: greedy pass@1 with the domain's own grader.
+"""Evaluate a policy on every recipe domain's held-out split with the domain's own grader: greedy pass@1, or
+for a domain with `eval_temperature` > 0 the mean grade of `eval_samples` sampled answers per item.
 
 The grader is the same function that gives the RL reward, so a training gain and an eval gain measure one thing.
 """
@@ -29,12 +30,17 @@ def evaluate_domains(
         spec, domain = recipe.domains[name], recipe.domain(name)
         items = domain.generate("heldout", spec.heldout_size, recipe.seed)
         prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-        greedy = SamplingParams(temperature=0.0, max_new_tokens=spec.max_new_tokens)
-        completions = [group[0].text for group in engine.generate(prompts, 1, greedy)]
-        grades = domain.grade_batch(items, completions)
+        # A fixed seed makes a sampled eval a function of the checkpoint alone, and every stage's eval draws the
+        # same random numbers, so stage-to-stage differences are not sampling noise of the eval itself.
+        sampling = SamplingParams(temperature=spec.eval_temperature, max_new_tokens=spec.max_new_tokens,
+                                  seed=recipe.seed if spec.eval_temperature > 0 else None)
+        k = spec.eval_samples
+        groups = [[c.text for c in group] for group in engine.generate(prompts, k, sampling)]
+        flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
+        grades = [sum(flat[i * k:(i + 1) * k]) / k for i in range(len(items))]  # an item's score: its samples' mean
         scores[name] = sum(grades) / len(grades)
-        rows += [{"domain": name, "id": it.id, "prompt": it.prompt, "completion": c, "score": g}
-                 for it, c, g in zip(items, completions, grades)]
+        rows += [{"domain": name, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
+                 for it, g, s in zip(items, groups, grades)]
     return scores, rows
 
 

@@ -153,7 +153,7 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     est = StageEstimate(f"eval after {name}", "eval")
     items = sum(d.heldout_size for d in recipe.domains.values())
-    est.tokens_sampled = sum(d.heldout_size * d.max_new_tokens for d in recipe.domains.values())
+    est.tokens_sampled = sum(d.heldout_size * d.eval_samples * d.max_new_tokens for d in recipe.domains.values())
     for bench, spec in recipe.eval.benchmarks.items():
         count = spec.limit or benchmark_size(bench, recipe)
         if count is None:
