@@ -46,20 +46,21 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     while run.step < cfg.steps:
         # batch: this step's slice of the epoch permutation; this rank's share of its rows
         batch = batch_for_step(examples, run.step, cfg.batch_size, ctx.recipe.seed)
-        ids, mask = (t.to(device) for t in pad_batch([batch[i] for i in world.shard(len(batch))], pad))
+        rows = [batch[i] for i in world.shard(len(batch))]
+        ids, mask, positions = (t.to(device) for t in model_rows(rows, pad, cfg.packing, cfg.pack_length))
         num_tokens = int(world.all_sum(float(mask[:, 1:].sum())))  # global: N ranks equal one process
 
-        # update: global-token-normalized NLL, accumulated over micro-batches
+        # update: global-token-normalized NLL, accumulated over micro-batches (of packed rows when packing)
         def micro_loss(part: slice) -> torch.Tensor:
-            with world.autocast():
-                logits = run.model(input_ids=ids[part]).logits[:, :-1]
+            with world.autocast():  # no KV cache: HF skips the packed-sequence mask when it is given one
+                logits = run.model(input_ids=ids[part], position_ids=positions[part], use_cache=False).logits[:, :-1]
             return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
 
         loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
         grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
         run.step += 1
-        tokens = world.all_sum(float(ids.numel()))
+        tokens = world.all_sum(float(sum(len(row) for row, _ in rows)))  # the rows' own tokens, not padding
         tokens_seen += int(tokens)
 
         # log
@@ -97,3 +98,50 @@ def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tenso
         ids[row, : len(tokens)] = torch.tensor(tokens)
         mask[row, first : len(tokens)] = 1.0
     return ids, mask
+
+
+def model_rows(batch: list[Example], pad: int, packing: bool, pack_length: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the model reads for a step's rows: ids, response mask and position ids, all [R, T]; packed (R <= B
+    rows) or padded (R = B, positions 0..T-1 on every row)."""
+    if packing:
+        return pack_batch(batch, pad, pack_length)
+    ids, mask = pad_batch(batch, pad)
+    return ids, mask, torch.arange(ids.shape[1]).expand_as(ids)
+
+
+def pack_batch(batch: list[Example], pad: int, pack_length: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows laid end to end into packed rows of max(pack_length, longest row) tokens (None: the longest row),
+    first-fit decreasing, so the layout is a pure function of the rows. Returns ids, response mask and position
+    ids, [R, T] each. Positions restart at 0 on every row; HF's masking (transformers >= 4.56) reads a restart as a
+    sequence boundary and builds a block-diagonal causal mask, so no token attends across rows. A row's first
+    token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
+    of a packed row is padding, positions continuing the last row, masked out of the loss."""
+    width = max([len(ids) for ids, _ in batch] + [pack_length or 0])
+    order = sorted(range(len(batch)), key=lambda i: (-len(batch[i][0]), i))
+    packed: list[list[int]] = []  # indices into batch, per packed row
+    free: list[int] = []  # tokens left per packed row
+    for i in order:
+        size = len(batch[i][0])
+        slot = next((r for r, left in enumerate(free) if left >= size), None)
+        if slot is None:
+            packed.append([])
+            free.append(width)
+            slot = len(packed) - 1
+        packed[slot].append(i)
+        free[slot] -= size
+    ids = torch.full((len(packed), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(packed), width))
+    positions = torch.zeros((len(packed), width), dtype=torch.long)
+    for row, members in enumerate(packed):
+        start = 0
+        for i in members:
+            tokens, first = batch[i]
+            end = start + len(tokens)
+            ids[row, start:end] = torch.tensor(tokens)
+            mask[row, start + max(first, 1) : end] = 1.0
+            positions[row, start:end] = torch.arange(len(tokens))
+            start = end
+        positions[row, start:] = torch.arange(width - start) + len(batch[members[-1]][0])
+    return ids, mask, positions
