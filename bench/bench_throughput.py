@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -22,7 +23,11 @@ from stages.losses import sft_loss, token_logprobs
 from stages.model import build_tiny_model, num_parameters, prompt_ids
 from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
-from stages.training import autocast, make_optimizer
+from stages.training import make_optimizer
+
+
+def autocast(bf16: bool):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
