@@ -102,3 +102,15 @@ def test_sft_stage_packed_equals_padded(tmp_path):
     assert losses[0] == pytest.approx(losses[1], abs=1e-5)
     for name in finals[0]:
         torch.testing.assert_close(finals[0][name], finals[1][name], atol=1e-5, rtol=0)
+
+
+def test_a_model_that_attends_across_packed_rows_is_refused():
+    from stages.sft import check_packing_isolates_rows
+
+    model = tiny_qwen2(len(load_tokenizer()))
+    check_packing_isolates_rows(model, torch.device("cpu"))
+    forward = model.forward
+    model.forward = lambda position_ids=None, **kwargs: forward(**kwargs)  # position ids dropped: one causal mask
+    with pytest.raises(ValueError, match=r"^Qwen2ForCausalLM attends across packed rows .*set packing: false") as e:
+        check_packing_isolates_rows(model, torch.device("cpu"))
+    assert "\n" not in str(e.value)
