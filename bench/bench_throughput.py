@@ -2,11 +2,12 @@
 
 Prints one table:
 - matmul peak (fp32 and bf16, 2048x2048) measured here, the ceiling the others are read against;
-- SFT step tokens/s (ours: bf16 autocast, token-normalized loss) vs a naive HF step (fp32, `labels=`),
-  and the fraction of the matmul peak reached, counting 6 * N_params * tokens FLOPs;
+- SFT step tokens/s (ours: `--dtype` bf16 autocast or fp32, token-normalized loss) vs a naive HF step (fp32,
+  `labels=`), and the fraction of the matmul peak reached, counting 6 * N_params * tokens FLOPs: on uniform
+  B32 x T128 rows, and on a length-skewed mix, ours packed and padded (the SFT stage's `packing`);
 - rollout tokens/s: our HF engine (KV cache, left padding, per-token logprobs) vs HF `generate`.
 
-Run: .venv/bin/python bench/bench_throughput.py [--steps 20]
+Run: .venv/bin/python bench/bench_throughput.py [--steps 20] [--dtype bf16|fp32] [--sft-only]
 """
 
 from __future__ import annotations
