@@ -2,17 +2,21 @@
 
 Prints one table:
 - matmul peak (fp32 and bf16, 2048x2048) measured here, the ceiling the others are read against;
-- SFT step tokens/s (ours: bf16 autocast, token-normalized loss) vs a naive HF step (fp32, `labels=`),
-  and the fraction of the matmul peak reached, counting 6 * N_params * tokens FLOPs;
+- SFT step tokens/s (ours: `--dtype` bf16 autocast or fp32, token-normalized loss) vs a naive HF step (fp32,
+  `labels=`), and the fraction of the matmul peak reached, counting 6 * N_params * tokens FLOPs: on uniform
+  B32 x T128 rows, and on a length-skewed mix, ours packed and padded (the SFT stage's `packing`);
 - rollout tokens/s: our HF engine (KV cache, left padding, per-token logprobs) vs HF `generate`.
 
-Run: .venv/bin/python bench/bench_throughput.py [--steps 20]
+Run: .venv/bin/python bench/bench_throughput.py [--steps 20] [--dtype bf16|fp32] [--sft-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -20,9 +24,20 @@ from stages.engines.base import SamplingParams
 from stages.engines.hf import HFEngine
 from stages.losses import sft_loss, token_logprobs
 from stages.model import build_tiny_model, num_parameters, prompt_ids
+from stages.sft import model_rows
 from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
-from stages.training import autocast, make_optimizer
+from stages.training import make_optimizer
+
+PAD = 0  # the tiny tokenizer's pad id
+
+
+def autocast(bf16: bool):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def tiny(tok) -> torch.nn.Module:
+    return build_tiny_model(ModelConfig(), len(tok), seed=0)
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -34,22 +49,45 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def sft_step_tps(model, ids: torch.Tensor, steps: int, bf16: bool, naive: bool) -> float:
+def sft_step_tps(model, rows: list[tuple[list[int], int]], steps: int, bf16: bool, layout: str) -> float:
+    """Trained tokens/s (the rows' own tokens, never padding) of SFT steps on one batch of rows. layout: "packed"
+    or "padded" (ours: model_rows, token-normalized loss, fused AdamW) or "naive" (padded, HF `labels=` with -100
+    on prompt and padding, an attention mask, the same fused AdamW as ours)."""
     opt = make_optimizer(model, 1e-4, 0.0)
-    mask = torch.ones(ids.shape[0], ids.shape[1] - 1)
+    ids, mask, positions = model_rows(rows, PAD, packing=layout == "packed", pack_length=None)
+    num_tokens = int(mask[:, 1:].sum())
+    labels = ids.masked_fill(mask == 0, -100)  # HF shifts labels by one itself
+    attention = torch.arange(ids.shape[1]) < torch.tensor([len(r) for r, _ in rows])[:, None]
     for i in range(steps + 3):
         if i == 3:
             t0 = time.perf_counter()
         with autocast(bf16):
-            if naive:
-                loss = model(input_ids=ids, labels=ids).loss
+            if layout == "naive":
+                loss = model(input_ids=ids, attention_mask=attention.long(), labels=labels).loss
             else:
-                logits = model(input_ids=ids).logits[:, :-1]
-                loss = sft_loss(token_logprobs(logits, ids[:, 1:]), mask, int(mask.sum()))
+                logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits[:, :-1]
+                loss = sft_loss(token_logprobs(logits, ids[:, 1:]), mask[:, 1:], num_tokens)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return steps * ids.numel() / (time.perf_counter() - t0)
+    return steps * sum(len(r) for r, _ in rows) / (time.perf_counter() - t0)
+
+
+def uniform_rows(vocab: int) -> list[tuple[list[int], int]]:
+    """B32 x T128 random tokens, every token but the first trained: no padding, nothing for packing to remove."""
+    ids = torch.randint(3, vocab, (32, 128), generator=torch.Generator().manual_seed(0))
+    return [(row.tolist(), 1) for row in ids]
+
+
+def skewed_rows(vocab: int) -> list[tuple[list[int], int]]:
+    """32 rows, length-skewed like tiny-paper's mix (short math/instruct rows beside a few long SWE and
+    long-context ones): 24 of 32-96 tokens, 8 of 256-512; the prompt is the first 40-60% of each row."""
+    rng = random.Random(0)
+    rows = []
+    for i in range(32):
+        length = rng.randint(256, 512) if i % 4 == 0 else rng.randint(32, 96)
+        rows.append(([rng.randrange(3, vocab) for _ in range(length)], int(length * rng.uniform(0.4, 0.6))))
+    return rows
 
 
 def generate_tps(model, tok, prompts: list[list[int]], n: int, new_tokens: int) -> tuple[float, float]:
@@ -69,25 +107,40 @@ def generate_tps(model, tok, prompts: list[list[int]], n: int, new_tokens: int) 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="our SFT step's compute.dtype")
+    parser.add_argument("--sft-only", action="store_true", help="skip the rollout rows")
     args = parser.parse_args()
+    load_before = os.getloadavg()
     torch.manual_seed(0)
     tok = load_tokenizer()
-    model = build_tiny_model(ModelConfig(), len(tok), seed=0)
+    model = tiny(tok)
     n_params = num_parameters(model)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
-    ids = torch.randint(3, len(tok), (32, 128))
-    ours = sft_step_tps(model, ids, args.steps, bf16=True, naive=False)
-    naive = sft_step_tps(build_tiny_model(ModelConfig(), len(tok), seed=0), ids, args.steps, bf16=False, naive=True)
-    prompts = [prompt_ids(tok, f"Compute {i % 10}+{(i * 7) % 10}-{(i * 3) % 10}.") for i in range(64)]
-    gen_ours, gen_peer = generate_tps(model.eval(), tok, prompts, n=8, new_tokens=64)
+    bf16, dtype = args.dtype == "bf16", args.dtype
+    peak = peak16 if bf16 else peak32
+    uniform, skewed = uniform_rows(len(tok)), skewed_rows(len(tok))
+    ours = sft_step_tps(model, uniform, args.steps, bf16, layout="padded")
+    naive = sft_step_tps(tiny(tok), uniform, args.steps, bf16=False, layout="naive")
+    mix = {layout: sft_step_tps(tiny(tok), skewed, args.steps, bf16, layout) for layout in ("packed", "padded")}
+    mix_naive = sft_step_tps(tiny(tok), skewed, args.steps, bf16=False, layout="naive")
+    shapes = {layout: tuple(model_rows(skewed, PAD, layout == "packed", None)[0].shape) for layout in mix}
     rows = [
         ("matmul peak fp32 / bf16", f"{peak32 / 1e9:.0f} / {peak16 / 1e9:.0f} GFLOP/s", ""),
-        ("SFT step, B32 x T128 (ours, bf16)", f"{ours:,.0f} tok/s", f"{6 * n_params * ours / peak16:.0%} of bf16 peak"),
+        (f"SFT step, B32 x T128 (ours, {dtype})", f"{ours:,.0f} tok/s",
+         f"{6 * n_params * ours / peak:.0%} of {dtype} peak; {ours / naive:.2f}x naive"),
         ("SFT step, naive HF fp32 (peer)", f"{naive:,.0f} tok/s", f"{6 * n_params * naive / peak32:.0%} of fp32 peak"),
-        ("rollout 64 x 8 x 64 (ours, HFEngine)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
-        ("rollout 64 x 8 x 64 (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs"),
+        (f"SFT skewed mix, packed (ours, {dtype})", f"{mix['packed']:,.0f} tok/s",
+         f"rows {shapes['packed']}; {mix['packed'] / mix['padded']:.2f}x padded, {mix['packed'] / mix_naive:.2f}x naive"),
+        (f"SFT skewed mix, padded (ours, {dtype})", f"{mix['padded']:,.0f} tok/s", f"rows {shapes['padded']}"),
+        ("SFT skewed mix, naive HF fp32 (peer)", f"{mix_naive:,.0f} tok/s", "padded, labels=-100, attention mask"),
     ]
-    print(f"tiny model: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if not args.sft_only:
+        prompts = [prompt_ids(tok, f"Compute {i % 10}+{(i * 7) % 10}-{(i * 3) % 10}.") for i in range(64)]
+        gen_ours, gen_peer = generate_tps(model.eval(), tok, prompts, n=8, new_tokens=64)
+        rows += [("rollout 64 x 8 x 64 (ours, HFEngine)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
+                 ("rollout 64 x 8 x 64 (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs")]
+    print(f"tiny model: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load average before / after: {load_before} / {os.getloadavg()}")
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>22}  {note}")

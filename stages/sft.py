@@ -8,7 +8,10 @@ with N_resp the response-token count of the whole optimizer batch, so micro-batc
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
 (docs/LOG.md); under torchrun each rank takes a contiguous share of every batch's rows and the token count is
 all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data position is just the
-step number and a resumed stage sees exactly the batches it would have seen.
+step number and a resumed stage sees exactly the batches it would have seen. Packing (on by default,
+`packing: false` pads instead) lays a step's rows end to end with position ids restarting per row and attention
+kept inside each: the same loss per token as padding, without the padding's compute; the layout is a pure
+function of the step's rows, so resume parity holds packed too.
 """
 
 from __future__ import annotations
@@ -41,25 +44,28 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     world, device = run.world, run.world.device
     if cfg.batch_size < world.size:
         raise ValueError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
+    if cfg.packing:
+        check_packing_isolates_rows(run.model, device)
     tokens_seen = 0
     loss = 0.0
     while run.step < cfg.steps:
         # batch: this step's slice of the epoch permutation; this rank's share of its rows
         batch = batch_for_step(examples, run.step, cfg.batch_size, ctx.recipe.seed)
-        ids, mask = (t.to(device) for t in pad_batch([batch[i] for i in world.shard(len(batch))], pad))
+        rows = [batch[i] for i in world.shard(len(batch))]
+        ids, mask, positions = (t.to(device) for t in model_rows(rows, pad, cfg.packing, cfg.pack_length))
         num_tokens = int(world.all_sum(float(mask[:, 1:].sum())))  # global: N ranks equal one process
 
-        # update: global-token-normalized NLL, accumulated over micro-batches
+        # update: global-token-normalized NLL, accumulated over micro-batches (of packed rows when packing)
         def micro_loss(part: slice) -> torch.Tensor:
-            with world.autocast():
-                logits = run.model(input_ids=ids[part]).logits[:, :-1]
+            with world.autocast():  # no KV cache: HF skips the packed-sequence mask when it is given one
+                logits = run.model(input_ids=ids[part], position_ids=positions[part], use_cache=False).logits[:, :-1]
             return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
 
         loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
         grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
         run.step += 1
-        tokens = world.all_sum(float(ids.numel()))
+        tokens = world.all_sum(float(sum(len(row) for row, _ in rows)))  # the rows' own tokens, not padding
         tokens_seen += int(tokens)
 
         # log
@@ -68,6 +74,22 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
                "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}
     return StageResult(run.finish(metrics), metrics)
+
+
+def check_packing_isolates_rows(model: torch.nn.Module, device: torch.device) -> None:
+    """Packing is exact only if the model's attention mask reads a position-id restart as a boundary (HF's
+    masking does, for every model built on its masking_utils); one that attends across rows is refused before
+    it trains. A 6-token probe, fp32: the second row alone == the same row packed behind the first."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]], device=device)
+    model.eval()  # no dropout: the two forwards differ only by what the mask lets through
+    with torch.no_grad():
+        alone = model(input_ids=ids[:, 3:], use_cache=False).logits
+        packed = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]], device=device),
+                       use_cache=False).logits[:, 3:]
+    model.train()
+    if not torch.allclose(alone, packed, atol=1e-4):
+        raise ValueError(f"{type(model).__name__} attends across packed rows (its attention mask ignores position "
+                         "ids): set packing: false for this stage")
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:
@@ -97,3 +119,50 @@ def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tenso
         ids[row, : len(tokens)] = torch.tensor(tokens)
         mask[row, first : len(tokens)] = 1.0
     return ids, mask
+
+
+def model_rows(batch: list[Example], pad: int, packing: bool, pack_length: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the model reads for a step's rows: ids, response mask and position ids, all [R, T]; packed (R <= B
+    rows) or padded (R = B, positions 0..T-1 on every row)."""
+    if packing:
+        return pack_batch(batch, pad, pack_length)
+    ids, mask = pad_batch(batch, pad)
+    return ids, mask, torch.arange(ids.shape[1]).expand_as(ids)
+
+
+def pack_batch(batch: list[Example], pad: int, pack_length: int | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows laid end to end into packed rows of max(pack_length, longest row) tokens (None: the longest row),
+    first-fit decreasing, so the layout is a pure function of the rows. Returns ids, response mask and position
+    ids, [R, T] each. Positions restart at 0 on every row; HF's masking (transformers >= 4.56) reads a restart as a
+    sequence boundary and builds a block-diagonal causal mask, so no token attends across rows. A row's first
+    token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
+    of a packed row is padding, positions continuing the last row, masked out of the loss."""
+    width = max([len(ids) for ids, _ in batch] + [pack_length or 0])
+    order = sorted(range(len(batch)), key=lambda i: (-len(batch[i][0]), i))
+    packed: list[list[int]] = []  # indices into batch, per packed row
+    free: list[int] = []  # tokens left per packed row
+    for i in order:
+        size = len(batch[i][0])
+        slot = next((r for r, left in enumerate(free) if left >= size), None)
+        if slot is None:
+            packed.append([])
+            free.append(width)
+            slot = len(packed) - 1
+        packed[slot].append(i)
+        free[slot] -= size
+    ids = torch.full((len(packed), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(packed), width))
+    positions = torch.zeros((len(packed), width), dtype=torch.long)
+    for row, members in enumerate(packed):
+        start = 0
+        for i in members:
+            tokens, first = batch[i]
+            end = start + len(tokens)
+            ids[row, start:end] = torch.tensor(tokens)
+            mask[row, start + max(first, 1) : end] = 1.0
+            positions[row, start:end] = torch.arange(len(tokens))
+            start = end
+        positions[row, start:] = torch.arange(width - start) + len(batch[members[-1]][0])
+    return ids, mask, positions
