@@ -179,7 +179,7 @@ def mismatch_sum(run: TrainRun, ctx: StageContext, cfg: GRPOConfig, ids, mask, i
         if part.start == part.stop:
             idle_loss(run.model, run.world)
             continue
-        with record_function("grpo.logprob_forward"), run.world.autocast():
+        with record_function("grpo.mismatch_forward"), run.world.autocast():
             logits = run.model(input_ids=ids[part]).logits[:, :-1]
         total += float(((token_logprobs(logits, ids[part, 1:]) - inf_logp[part]).abs() * mask[part]).sum())
     return total
