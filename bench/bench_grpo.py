@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TRL_PYTHON = REPO / ".venv-trl" / "bin" / "python"
+TRL_VENV = Path(os.environ.get("TRL_VENV", REPO / ".venv-trl"))  # as bench/trl-venv.sh names it
+TRL_PYTHON = TRL_VENV / "bin" / "python"
 SIDES = ("cascade", "trl", "cascade-same-work")
 
 
@@ -141,10 +142,10 @@ def grid(base: Setting, dirs: dict[str, str], groups: list[int], lengths: list[i
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", default=["tiny"], choices=["tiny", "smollm2-135m"])
+    parser.add_argument("--model", nargs="+", choices=["tiny", "smollm2-135m"], help="default tiny; --grid: both")
     parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, nargs="+", default=[4], help="group size(s); --grid: 4 8 16")
-    parser.add_argument("--tokens", type=int, nargs="+", default=[32], help="completion length(s); --grid: 32 128")
+    parser.add_argument("--group", type=int, nargs="+", help="group size(s); default 4; --grid: 4 8 16")
+    parser.add_argument("--tokens", type=int, nargs="+", help="completion length(s); default 32; --grid: 32 128")
     parser.add_argument("--dtype", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--steps", type=int, default=5, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (set-up, first allocations)")
@@ -154,20 +155,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--profile", action="store_true", help="break one of our steps down by phase (no TRL)")
     mode.add_argument("--grid", action="store_true", help="model x group x length, both sides, fp32")
     args = parser.parse_args(argv)
+    args.model = args.model or (["tiny", "smollm2-135m"] if args.grid else ["tiny"])
+    args.group = args.group or ([4, 8, 16] if args.grid else [4])
+    args.tokens = args.tokens or ([32, 128] if args.grid else [32])
     for name in ("prompts", "steps", "warmup", "rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
-    if args.grid:
-        args.group = args.group if args.group != [4] else [4, 8, 16]
-        args.tokens = args.tokens if args.tokens != [32] else [32, 128]
-        args.model = args.model if args.model != ["tiny"] else ["tiny", "smollm2-135m"]
+    if min(args.group + args.tokens) < 1:
+        parser.error("--group and --tokens must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.profile and not TRL_PYTHON.exists():
-        raise SystemExit(f"bench_grpo: no TRL venv at {TRL_PYTHON.parent.parent}: build it with "
+        raise SystemExit(f"bench_grpo: no TRL venv at {TRL_VENV}: build it with "
                          "`bash bench/trl-venv.sh` (or run --profile, which needs only ours)")
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
         dirs = model_dirs(args.model, Path(tmp))
