@@ -10,7 +10,8 @@ One gradient step per rollout batch, so the importance ratio is exactly 1 and PP
 `kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere else), L gains kl_coef * KL(pi_theta || pi_ref), the k3
 estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoint (`reference`, default the
 stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
-filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their own, more compute). The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
+filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their own, more compute).
+The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
 sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
 phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
 so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
@@ -18,7 +19,7 @@ difficulty stage kept (stages/difficulty.py), or real data files per domain (GSM
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
 
 Each phase of a step runs in a `torch.profiler.record_function` range named `grpo.<phase>` (bench/bench_grpo.py
---profile reads them; outside a profiler a range costs about a microsecond).
+--profile reads them; outside a profiler a range cost ~35 us on a loaded core, under 0.05% of a 1 s step).
 """
 
 from __future__ import annotations
