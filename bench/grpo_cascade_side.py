@@ -96,7 +96,7 @@ def profile_step(setting, label: str) -> dict[str, float]:
           f"{sum(clock.series('kept_groups')[cfg['warmup']:]) / cfg['steps']:.2f}")
     print(f"  {'phase':<18} {'s/step':>8} {'share':>6}")
     for phase, seconds in phases.items():
-        print(f"  {phase:<18} {seconds:>8.4f} {seconds / step:>6.1%}")
+        print(f"  {phase:<18} {seconds:>8.4f} {seconds / step:>6.1%}", flush=True)
     return phases
 
 
