@@ -8,7 +8,8 @@ and the completion tokens each step sampled.
 
 TRL is configured as the same work as our stage: P prompts x G samples, generation batch = train batch (one
 generation per optimizer step, so the old logprobs are the detached current ones, as in ours), no KL (beta=0),
-no reference model, HF `generate` (use_vllm=False), our math grader as the only reward, fp32 or bf16 autocast.
+no reference model, HF `generate` (use_vllm=False), our math grader as the only reward, fp32 or bf16 autocast,
+and no gradient checkpointing (TRL's default turns it on; our stage's default has it off).
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def main() -> None:
             num_generations=group, steps_per_generation=1, max_completion_length=setting["tokens"],
             temperature=1.0, top_p=1.0, beta=0.0, use_vllm=False, log_completions=False,
             bf16=setting["dtype"] == "bf16", dataloader_num_workers=0,
+            # TRL defaults to True (a second forward in the backward); ours keeps activations unless
+            # compute.activation_checkpointing is set, so the same work is without it
+            gradient_checkpointing=False,
         )
         trainer = GRPOTrainer(model=model, reward_funcs=math_reward, args=config, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[clock])
