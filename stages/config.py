@@ -476,6 +476,10 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     # dynamic-sampling refill: up to this many extra rollout rounds per step replace groups without signal with
     # fresh prompts' groups (0: off; a step then trains on fewer groups)
     refill_rounds: int = Field(0, strict=True, ge=0, le=16)
+    # False: every group takes its backward, as TRL's GRPOTrainer does (bench/bench_grpo.py's "same work"). A
+    # group whose rewards are all equal has zero advantage and adds no gradient: it costs compute and, counted in
+    # the loss's token normalizer, scales the gradient down.
+    drop_flat_groups: bool = True
 
     def reads(self) -> list[Read]:
         reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []

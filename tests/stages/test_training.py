@@ -145,9 +145,20 @@ class VowelDomain(Domain):
         return sum(c in "aeiou" for c in completion) / max(1, len(completion))
 
 
-def vowel_recipe(tmp_path, monkeypatch, **grpo):
+class HalfFlatVowelDomain(VowelDomain):
+    """VowelDomain where about half the prompts score 0 whatever the answer: their groups have no signal."""
+
+    def sample(self, rng):
+        item = super().sample(rng)
+        return Item(item.domain, "", item.prompt, item.reference, {"flat": rng.random() < 0.5})
+
+    def grade(self, item, completion):
+        return 0.0 if item.meta["flat"] else super().grade(item, completion)
+
+
+def vowel_recipe(tmp_path, monkeypatch, domain=VowelDomain, **grpo):
     monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(VowelDomain())
+    stages.domains.register_domain(domain())
     from stages.recipe import validate_recipe
 
     return validate_recipe({
@@ -193,3 +204,26 @@ def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypat
         trained[flag] = weights(ctx)
     for name, value in trained[True].items():
         torch.testing.assert_close(trained[False][name], value, rtol=0, atol=0)
+
+
+def test_grpo_can_keep_flat_groups_as_trl_does(tmp_path, monkeypatch):
+    """drop_flat_groups=false backpropagates every group. Flat groups have zero advantage and add no gradient;
+    their tokens only grow the loss's normalizer, which scales the gradient by kept/all < 1. AdamW's first step
+    moves each weight by lr * g / (|g| + eps): the same direction either way, and never further when scaled."""
+    kept, tokens, moved = {}, {}, {}
+    start = build_tiny_model(SMALL, len(load_tokenizer()), seed=0).state_dict()
+    for drop in (True, False):
+        recipe = vowel_recipe(tmp_path / str(drop), monkeypatch, HalfFlatVowelDomain, steps=1, drop_flat_groups=drop)
+        sink = ListSink()
+        (tmp_path / str(drop)).mkdir(exist_ok=True)
+        ctx = stage_ctx(recipe, tmp_path / str(drop), "rl", sink)
+        run_grpo(recipe.stage("rl"), ctx, StageInputs())
+        (kept[drop],), (tokens[drop],) = sink.series("kept_groups"), sink.series("tokens_trained")
+        moved[drop] = {name: value - start[name] for name, value in weights(ctx).items()}
+    assert 0 < kept[True] < 1 and kept[False] == 1.0
+    # the same rollouts (same seed, same start): all 64 rows trained vs the kept share of them
+    assert tokens[True] == tokens[False] * kept[True]
+    for name, dropped in moved[True].items():
+        assert torch.equal(torch.sign(moved[False][name]), torch.sign(dropped)), name
+        assert bool((moved[False][name].abs() <= dropped.abs() + 1e-7).all()), name
+    assert sum(float(d.abs().sum()) for d in moved[False].values()) > 0  # the step did move the weights
