@@ -93,7 +93,9 @@ def compare(setting: Setting, rounds: int, sides: tuple[str, ...] = SIDES) -> di
 
 
 def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
-    """name -> an HF directory both sides load: `tiny` saved here from its default config (seed 0)."""
+    """name -> an HF directory both sides load: `tiny` saved here from its default config (seed 0), smollm2-135m's
+    converted checkpoint, or a directory given by path. A random-init tiny model never solves a math prompt, so
+    "as configured" drops every group; a trained policy (a path) makes that comparison mean something."""
     from stages.config import ModelConfig
     from stages.model import build_tiny_model, save_hf, smollm2_dir
     from stages.tokenizer import load_tokenizer
@@ -104,6 +106,10 @@ def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
             tokenizer = load_tokenizer()
             save_hf(build_tiny_model(ModelConfig(), len(tokenizer), seed=0), tokenizer, tmp / "tiny")
             dirs[name] = str(tmp / "tiny")
+        elif name != "smollm2-135m":
+            if not (Path(name) / "config.json").is_file():
+                raise SystemExit(f"bench_grpo: --model {name}: not tiny, smollm2-135m or an HF model dir")
+            dirs[name] = name
         else:
             try:
                 dirs[name] = str(smollm2_dir())
@@ -142,7 +148,8 @@ def grid(base: Setting, dirs: dict[str, str], groups: list[int], lengths: list[i
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", choices=["tiny", "smollm2-135m"], help="default tiny; --grid: both")
+    parser.add_argument("--model", nargs="+", help="tiny, smollm2-135m or an HF model dir (e.g. a trained policy: "
+                        "runs/<run>/01-sft/model of `make run`); default tiny; --grid: tiny and smollm2-135m")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, nargs="+", help="group size(s); default 4; --grid: 4 8 16")
     parser.add_argument("--tokens", type=int, nargs="+", help="completion length(s); default 32; --grid: 32 128")
