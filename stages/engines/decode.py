@@ -5,8 +5,8 @@ one row of logits per sequence per step. Both keep a preallocated attention mask
 step, and both can drop finished rows (`keep`), so compute follows the live rows.
 
 `LeanDecoder` is what vLLM does in shipping its own model code: one decode step written as the algorithm, over
-the HF module's own weight tensors (no copy, so a training step is seen at once), with a static KV cache written
-in place. It skips HF's per-call machinery (mask building, cache objects, output dataclasses, module hooks
+the HF module's own weights (q|k|v and gate|up stacked once per batch, as vLLM stacks them at load), with a
+static KV cache written in place. It skips HF's per-call machinery (mask building, cache objects, output dataclasses, module hooks
 except the `lm_head` call, which stays a module call), which is most of a small model's decode step on CPU. The
 arithmetic is HF's, op for op in the same dtype (RMSNorm in float32, rotate-half RoPE from the module's own
 rotary embedding, so any rope scaling it implements applies); tests/stages/test_hf_engine.py checks its logits
@@ -45,6 +45,15 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def fused(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of the linears stacked on the output axis: one F.linear computes them all."""
+    biases = [lin.bias for lin in linears]
+    if any(b is not None for b in biases):
+        biases = [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+        return torch.cat([lin.weight for lin in linears]), torch.cat(biases)
+    return torch.cat([lin.weight for lin in linears]), None
+
+
 class LeanDecoder:
     """Static-KV-cache decode over a Llama/Qwen2 HF module's weights.
 
@@ -66,6 +75,9 @@ class LeanDecoder:
         dtype = self.keys[0].dtype
         self.bias = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(
             ~allowed, torch.finfo(dtype).min)[:, None, None, :]
+        # q|k|v and gate|up as one matmul each: fewer, larger ops per layer (a copy of those weights per batch)
+        self.qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in model.model.layers]
+        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
 
     def keep(self, rows: torch.Tensor) -> None:
         """Continue only `rows` (indices into the current batch)."""
@@ -80,20 +92,20 @@ class LeanDecoder:
         x = F.embedding(tokens, body.embed_tokens.weight)  # [B, H]
         cos, sin = body.rotary_emb(x, positions[:, None])  # [B, 1, D] each
         column, self.length = self.length, self.length + 1
-        for layer, keys, values in zip(body.layers, self.keys, self.values, strict=True):
-            x = x + self._attention(layer.self_attn, rms_norm(x, layer.input_layernorm), keys, values, column, cos, sin)
-            mlp = layer.mlp
-            h = rms_norm(x, layer.post_attention_layernorm)
-            gated = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)) * F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-            x = x + F.linear(gated, mlp.down_proj.weight, mlp.down_proj.bias)
+        for layer, keys, values, qkv, gate_up in zip(body.layers, self.keys, self.values, self.qkv, self.gate_up, strict=True):
+            x = x + self._attention(layer.self_attn, rms_norm(x, layer.input_layernorm), qkv, keys, values, column, cos, sin)
+            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
+            down = layer.mlp.down_proj
+            x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
         return self.model.lm_head(rms_norm(x, body.norm))
 
-    def _attention(self, attn, h, keys, values, column: int, cos, sin) -> torch.Tensor:
+    def _attention(self, attn, h, qkv, keys, values, column: int, cos, sin) -> torch.Tensor:
         """One query per row against the cache. h: [B, H]; keys, values: [B, Hkv, W + room, D] -> [B, H]."""
         batch, kv_heads, _, dim = keys.shape
-        q = rotate(F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(batch, -1, dim), cos, sin)
-        keys[:, :, column] = rotate(F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(batch, kv_heads, dim), cos, sin)
-        values[:, :, column] = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(batch, kv_heads, dim)
+        q, k, v = F.linear(h, *qkv).split([attn.q_proj.out_features, kv_heads * dim, kv_heads * dim], dim=-1)
+        q = rotate(q.reshape(batch, -1, dim), cos, sin)
+        keys[:, :, column] = rotate(k.reshape(batch, kv_heads, dim), cos, sin)
+        values[:, :, column] = v.reshape(batch, kv_heads, dim)
         # query head i reads kv head i // groups (HF's repeat_kv): the groups become the query axis. Written out:
         # CPU's fused SDPA kernel costs ~3x this for one query row.
         scores = torch.matmul(q.view(batch, kv_heads, -1, dim), keys[:, :, : column + 1].transpose(-1, -2))
