@@ -27,16 +27,21 @@ def full_forward_logprobs(model, prompt, tokens):
     return logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def test_logprobs_match_a_full_forward_with_left_padding():
-    eng, tok = engine()
+def assert_logprobs_match_a_full_forward(eng, tok, sampling):
+    """Two prompts of different lengths (so one is left-padded), 3 samples each."""
     prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
-    groups = eng.generate(prompts, 3, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
+    groups = eng.generate(prompts, 3, sampling)
     assert [len(g) for g in groups] == [3, 3]
     for prompt, group in zip(prompts, groups):
         for c in group:
             assert len(c.token_ids) == len(c.logprobs) > 0
             ref = full_forward_logprobs(eng.model, prompt, c.token_ids)
             assert torch.allclose(ref, torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_logprobs_match_a_full_forward_with_left_padding():
+    eng, tok = engine()
+    assert_logprobs_match_a_full_forward(eng, tok, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
 
 
 def test_greedy_is_deterministic_and_batch_independent():
@@ -118,12 +123,8 @@ def test_logprobs_match_a_full_forward_on_other_architectures(build):
     tok = load_tokenizer()
     model = build(len(tok)).eval()  # GPT-2 has dropout
     assert lean_supported(model) == (build is llama_gqa)
-    eng = HFEngine(model, tok, batch_size=8, seed=0)
-    prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
-    for group, prompt in zip(eng.generate(prompts, 3, SamplingParams(max_new_tokens=10, seed=4)), prompts):
-        for c in group:
-            ref = full_forward_logprobs(model, prompt, c.token_ids)
-            assert torch.allclose(ref, torch.tensor(c.logprobs), atol=1e-4)
+    assert_logprobs_match_a_full_forward(HFEngine(model, tok, batch_size=8, seed=0), tok,
+                                         SamplingParams(max_new_tokens=10, seed=4))
 
 
 @pytest.mark.parametrize("build", [lambda v: build_tiny_model(SMALL, v, seed=1), llama_gqa], ids=["qwen2", "llama-gqa"])
@@ -153,7 +154,7 @@ def test_lean_decode_logits_equal_hf_forward(build):
     assert (lean.step(tokens[[2, 0]], pos[[2, 0]] + 1) - ref.step(tokens[[2, 0]], pos[[2, 0]] + 1)).abs().max() < 1e-5
 
 
-def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact():
+def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatch):
     """With the end of turn made likely, rows stop at different steps and finished rows are dropped from the
     decode batch; every row's logprobs still equal a full forward's (the hook applies to both)."""
     eng, tok = engine(batch_size=16)
@@ -161,14 +162,10 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact():
     eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
         -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 3.0)))
     kept_rows = []
-    original_keep = LeanDecoder.keep
-    eng_keep = lambda self, rows: (kept_rows.append(len(rows)), original_keep(self, rows))  # noqa: E731
-    LeanDecoder.keep = eng_keep
-    try:
-        prompt = prompt_ids(tok, "Compute 2+2.")
-        group = eng.generate([prompt], 16, SamplingParams(max_new_tokens=16, seed=0))[0]
-    finally:
-        LeanDecoder.keep = original_keep
+    real_keep = LeanDecoder.keep
+    monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
+    prompt = prompt_ids(tok, "Compute 2+2.")
+    group = eng.generate([prompt], 16, SamplingParams(max_new_tokens=16, seed=0))[0]
     lengths = sorted(len(c.token_ids) for c in group)
     assert lengths[0] < lengths[-1] and kept_rows and kept_rows[0] < 16
     for c in group:
