@@ -106,8 +106,8 @@ class LeanDecoder:
         q = rotate(q.reshape(batch, -1, dim), cos, sin)
         keys[:, :, column] = rotate(k.reshape(batch, kv_heads, dim), cos, sin)
         values[:, :, column] = v.reshape(batch, kv_heads, dim)
-        # query head i reads kv head i // groups (HF's repeat_kv): the groups become the query axis. Written out:
-        # CPU's fused SDPA kernel costs ~3x this for one query row.
+        # query head i reads kv head i // groups (HF's repeat_kv): the groups become the query axis. Written out,
+        # since CPU's fused SDPA kernel took ~1.5x as long for one query row (bench/RESULTS.md, issue 19).
         scores = torch.matmul(q.view(batch, kv_heads, -1, dim), keys[:, :, : column + 1].transpose(-1, -2))
         weights = torch.softmax(scores * attn.scaling + self.bias[..., : column + 1], dim=-1, dtype=torch.float32)
         out = torch.matmul(weights.to(values.dtype), values[:, :, : column + 1])  # [B, Hkv, groups, D]
