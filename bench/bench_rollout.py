@@ -1,11 +1,15 @@
-"""Rollout throughput: vLLM server vs the in-process HF engine vs plain `model.generate`, plus weight-sync cost.
+"""Rollout throughput: the in-process HF engine vs plain `model.generate` (and the vLLM server), plus weight-sync cost.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_rollout.py [--prompts 64 --samples 8 --tokens 64 --sync-steps 5]
+    PYTHONPATH=. .venv/bin/python bench/bench_rollout.py --engines hf,generate [--model smollm2-135m]
+        [--prompts 64 --samples 8 --tokens 64 --rounds 3 --hf-batch 128 --sync-steps 5]
 
-All three sample the project's default tiny model (random init, so nearly every completion runs to the token
-limit) on math-domain prompts at temperature 1. Generated tokens are counted from what each engine returns.
-The vLLM server reserves one of the machine's cores for its own scheduler by default; `--vllm-bind 0-1` lets
-its worker use both. Needs `bash infra/vllm-venv.sh`.
+Every engine samples the same model (`--model`: `tiny`, the project's default random-init tiny model, on which
+nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on math-domain prompts at
+temperature 1. Generated tokens are counted from what each engine returns; our engine also returns per-token
+logprobs, `generate` does not. HF engines run `--rounds` times, alternating which goes first, and the table
+gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
+`vllm` (needs `bash infra/vllm-venv.sh`) runs once, with its weight sync: its server reserves one of the
+machine's cores for its own scheduler by default; `--vllm-bind 0-1` lets its worker use both.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from stages.domains import get_domain  # noqa: E402
 from stages.engines.base import SamplingParams  # noqa: E402
 from stages.engines.hf import HFEngine  # noqa: E402
 from stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
-from stages.model import build_tiny_model, prompt_ids, save_hf  # noqa: E402
+from stages.model import build_tiny_model, load_hf, prompt_ids, save_hf  # noqa: E402
 from stages.config import ModelConfig  # noqa: E402
 from stages.tokenizer import load_tokenizer  # noqa: E402
 
@@ -58,7 +62,7 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, tok
     return counted, seconds
 
 
-def bench_sync(engine: VLLMEngine, model, steps: int) -> dict[str, float]:
+def bench_sync(engine, model, steps: int) -> dict[str, float]:
     """Per step: one SGD step on random tokens (so the weights really change), then sync_weights."""
     policy = copy.deepcopy(model).train()
     opt = torch.optim.SGD(policy.parameters(), lr=1e-2)
@@ -74,7 +78,7 @@ def bench_sync(engine: VLLMEngine, model, steps: int) -> dict[str, float]:
     return {k: statistics.mean(h[k] for h in engine.sync_history) for k in keys}
 
 
-def logprob_mismatch(engine: VLLMEngine, model, prompts: list[list[int]]) -> float:
+def logprob_mismatch(engine, model, prompts: list[list[int]]) -> float:
     """Mean |pi_inf - pi_train| over sampled tokens of a few prompts: what MOPD's importance weight sees."""
     few = prompts[:8]
     out = engine.generate(few, 2, SamplingParams(temperature=1.0, max_new_tokens=32, seed=0))
@@ -86,14 +90,9 @@ def logprob_mismatch(engine: VLLMEngine, model, prompts: list[list[int]]) -> flo
     return statistics.mean(diffs)
 
 
-def run(args: argparse.Namespace) -> list[tuple[str, str]]:
-    tokenizer = load_tokenizer()
-    model = build_tiny_model(ModelConfig(), len(tokenizer), seed=0).eval()
-    items = get_domain("math").generate("train", args.prompts, seed=0)
-    prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-    # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
-    rows: list[tuple[str, str]] = []
+def vllm_rows(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> list[tuple[str, str]]:
+    """The managed vLLM server on the same weights: rollout tokens/s, its logprob mismatch, weight-sync cost."""
+    rows = []
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
         save_hf(model, tokenizer, tmp)
         extra_env = {"VLLM_CPU_OMP_THREADS_BIND": args.vllm_bind} if args.vllm_bind else {}
@@ -101,39 +100,88 @@ def run(args: argparse.Namespace) -> list[tuple[str, str]]:
             rows.append(("vLLM server start (s)", f"{engine.start_seconds:.1f}"))
             engine.generate(prompts[:4], 2, SamplingParams(max_new_tokens=8))  # warm-up
             n_tok, secs = timed_tokens(lambda: engine.generate(prompts, args.samples, sampling))
-            rows.append(("vLLM rollout tok/s", f"{n_tok / secs:.0f}  ({n_tok} tok in {secs:.1f}s)"))
+            rows.append(("vLLM rollout tok/s", f"{n_tok / secs:.0f}  ({n_tok} tok in {secs:.1f}s, load {load():.1f})"))
             rows.append(("vLLM mean |pi_inf - pi_train|", f"{logprob_mismatch(engine, model, prompts):.2e}"))
             sync = bench_sync(engine, model, args.sync_steps)
             rows.append((f"weight sync s/step (mean of {args.sync_steps})", f"{sync['total_s']:.3f}"))
             parts = " / ".join(f"{sync[k]:.3f}" for k in ("write_s", "reload_s", "probe_s"))
             rows.append(("  write / reload / probe (s)", parts))
             rows.append(("  probe max |diff|", f"{sync['probe_max_abs_diff']:.1e}"))
-    hf = HFEngine(model, tokenizer)
-    n_tok, secs = timed_tokens(lambda: hf.generate(prompts, args.samples, sampling))
-    rows.append(("HFEngine rollout tok/s", f"{n_tok / secs:.0f}  ({n_tok} tok in {secs:.1f}s)"))
-    if not args.skip_plain:
-        n_tok, secs = plain_generate(model, tokenizer, prompts, args.samples, args.tokens)
-        rows.append(("plain HF generate tok/s", f"{n_tok / secs:.0f}  ({n_tok} tok in {secs:.1f}s)"))
     return rows
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def load_model(source: str):
+    if source == "tiny":
+        tokenizer = load_tokenizer()
+        return build_tiny_model(ModelConfig(), len(tokenizer), seed=0).eval(), tokenizer
+    model, tokenizer = load_hf(source)
+    return model.eval(), tokenizer
+
+
+def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> dict[str, list[tuple[float, float]]]:
+    """engine -> [(tokens/s, load average)] per round; each round rotates which engine goes first."""
+    hf = HFEngine(model, tokenizer, batch_size=args.hf_batch)
+    timers = {
+        "hf": lambda: timed_tokens(lambda: hf.generate(prompts, args.samples, sampling)),
+        "generate": lambda: plain_generate(model, tokenizer, prompts, args.samples, args.tokens),
+    }
+    names = [e for e in args.engines if e in timers]
+    results: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            n_tok, secs = timers[name]()
+            results[name].append((n_tok / secs, load()))
+            print(f"  round {r + 1} {name:<9} {n_tok / secs:8.0f} tok/s  ({n_tok} tok in {secs:.2f}s, load {load():.2f})")
+    return results
+
+
+def table(results: dict[str, list[tuple[float, float]]]) -> list[str]:
+    base = statistics.median(t for t, _ in results["generate"]) if "generate" in results else None
+    lines = ["| engine | tok/s per round (load) | median tok/s | vs generate |", "|---|---|---|---|"]
+    for name, runs in results.items():
+        median = statistics.median(t for t, _ in runs)
+        per_round = ", ".join(f"{t:.0f} ({la:.1f})" for t, la in runs)
+        ratio = f"{median / base:.2f}x" if base else "-"
+        lines.append(f"| {name} | {per_round} | {median:.0f} | {ratio} |")
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF model dir")
+    parser.add_argument("--engines", default="hf,generate,vllm", type=lambda s: s.split(","),
+                        help="comma list of hf, generate, vllm (vllm needs the vLLM venv)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each HF engine, alternating")
+    parser.add_argument("--hf-batch", type=int, default=128, help="rows per batch of our HF engine (the recipe default)")
     parser.add_argument("--sync-steps", type=int, default=5)
     parser.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for the server, e.g. 0-1")
-    parser.add_argument("--skip-plain", action="store_true", help="skip plain model.generate")
     parser.add_argument("--unseeded", action="store_true", help="sample without a seed")
     args = parser.parse_args()
-    rows = run(args)
-    width = max(len(k) for k, _ in rows)
+    unknown = set(args.engines) - {"hf", "generate", "vllm"}
+    if unknown:
+        parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
+    model, tokenizer = load_model(args.model)
+    items = get_domain("math").generate("train", args.prompts, seed=0)
+    prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
+    # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     shape = f"{args.prompts} prompts x {args.samples} samples x {args.tokens} tokens"
-    seeded = "unseeded" if args.unseeded else "seeded"
-    print(f"\nrollout: {shape}, {seeded}, torch threads {torch.get_num_threads()}")
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    print(f"rollout on {args.model}: {shape}, {'unseeded' if args.unseeded else 'seeded'}, hf batch {args.hf_batch}, "
+          f"torch threads {torch.get_num_threads()}, load {load():.2f}")
+    results = hf_rounds(args, model, tokenizer, prompts, sampling)
+    print("\n".join(table(results)))
+    if "vllm" in args.engines:
+        rows = vllm_rows(args, model, tokenizer, prompts, sampling)
+        width = max(len(k) for k, _ in rows)
+        for key, value in rows:
+            print(f"{key:<{width}}  {value}")
 
 
 if __name__ == "__main__":

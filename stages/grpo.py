@@ -127,8 +127,8 @@ def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch
 def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep,
                   reference: torch.nn.Module | None = None) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
-    logprob mismatch over every sampled token (with cfg.mismatch_over_dropped, dropped groups get a no-grad
-    forward for it), else over the kept groups' tokens. Each rank takes its share of the prompts; counts and
+    logprob mismatch over the kept groups' tokens, read off the update's own forward (by default), or over every
+    sampled token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and
     sums are all-reduced, so N ranks make the update of one process."""
     world = run.world
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]

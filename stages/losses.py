@@ -11,12 +11,14 @@ from torch import Tensor
 
 
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """log softmax(logits)[target] per position.
+    """log softmax(logits)[target] per position, as logits[target] - logsumexp(logits): the same value without a
+    [B, T, V] log-softmax tensor (kept for backward in the old form); logsumexp's backward forms the softmax itself.
 
     logits: [B, T, V] (position t predicts targets[:, t]); targets: [B, T] -> [B, T], float32.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    logits = logits.float()
+    picked = logits.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return picked - torch.logsumexp(logits, dim=-1)
 
 
 def token_entropy(logits: Tensor) -> Tensor:

@@ -1,9 +1,15 @@
 """In-process rollout engine on Hugging Face transformers: batched, left-padded, with a KV cache.
 
-The n samples of a prompt share one prefill: each distinct prompt of a batch is run through the model once, and
-its KV cache rows and last logits are then repeated n times before decoding (GRPO's group_size, the difficulty
-filter's k). Batches hold the same rows, in the same order, as if each prompt were repeated n times, so the
-sampled tokens and their logprobs are those of the repeated path.
+The n samples of a prompt share one prefill: each distinct prompt of a batch is run through the model once
+(HF forward, logits of the last position only), and its KV cache rows and last logits are then repeated n times
+before decoding (GRPO's group_size, the difficulty filter's k). Batches hold the same rows, in the same order,
+as if each prompt were repeated n times, so the sampled tokens and their logprobs are those of the repeated path.
+
+Decoding (stages/engines/decode.py) runs a lean static-cache step over the module's own weights for the
+Llama/Qwen2 family and HF's forward for any other causal LM. Rows that reached the end of turn are dropped from
+the batch once they are an eighth of it, so compute follows the live rows. Per step, the sampled token's logprob
+is its logit minus the row's logsumexp (no full log_softmax), and sampling draws one uniform per row against the
+cumulative distribution (what torch.multinomial does, without its argument checks).
 
 It samples from the trainer's own module, so weight sync is free and pi_inf differs from pi_train only by
 batch numerics (and bf16 autocast, when training uses it). Its own torch.Generator keeps sampling
@@ -12,23 +18,34 @@ reproducible without touching the global RNG that dropout and data order use.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
 from stages.engines.base import Completion, SamplingParams
+from stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+
+COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 
 
-def sample_next(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """One token per row. logits: [B, V] float32 -> [B] long. Greedy when temperature == 0."""
+def sample_next(logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """One token per row. logits: [B, V] float32; lse: [B] their logsumexp -> [B] long. Greedy when temperature == 0."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.temperature == 1.0:
+        probs = torch.exp(logits - lse[:, None])
+    else:
+        probs = torch.softmax(logits / sampling.temperature, dim=-1)
     if sampling.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
         outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p  # keep the smallest set reaching top_p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    # inverse CDF: the first token whose cumulative mass exceeds a uniform draw (zero-mass tokens never win)
+    cdf = probs.cumsum(-1)
+    draw = torch.rand(len(cdf), 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 class HFEngine:
@@ -64,37 +81,54 @@ class HFEngine:
         """Prefill each of `prompts` once, then decode len(repeat) rows; row r continues prompts[repeat[r]]."""
         was_training = self.model.training
         self.model.eval()
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        device = next(self.model.parameters()).device  # the training device; sampling stays on this CPU generator
+        ids, mask = self._left_padded(prompts, device)
+        repeat = repeat.to(device)
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache,
+                            **last_only).logits[:, -1]
+        decoder = (LeanDecoder if lean_supported(self.model) else HFDecoder)(
+            self.model, cache, repeat, mask, sampling.max_new_tokens)
+        tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], sampling)
+        self.model.train(was_training)
+        return self._completions(tokens, logps, self.tokenizer.eos_token_id)
+
+    def _left_padded(self, prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids, mask: [P, W], each prompt right-aligned after pad tokens."""
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, p in enumerate(prompts):
             ids[row, width - len(p) :] = torch.tensor(p)
             mask[row, width - len(p) :] = 1
-        device = next(self.model.parameters()).device  # the training device; sampling stays on this CPU generator
-        ids, mask, repeat = ids.to(device), mask.to(device), repeat.to(device)
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache).logits[:, -1]
-        cache.reorder_cache(repeat)  # [P, ...] -> [B, ...]: the shared prompt prefix, one copy per sample
-        logits, mask, next_pos = logits[repeat], mask[repeat], position[repeat, -1]
-        done = torch.zeros(len(repeat), dtype=torch.bool)
-        tokens, logps = [], []
-        for _ in range(sampling.max_new_tokens):
+        return ids.to(device), mask.to(device)
+
+    def _decode(self, decoder, logits: torch.Tensor, next_pos: torch.Tensor, sampling: SamplingParams):
+        """Sample up to max_new_tokens per row. logits: [B, V] after the prompt; next_pos: [B] its last position.
+        -> tokens, logps: [B, steps]; what follows a row's first eos is filler that _completions cuts."""
+        eos, steps = self.tokenizer.eos_token_id, sampling.max_new_tokens
+        tokens = torch.full((len(logits), steps), self.tokenizer.pad_token_id, dtype=torch.long)
+        logps = torch.zeros(len(logits), steps)
+        live = torch.arange(len(logits))  # decoder row -> batch row
+        done = torch.zeros(len(logits), dtype=torch.bool)
+        for step in range(steps):
             logits = logits.float().cpu()
-            logp_all = torch.log_softmax(logits, dim=-1)
-            tok = sample_next(logits, sampling, self.generator).masked_fill(done, pad)
-            tokens.append(tok)
-            logps.append(logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1))
+            lse = logits.logsumexp(-1)
+            tok = sample_next(logits, lse, sampling, self.generator)
+            tokens[live, step] = tok
+            logps[live, step] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse
             done |= tok == eos
-            if bool(done.all()):
+            if step + 1 == steps or bool(done.all()):
                 break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if int(done.sum()) * COMPACT_SHARE >= len(live):
+                rows = (~done).nonzero().squeeze(-1)
+                live, tok, next_pos, done = live[rows], tok[rows], next_pos[rows], done[rows]
+                decoder.keep(rows.to(next_pos.device))
             next_pos = next_pos + 1
-            out = self.model(input_ids=tok.unsqueeze(-1).to(device), attention_mask=mask, position_ids=next_pos.unsqueeze(-1), past_key_values=cache)
-            logits = out.logits[:, -1]
-        self.model.train(was_training)
-        return self._completions(torch.stack(tokens, 1), torch.stack(logps, 1), eos)
+            logits = decoder.step(tok.to(next_pos.device), next_pos)
+        return tokens[:, : step + 1], logps[:, : step + 1]
 
     def _completions(self, tokens: torch.Tensor, logps: torch.Tensor, eos: int) -> list[Completion]:
         """tokens, logps: [B, steps] -> one Completion per row, cut after the first eos."""

@@ -29,6 +29,29 @@ def test_math_grader_rejects_wrong_and_unboxed_answers():
     assert boxed_answer("\\boxed{1} then \\boxed{-7}") == "-7"
 
 
+def test_math_grades_parse_the_gold_once_and_give_uncached_verdicts(monkeypatch):
+    """A group's grades parse its gold answer once (parsed_gold) and each completion once; every verdict equals
+    math-verify's on a fresh parse of both."""
+    import math_verify
+
+    from stages.domains import math as math_domain
+
+    item = get_domain("math").generate("train", 1, seed=3)[0]
+    gold = item.meta["answer"]
+    answers = [f"{int(gold) + d}" for d in (0, 1, -1)] + [f"\\frac{{{2 * int(gold)}}}{{2}}", f"{gold}.0", "x"]
+    completions = [f"so \\boxed{{{a}}}" for a in answers] * 4
+    expected = [float(bool(math_verify.verify(math_verify.parse(f"\\boxed{{{gold}}}"), math_verify.parse(c))))
+                for c in completions]
+    assert expected[:6] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    math_domain.parsed_gold.cache_clear()
+    parsed = []
+    real_parse = math_verify.parse
+    monkeypatch.setattr(math_verify, "parse", lambda text, **kw: parsed.append(text) or real_parse(text, **kw))
+    assert [get_domain("math").grade(item, c) for c in completions] == expected
+    assert parsed.count(f"\\boxed{{{gold}}}") == 1  # the gold once; "\\boxed{gold}" completions skip parsing
+    assert len(parsed) == 1 + sum(a != gold for a in answers) * 4
+
+
 @pytest.mark.parametrize(
     "kind, n, word, text, ok",
     [

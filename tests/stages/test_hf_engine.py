@@ -1,9 +1,13 @@
-"""The HF engine's logprobs are the model's, greedy is deterministic, sampling is seeded."""
+"""The HF engine's logprobs are the model's, greedy is deterministic, sampling is seeded; the lean decode step
+equals HF's forward, and any other architecture falls back to HF's."""
 
+import pytest
 import torch
+from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from stages.engines.base import SamplingParams
-from stages.engines.hf import HFEngine
+from stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+from stages.engines.hf import HFEngine, sample_next
 from stages.model import build_tiny_model, prompt_ids
 from stages.config import ModelConfig
 from stages.tokenizer import load_tokenizer
@@ -23,16 +27,21 @@ def full_forward_logprobs(model, prompt, tokens):
     return logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def test_logprobs_match_a_full_forward_with_left_padding():
-    eng, tok = engine()
+def assert_logprobs_match_a_full_forward(eng, tok, sampling):
+    """Two prompts of different lengths (so one is left-padded), 3 samples each."""
     prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
-    groups = eng.generate(prompts, 3, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
+    groups = eng.generate(prompts, 3, sampling)
     assert [len(g) for g in groups] == [3, 3]
     for prompt, group in zip(prompts, groups):
         for c in group:
             assert len(c.token_ids) == len(c.logprobs) > 0
             ref = full_forward_logprobs(eng.model, prompt, c.token_ids)
             assert torch.allclose(ref, torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_logprobs_match_a_full_forward_with_left_padding():
+    eng, tok = engine()
+    assert_logprobs_match_a_full_forward(eng, tok, SamplingParams(temperature=1.0, max_new_tokens=12, seed=5))
 
 
 def test_greedy_is_deterministic_and_batch_independent():
@@ -91,3 +100,86 @@ def test_shared_prefill_matches_repeating_each_prompt():
         for a, b in zip(shared, repeated):
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
     hook.remove()
+
+
+def llama_gqa(vocab_size: int):
+    """A Llama with grouped-query attention (4 query heads on 2 kv heads) and biased projections."""
+    torch.manual_seed(2)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=96, attention_bias=True, eos_token_id=2,
+                         pad_token_id=0, bos_token_id=None, max_position_embeddings=256)
+    return LlamaForCausalLM(config)
+
+
+def gpt2(vocab_size: int):
+    """An architecture the lean decoder does not cover: the engine falls back to HF's forward per step."""
+    torch.manual_seed(3)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=2, n_positions=256,
+                                      eos_token_id=2, pad_token_id=0, bos_token_id=None))
+
+
+@pytest.mark.parametrize("build", [llama_gqa, gpt2], ids=["llama-gqa", "gpt2-fallback"])
+def test_logprobs_match_a_full_forward_on_other_architectures(build):
+    tok = load_tokenizer()
+    model = build(len(tok)).eval()  # GPT-2 has dropout
+    assert lean_supported(model) == (build is llama_gqa)
+    assert_logprobs_match_a_full_forward(HFEngine(model, tok, batch_size=8, seed=0), tok,
+                                         SamplingParams(max_new_tokens=10, seed=4))
+
+
+@pytest.mark.parametrize("build", [lambda v: build_tiny_model(SMALL, v, seed=1), llama_gqa], ids=["qwen2", "llama-gqa"])
+def test_lean_decode_logits_equal_hf_forward(build):
+    """Step by step, the lean decoder's logits are HF's forward on the same left-padded cache, within 1e-5."""
+    tok = load_tokenizer()
+    model = build(len(tok)).eval()
+    prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = (ids != 0).long() | (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    repeat = torch.tensor([0, 0, 1])
+    caches = [DynamicCache(), DynamicCache()]
+    for cache in caches:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache)
+    lean, ref = LeanDecoder(model, caches[0], repeat, mask, 5), HFDecoder(model, caches[1], repeat, mask, 5)
+    tokens, pos = torch.tensor([5, 6, 7]), position[repeat, -1]
+    for _ in range(4):
+        pos = pos + 1
+        a, b = lean.step(tokens, pos), ref.step(tokens, pos)
+        assert a.shape == (3, len(tok)) and (a - b).abs().max() < 1e-5
+        tokens = a.argmax(-1)
+    lean.keep(torch.tensor([2, 0]))
+    ref.keep(torch.tensor([2, 0]))
+    assert (lean.step(tokens[[2, 0]], pos[[2, 0]] + 1) - ref.step(tokens[[2, 0]], pos[[2, 0]] + 1)).abs().max() < 1e-5
+
+
+def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatch):
+    """With the end of turn made likely, rows stop at different steps and finished rows are dropped from the
+    decode batch; every row's logprobs still equal a full forward's (the hook applies to both)."""
+    eng, tok = engine(batch_size=16)
+    eos = tok.eos_token_id
+    eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
+        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 3.0)))
+    kept_rows = []
+    real_keep = LeanDecoder.keep
+    monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
+    prompt = prompt_ids(tok, "Compute 2+2.")
+    group = eng.generate([prompt], 16, SamplingParams(max_new_tokens=16, seed=0))[0]
+    lengths = sorted(len(c.token_ids) for c in group)
+    assert lengths[0] < lengths[-1] and kept_rows and kept_rows[0] < 16
+    for c in group:
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos) and eos not in c.token_ids[:-1]
+        assert torch.allclose(full_forward_logprobs(eng.model, prompt, c.token_ids), torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_inverse_cdf_sampling_follows_the_distribution_and_top_p():
+    """sample_next draws token i with probability p_i (chi-square-tight at 20k draws) and never outside top_p."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20_000, 1)
+    lse = logits.logsumexp(-1)
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.bincount(sample_next(logits, lse, SamplingParams(max_new_tokens=1), gen), minlength=4)
+    assert torch.allclose(counts / 20_000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.012)
+    nucleus = sample_next(logits, lse, SamplingParams(max_new_tokens=1, top_p=0.7), gen)
+    assert set(nucleus.tolist()) == {0, 1}  # 0.5 alone < 0.7; 0.5 + 0.3 reaches it
+    assert (sample_next(logits[:3], lse[:3], SamplingParams(max_new_tokens=1, temperature=0.0), gen) == 0).all()

@@ -67,6 +67,24 @@ def test_token_logprobs_and_entropy():
     assert h[1] == pytest.approx(-(2 * 0.1 * math.log(0.1) + 0.8 * math.log(0.8)), abs=1e-6)
 
 
+def test_token_logprobs_equal_log_softmax_in_value_and_gradient():
+    """The gather-minus-logsumexp form is log_softmax's value and gradient, on large logits and bf16 input too."""
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 50, generator=gen) * 30).requires_grad_()
+    targets = torch.randint(0, 50, (3, 5), generator=gen)
+    weights = torch.randn(3, 5, generator=gen)
+    ours = token_logprobs(logits, targets)
+    (grad_ours,) = torch.autograd.grad((ours * weights).sum(), logits)
+    ref = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    (grad_ref,) = torch.autograd.grad((ref * weights).sum(), logits)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(grad_ours, grad_ref, rtol=0, atol=5e-6)  # float rounding of |logits| ~ 30
+    half = logits.detach().bfloat16()
+    assert token_logprobs(half, targets).dtype == torch.float32
+    torch.testing.assert_close(token_logprobs(half, targets),
+                               torch.log_softmax(half.float(), -1).gather(-1, targets[..., None])[..., 0], rtol=0, atol=2e-5)
+
+
 def test_bradley_terry_loss_hand_computed_with_and_without_margin():
     chosen, rejected = torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])
     # gaps 1 and -1: (log(1 + e^-1) + log(1 + e)) / 2
