@@ -51,15 +51,12 @@ def execute(recipe, run_id: str) -> None:
 
 
 def print_matrix(report, store=None) -> None:
-    """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items)."""
+    """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items).
+    Wider than the terminal (a recipe with many domains), its columns go into several tables, never cut."""
     from artifacts.html_report import item_scores, standard_error
 
     domains, rows = report.forgetting_matrix()
     items = item_scores(store, report.run_id) if store is not None else {}
-    table = Table(title=f"Forgetting matrix: held-out score after each stage ({report.run_id})")
-    table.add_column("after stage")
-    for d in domains:
-        table.add_column(d, justify="right")
 
     def cell(stage: str, domain: str, score: float | None) -> str:
         if score is None:
@@ -67,12 +64,33 @@ def print_matrix(report, store=None) -> None:
         se = standard_error(items.get(stage, {}).get(domain, []))
         return f"{score:.3f}" if se is None else f"{score:.3f} ± {se:.3f}"
 
-    for stage, scores in rows:
-        table.add_row(stage, *(cell(stage, d, s) for d, s in zip(domains, scores)))
-    console.print(table)
+    cells = [[cell(stage, d, s) for d, s in zip(domains, scores)] for stage, scores in rows]
+    stage_width = max([len("after stage")] + [len(stage) for stage, _ in rows]) + 4
+    widths = [max([len(d)] + [len(r[i]) for r in cells]) + 3 for i, d in enumerate(domains)]
+    for part in column_groups(widths, console.width - stage_width):
+        table = Table(title=f"Forgetting matrix: held-out score after each stage ({report.run_id})")
+        table.add_column("after stage", no_wrap=True)
+        for i in part:
+            table.add_column(domains[i], justify="right", no_wrap=True)
+        for (stage, _), row in zip(rows, cells):
+            table.add_row(stage, *(row[i] for i in part))
+        console.print(table)
     for g in report.gate:
         console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
                       f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}")
+
+
+def column_groups(widths: list[int], room: int) -> list[list[int]]:
+    """Consecutive column indices per table so each table's columns fit `room` characters (at least one each)."""
+    groups: list[list[int]] = [[]]
+    used = 0
+    for i, width in enumerate(widths):
+        if groups[-1] and used + width > room:
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += width
+    return groups
 
 
 @app.command()

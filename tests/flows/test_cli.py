@@ -156,3 +156,11 @@ def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
         failing_run()
     assert exit_.value.exit_code == 1
     assert capsys.readouterr().err == "cascade: error: regression gate: math dropped 0.130 after if_rl (tolerance 0.05)\n"
+
+
+def test_a_matrix_wider_than_the_terminal_is_split_into_column_groups_never_cut():
+    from flows.cli.runs import column_groups
+
+    assert column_groups([10, 10, 10], 25) == [[0, 1], [2]]
+    assert column_groups([30, 5, 5], 20) == [[0], [1, 2]]  # a column wider than the room still gets a table
+    assert column_groups([5, 5], 80) == [[0, 1]]
