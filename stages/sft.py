@@ -8,8 +8,8 @@ with N_resp the response-token count of the whole optimizer batch, so micro-batc
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
 (docs/LOG.md); under torchrun each rank takes a contiguous share of every batch's rows and the token count is
 all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data position is just the
-step number and a resumed stage sees exactly the batches it would have seen. Packing (on by default,
-`packing: false` pads instead) lays a step's rows end to end with position ids restarting per row and attention
+step number and a resumed stage sees exactly the batches it would have seen. Packing (`packing: true`; off by
+default, docs/RECIPES.md) lays a step's rows end to end with position ids restarting per row and attention
 kept inside each: the same loss per token as padding, without the padding's compute; the layout is a pure
 function of the step's rows, so resume parity holds packed too.
 """
