@@ -60,8 +60,13 @@ def sft_runs(tmp_path_factory):
 
 
 def assert_same_weights(a, b, atol=1e-5):
+    """Every weight within atol, except the key biases: softmax ignores a shift shared by all keys, so their exact
+    gradient is zero and what they receive is float noise, which AdamW scales up to +-lr a step. Here they differed
+    by 1.5e-6 while every other weight agreed within 1.2e-7; on CI a weight differed by 1.003e-5."""
     assert sorted(a) == sorted(b)
-    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    compared = [k for k in a if not k.endswith("self_attn.k_proj.bias")]
+    assert len(compared) < len(a)
+    worst = max((a[k] - b[k]).abs().max().item() for k in compared)
     assert worst <= atol, worst
 
 
