@@ -59,15 +59,16 @@ def sft_runs(tmp_path_factory):
     return tmp, data, {"one": run_sft(tmp, data, "one", ONE), "two": run_sft(tmp, data, "two", TWO)}
 
 
-def assert_same_weights(a, b, atol=1e-5):
-    """Every weight within atol, except the key biases: softmax ignores a shift shared by all keys, so their exact
-    gradient is zero and what they receive is float noise, which AdamW scales up to +-lr a step. Here they differed
-    by 1.5e-6 while every other weight agreed within 1.2e-7; on CI a weight differed by 1.003e-5."""
+def assert_same_adamw_weights(a, b):
+    """After AdamW steps: the mean difference tiny, a few elements allowed up to 1e-4 (a thirtieth of one step at lr
+    3e-3). AdamW divides each gradient by its own running scale, so an element whose gradient is a near-cancelling
+    sum turns the reduction order's float noise (one process vs an all-reduce of two) into a visible step: at two
+    threads 9 of 148,160 weights differed by over 1e-6 (the largest 1.0e-5) while the mean difference was 2.3e-9.
+    A real sharding bug (a rank's gradient lost or doubled) moves most weights by about lr."""
     assert sorted(a) == sorted(b)
-    compared = [k for k in a if not k.endswith("self_attn.k_proj.bias")]
-    assert len(compared) < len(a)
-    worst = max((a[k] - b[k]).abs().max().item() for k in compared)
-    assert worst <= atol, worst
+    mean = sum((a[k] - b[k]).abs().sum().item() for k in a) / sum(a[k].numel() for k in a)
+    worst = max((a[k] - b[k]).abs().max().item() for k in a)
+    assert mean <= 1e-8 and worst <= 1e-4, (mean, worst)
 
 
 def test_sft_two_ranks_equal_one_process(sft_runs):
@@ -77,7 +78,7 @@ def test_sft_two_ranks_equal_one_process(sft_runs):
     assert len(losses1) == len(losses2) == 5
     assert losses1[-1] < losses1[0] - 0.5  # it trains: the comparison is not of two untouched models
     assert losses2 == pytest.approx(losses1, abs=1e-5)
-    assert_same_weights(w1, w2)
+    assert_same_adamw_weights(w1, w2)
     assert [p for p, _ in two.rows] == [1, 2, 3, 4, 5]  # rank 0's metrics reached this process's sink
 
 
@@ -89,7 +90,7 @@ def test_step_checkpoint_resumes_across_world_sizes(sft_runs, written, resumed):
     sink, resumed_weights, _ = run_sft(tmp, data, written, resumed)
     assert [step for step, _ in sink.rows] == [4, 5]  # continued after step 3, in the other world size
     assert sink.series("loss") == pytest.approx(straight.series("loss")[3:], abs=1e-5)
-    assert_same_weights(resumed_weights, weights)
+    assert_same_adamw_weights(resumed_weights, weights)
 
 
 def test_grpo_and_mopd_updates_two_ranks_equal_one_process(tmp_path):
