@@ -18,7 +18,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Iterable
 
 from artifacts import layout
 from artifacts.records import EvalRecord, EvalRecordError
@@ -53,7 +53,7 @@ class RunData:
 
     report: RunReport
     planned: list[str]  # the recipe's stage names, in order (empty when unknown)
-    items: dict[str, dict[str, list[float]]]  # after_stage -> domain -> per-item scores
+    items: dict[str, dict[str, dict[str, float]]]  # after_stage -> domain -> item id -> score
     steps: dict[str, list[dict[str, Any]]]  # stage -> step rows
     store_uri: str
     pass_rates: dict[str, str] = field(default_factory=dict)  # difficulty stage -> PNG data URI
@@ -79,9 +79,9 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
                    pass_rates)
 
 
-def item_scores(store: Store, run_id: str) -> dict[str, dict[str, list[float]]]:
-    """after_stage -> domain -> per-item held-out scores, from the run's eval records (torn ones skipped)."""
-    items: dict[str, dict[str, list[float]]] = {}
+def item_scores(store: Store, run_id: str) -> dict[str, dict[str, dict[str, float]]]:
+    """after_stage -> domain -> item id -> held-out score, from the run's eval records (torn ones skipped)."""
+    items: dict[str, dict[str, dict[str, float]]] = {}
     for key in store.list(layout.evals_dir(run_id)):
         base = key.rsplit("/", 1)[-1]
         if not base.endswith(".json") or "-" not in base:
@@ -90,21 +90,30 @@ def item_scores(store: Store, run_id: str) -> dict[str, dict[str, list[float]]]:
             record = EvalRecord.parse(store.read_bytes(key), store.uri(key))
         except EvalRecordError:
             continue  # a torn record: the cell keeps its score, without a standard error
-        per: dict[str, list[float]] = {}
-        for row in record.items:
+        per: dict[str, dict[str, float]] = {}
+        for i, row in enumerate(record.items):
             if isinstance(row.get("score"), (int, float)) and row.get("domain"):
-                per.setdefault(row["domain"], []).append(float(row["score"]))
+                per.setdefault(row["domain"], {})[str(row.get("id", i))] = float(row["score"])
         items[base[: -len(".json")].split("-", 1)[1]] = per
     return items
 
 
-def standard_error(scores: list[float]) -> float | None:
+def standard_error(scores: Iterable[float]) -> float | None:
     """Sample standard error of the mean of item scores (binomial for 0/1 scores); None under two items."""
+    scores = list(scores)
     n = len(scores)
     if n < 2:
         return None
     mean = sum(scores) / n
     return math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1) / n)
+
+
+def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[float, float | None] | None:
+    """Mean of after - before over the items both evals scored, and its standard error; None if they share none.
+    Pairing cancels the spread of item difficulty the two evals share, so this error is smaller than either
+    score's own, and it is the one that says whether a stage moved a domain."""
+    diffs = [after[i] - before[i] for i in after if i in before]
+    return (sum(diffs) / len(diffs), standard_error(diffs)) if diffs else None
 
 
 def where_stopped(run: RunData) -> str | None:
@@ -160,7 +169,7 @@ def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
         fired.setdefault(g["stage"], []).append(g["domain"])
     out = []
     for i, (stage, scores) in enumerate(rows):
-        cells = [{"score": s, "se": standard_error(run.items.get(stage, {}).get(d, [])), "best": best[d] == i}
+        cells = [{"score": s, "se": standard_error(run.items.get(stage, {}).get(d, {}).values()), "best": best[d] == i}
                  for d, s in zip(domains, scores)]
         out.append({"stage": stage, "cells": cells, "gate": fired.get(stage, []),
                     "recovery": stage.startswith("recover-")})

@@ -46,13 +46,14 @@ def execute(recipe, run_id: str) -> None:
             report = cascade_flow(recipe, run_id)
         finally:
             set_progress_factory(None)
-    print_matrix(report, Store.from_config(recipe.storage))
+    print_matrix(report, Store.from_config(recipe.storage), rl_targets(recipe))
     console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
 
 
-def print_matrix(report, store=None) -> None:
-    """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items).
-    Wider than the terminal (a recipe with many domains), its columns go into several tables, never cut."""
+def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None) -> None:
+    """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items), and
+    each RL stage in `targets` (stage -> the domains it trains) its gains table. Wider than the terminal (a
+    recipe with many domains), the matrix's columns go into several tables, never cut."""
     from artifacts.html_report import item_scores, standard_error
 
     domains, rows = report.forgetting_matrix()
@@ -61,7 +62,7 @@ def print_matrix(report, store=None) -> None:
     def cell(stage: str, domain: str, score: float | None) -> str:
         if score is None:
             return "-"
-        se = standard_error(items.get(stage, {}).get(domain, []))
+        se = standard_error(items.get(stage, {}).get(domain, {}).values())
         return f"{score:.3f}" if se is None else f"{score:.3f} ± {se:.3f}"
 
     cells = [[cell(stage, d, s) for d, s in zip(domains, scores)] for stage, scores in rows]
@@ -78,6 +79,38 @@ def print_matrix(report, store=None) -> None:
     for g in report.gate:
         console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
                       f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}")
+    gains = stage_gains([stage for stage, _ in rows], items, targets or {})
+    if gains:
+        table = Table("stage", "domain", "before", "after", "paired gain", "in SE",
+                      title="Gains of each RL stage on its own domains")
+        for row in gains:
+            table.add_row(*row)
+        console.print(table)
+
+
+def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float]]],
+                targets: dict[str, list[str]]) -> list[list[str]]:
+    """Rows (stage, domain, before, after, gain ± SE, gain / SE) for each trained domain of each evaluated stage
+    in `targets`, against the eval just before it; "-" in SE where the difference has no spread (none moved)."""
+    from artifacts.html_report import paired_gain
+
+    rows = []
+    for before, stage in zip(evaluated, evaluated[1:]):
+        for domain in targets.get(stage, []):
+            old, new = items.get(before, {}).get(domain), items.get(stage, {}).get(domain)
+            paired = paired_gain(old, new) if old and new else None
+            if paired is None:
+                continue
+            gain, se = paired
+            rows.append([stage, domain, f"{sum(old.values()) / len(old):.3f}", f"{sum(new.values()) / len(new):.3f}",
+                         f"{gain:+.3f} ± {se:.3f}" if se else f"{gain:+.3f}",
+                         f"{gain / se:+.1f}" if se else "-"])
+    return rows
+
+
+def rl_targets(recipe) -> dict[str, list[str]]:
+    """Stage name -> the domains it trains on, for the recipe's GRPO stages."""
+    return {cfg.name: list(cfg.domains) for cfg in recipe.stages if cfg.kind == "grpo"}
 
 
 def column_groups(widths: list[int], room: int) -> list[list[int]]:
@@ -194,7 +227,7 @@ def status(
         s = done.get(cfg.name, {})
         table.add_row(cfg.name, cfg.kind, s.get("status", "pending"), str(s.get("seconds", "")), s.get("checkpoint") or "")
     console.print(table)
-    print_matrix(report, st)
+    print_matrix(report, st, rl_targets(recipe))
 
 
 @app.command()
@@ -220,8 +253,8 @@ def report(
         if rep is None:
             raise CLIError(f"run {r!r} has no report yet")
         reports.append(rep)
-    for rep in reports:
-        print_matrix(rep, st)
+    for rep, rec in zip(reports, recipes):
+        print_matrix(rep, st, rl_targets(rec))
     if html is None:
         return
     from artifacts.html_report import collect, render

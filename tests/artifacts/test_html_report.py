@@ -5,7 +5,7 @@ import json
 import math
 
 from artifacts import layout
-from artifacts.html_report import SECTIONS, collect, render, standard_error, where_stopped
+from artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
 from artifacts.records import EvalRecord
 from artifacts.report import RunReport
 from artifacts.steplog import StepLog, read_rows, read_run
@@ -95,7 +95,7 @@ def test_the_page_of_a_run_has_every_section_escaped(tmp_path):
     store = Store(f"file://{tmp_path}")
     synthetic_run(store, "ok")
     run = collect(store, "ok", ["sft_data", "sft", "if_rl"])
-    assert run.items["if_rl"]["instruct"] == [1.0, 1.0, 1.0, 0.0]
+    assert run.items["if_rl"]["instruct"] == {"instruct0": 1.0, "instruct1": 1.0, "instruct2": 1.0, "instruct3": 0.0}
     rendered = render([run])
     html = rendered.html
     for section_id, _ in SECTIONS:
@@ -145,3 +145,32 @@ def test_the_printed_forgetting_matrix_carries_standard_errors(tmp_path):
     assert "0.500 ± 0.289" in text and "0.250 ± 0.250" in text
     # if_rl: instruct 1,1,1,0 -> SE 0.25; math 0.1 of 4 items rounds to 0 passes -> SE 0
     assert "0.750 ± 0.250" in text
+
+
+def test_paired_gain_is_over_the_items_both_evals_scored():
+    before = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}
+    after = {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "new": 0.0}  # "new" has no before: not paired
+    gain, se = paired_gain(before, after)
+    # differences 0, 1, 0, 1: mean 0.5, sample variance 1/3, SE sqrt(1/3 / 4)
+    assert gain == 0.5 and math.isclose(se, math.sqrt(1 / 12), rel_tol=1e-12)
+    assert paired_gain(before, {"x": 1.0}) is None
+
+
+def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_path):
+    from flows.cli.common import console
+    from flows.cli.runs import print_matrix
+
+    store = Store(f"file://{tmp_path}/store")
+    synthetic_run(store, "r")
+    with console.capture() as out:
+        print_matrix(RunReport.load(store, "r"), store, {"if_rl": ["instruct"]})
+    text = out.get()
+    # instruct items 1,1,0,0 -> 1,1,1,0: differences 0,0,1,0, mean 0.25, SE sqrt((0.75/3)/4) = 0.25, +1.0 SE
+    gains = text[text.index("Gains of each RL stage"):]
+    rows = [line for line in gains.splitlines() if "if_rl" in line]
+    assert len(rows) == 1  # instruct only: math is not if_rl's domain
+    assert "instruct" in rows[0] and "0.500" in rows[0] and "0.750" in rows[0]
+    assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]
+    with console.capture() as out:
+        print_matrix(RunReport.load(store, "r"), store)  # no targets (a recipe without RL stages): no table
+    assert "Gains of each RL stage" not in out.get()
