@@ -7,11 +7,11 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
 with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
 (docs/LOG.md); under torchrun each rank takes a contiguous share of every batch's rows and the token count is
-all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data position is just the
-step number and a resumed stage sees exactly the batches it would have seen. Packing (`packing: true`; off by
-default, docs/RECIPES.md) lays a step's rows end to end with position ids restarting per row and attention
-kept inside each: the same loss per token as padding, without the padding's compute; the layout is a pure
-function of the step's rows, so resume parity holds packed too.
+all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data
+position is just the step number and a resumed stage sees exactly the batches it would have seen. Packing (on
+by default, `packing: false` pads instead; docs/RECIPES.md) lays a step's rows end to end with position ids
+restarting per row and attention kept inside each: the same loss per token as padding, without the padding's
+compute; the layout is a pure function of the step's rows, so resume parity holds packed too.
 """
 
 from __future__ import annotations
@@ -138,8 +138,9 @@ def pack_batch(batch: list[Example], pad: int, pack_length: int | None
     rows in batch order and packed rows follow their first row's batch order, so a batch in which no two rows fit
     together is the padded batch itself, row for row: a reordered batch sums its gradients in another float order,
     and at a high SFT learning rate that alone sent one 1,000-step run to a worse loss plateau (docs/LOG.md).
-    Returns ids, response mask and position ids, [R, T] each. Positions restart at 0 on every row; HF's masking (transformers >= 4.56) reads a restart as a
-    sequence boundary and builds a block-diagonal causal mask, so no token attends across rows. A row's first
+    Returns ids, response mask and position ids, [R, T] each. Positions restart at 0 on every row; HF's masking
+    (transformers >= 4.56) reads a restart as a sequence boundary and builds a block-diagonal causal mask, so no
+    token attends across rows. A row's first
     token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
     of a packed row is padding, positions continuing the last row, masked out of the loss."""
     width = max([len(ids) for ids, _ in batch] + [pack_length or 0])
