@@ -20,7 +20,7 @@ import time
 from artifacts.checkpoint import committed
 from artifacts.report import RunReport
 from artifacts.store import Store
-from stages.context import ListSink, StageContext
+from stages.context import ListSink, StageContext, stage_workdir
 from stages.evaluate import evaluate_model
 from stages.gate import best_stages
 from artifacts.layout import recipe_key, step_key
@@ -80,9 +80,11 @@ def main() -> None:
     rows = []
     for method, cfg in recovery_configs(recipe, domain, teachers, args.steps, args.every).items():
         sink = TimedSink()
-        ctx = StageContext(recipe, store, f"bench-{args.run_id}", f"bench/recovery/{args.run_id}/{method}", sink)
         started = time.time()
-        run_stage(cfg, ctx, StageInputs(policy=student, stages=made))
+        with stage_workdir() as workdir:
+            ctx = StageContext(recipe, store, f"bench-{args.run_id}", f"bench/recovery/{args.run_id}/{method}", sink,
+                               workdir=workdir)
+            run_stage(cfg, ctx, StageInputs(policy=student, stages=made))
         scores = curve(ctx, args.steps, args.every)
         back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]
         first = back[0] if back else None

@@ -1,8 +1,8 @@
 """Peak memory of MOPD's teacher forward: all rows at once vs micro-batched, on smollm2-135m.
 
 MOPD scores every sampled token with its domain's teacher. Forwarding all N rows at once materializes logits of
-[N, T, V] floats (V = 49,152 for SmolLM2); forwarding `micro_batch_size` rows at a time, as the student's update
-does, holds [n, T, V]. Each setting runs in a fresh process (ru_maxrss only grows) and reports the peak RSS
+[N, C, V] floats over the C completion columns (V = 49,152 for SmolLM2); forwarding `micro_batch_size` rows at a time, as the student's update
+does, holds [n, C, V]. Each setting runs in a fresh process (ru_maxrss only grows) and reports the peak RSS
 above the loaded model, and the wall time of the forward.
 
 Run: .venv/bin/python bench/bench_teacher_memory.py [--rows 64] [--tokens 160] [--micro 8]
@@ -20,6 +20,8 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from artifacts.checkpoint import CheckpointRef
+from stages.completions import completion_batch
+from stages.engines.base import Completion
 from stages.model import load_hf
 from stages.mopd import TeacherPool
 
@@ -31,10 +33,13 @@ ref = CheckpointRef(uri="bench://teacher", key="teacher", stage="teacher", confi
 pool = TeacherPool(None, {"math": ref}, resident=True)
 pool.loaded[ref.digest] = model
 torch.manual_seed(0)
-ids = torch.randint(0, model.config.vocab_size, (rows, tokens))
+ids = torch.randint(0, model.config.vocab_size, (rows, tokens)).tolist()
+half = tokens // 2  # each row: its own prompt of half the tokens, a completion of the rest
+pairs = [(row[:half], Completion(row[half:], [0.0] * (tokens - half), "", "length")) for row in ids]
+batch = completion_batch(pairs, pad=0)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 t0 = time.perf_counter()
-out = pool.logprobs(ids, ["math"] * rows, micro)
+out = pool.logprobs(batch, ["math"] * rows, micro, pad=0)
 seconds = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"micro": micro, "extra_mb": round(peak - before), "seconds": round(seconds, 2),

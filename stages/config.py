@@ -75,7 +75,7 @@ class ModelConfig(Strict):
 
 
 Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
-DType = Literal["bf16", "fp32"]  # bf16: autocast on the device (measured 1.6x faster on avx512_bf16 CPUs)
+DType = Literal["bf16", "fp32"]  # bf16: autocast; on CPU 1.6x faster or 2x slower by host (bench/RESULTS.md)
 Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
 RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
 

@@ -6,13 +6,14 @@ Prefect or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -56,7 +57,16 @@ class StageContext:
     key: str  # runs/<run_id>/<NN>-<stage>: where this stage's checkpoint goes
     log: MetricSink
     progress: Callable[[int, int], None] = _no_progress
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="cascade-")))
+    workdir: Path = field(kw_only=True)  # scratch space for this stage only (see stage_workdir)
+
+
+@contextlib.contextmanager
+def stage_workdir() -> Iterator[Path]:
+    """A stage's scratch directory (downloaded checkpoints, copies staged for a commit), removed when the stage
+    ends, failed or not. A resume reads the store, never this directory; a model copy left behind per stage fills
+    a disk within a few runs."""
+    with tempfile.TemporaryDirectory(prefix="cascade-", ignore_cleanup_errors=True) as path:
+        yield Path(path)
 
 
 @dataclass
@@ -97,15 +107,18 @@ def save_model_checkpoint(
     """model/ (HF format) and, for step checkpoints, state/trainer.pt; the manifest goes last.
 
     local: a directory already holding more of the checkpoint (the DCP train state); weights: the model's
-    full state dict when the module holds only a shard of it (FSDP2)."""
+    full state dict when the module holds only a shard of it (FSDP2). The staged directory is removed once the
+    store holds the checkpoint."""
     local = local or Path(tempfile.mkdtemp(dir=ctx.workdir))
-    save_hf(model, tokenizer, local / "model", weights)
-    if state is not None:
-        (local / "state").mkdir(exist_ok=True)
-        torch.save(state, local / "state" / "trainer.pt")
-    return write_checkpoint(
-        ctx.store, key, local, stage=cfg.name, step=step, parent=parent, config_hash=config_hash(cfg), metrics=metrics
-    )
+    try:
+        save_hf(model, tokenizer, local / "model", weights)
+        if state is not None:
+            (local / "state").mkdir(exist_ok=True)
+            torch.save(state, local / "state" / "trainer.pt")
+        return write_checkpoint(ctx.store, key, local, stage=cfg.name, step=step, parent=parent,
+                                config_hash=config_hash(cfg), metrics=metrics)
+    finally:  # the staged copy: a long stage would otherwise keep one per step checkpoint until it ends
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def rng_state() -> dict[str, Any]:

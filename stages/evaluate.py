@@ -66,7 +66,8 @@ def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: 
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
     (any source `stages.model.resolve_model_dir` takes), with the recipe's engine settings."""
     store = store or Store.from_config(recipe.storage)
-    model, tokenizer = load_checkpoint(recipe, store, checkpoint, Path(tempfile.mkdtemp(prefix="cascade-eval-")))
+    with tempfile.TemporaryDirectory(prefix="cascade-eval-", ignore_cleanup_errors=True) as download:
+        model, tokenizer = load_checkpoint(recipe, store, checkpoint, Path(download))  # in memory: the copy goes
     engine_cfg = recipe.engine if batch_size is None else recipe.engine.model_copy(update={"batch_size": batch_size})
     return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
 

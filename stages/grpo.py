@@ -30,16 +30,17 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
+from stages.completions import CompletionBatch, completion_batch, completion_logprobs
 from stages.config import GRPOConfig
 from stages.context import StageContext, StageResult, load_policy
 from stages.datasets.sources import iter_rows
 from stages.difficulty import load_kept_prompts
 from stages.domains import Item
 from stages.kinds import StageInputs
-from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy, token_logprobs
+from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
 from stages.rewards import make_reward_source
 from stages.distributed import rank_micro_batches
-from stages.rollout import make_rollout_engine, reward_metrics, rollout_batch, sample_groups
+from stages.rollout import make_rollout_engine, reward_metrics, sample_groups
 from stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
 
 
@@ -128,36 +129,35 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
                   reference: torch.nn.Module | None = None) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
     logprob mismatch over the kept groups' tokens, read off the update's own forward (by default), or over every
-    sampled token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and
-    sums are all-reduced, so N ranks make the update of one process."""
-    world = run.world
+    sampled token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank
+    takes its share of the prompts; counts and sums are all-reduced, so N ranks make the update of one process.
+    Each prompt goes through the model once for its group (stages/completions.py)."""
+    world, pad = run.world, run.tokenizer.pad_token_id
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
-    batch = rollout_batch([(prompts[p], groups[p][j]) for p, j in rows], run.tokenizer.pad_token_id)
-    ids, mask, inf_logp = (t.to(world.device) for t in batch)
+    batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad).to(world.device)
     kept = torch.tensor([bool(keep[p]) for p, _ in rows], device=world.device)
-    measured = mask if cfg.mismatch_over_dropped else mask[kept]
+    measured = batch.mask if cfg.mismatch_over_dropped else batch.mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
-    gap = mismatch_sum(run, ctx, cfg, ids[~kept], mask[~kept], inf_logp[~kept]) if cfg.mismatch_over_dropped else 0.0
+    gap = mismatch_sum(run, cfg, batch.select(~kept)) if cfg.mismatch_over_dropped else 0.0
     stats = {"entropy": 0.0, "gap": gap, "kl": 0.0}
     if world.all_sum(float(kept.sum())) == 0:
         return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
-    ids, mask, inf_logp = ids[kept], mask[kept], inf_logp[kept]
+    batch = batch.select(kept)
     adv = torch.tensor([float(advantages[p, j]) for p, j in rows], device=world.device)[kept]
-    num_tokens = int(world.all_sum(float(mask.sum())))
+    num_tokens = int(world.all_sum(float(batch.mask.sum())))
 
     def micro_loss(part: slice) -> torch.Tensor:
         with record_function("grpo.logprob_forward"), world.autocast():
-            logits = run.model(input_ids=ids[part]).logits[:, :-1]
-        logp = token_logprobs(logits, ids[part, 1:])  # [n, T-1]
-        m = mask[part]
+            logp, logits = completion_logprobs(run.model, batch, part, pad)  # [n, C], [n, C, V]
+        m = batch.mask[part]
         with torch.no_grad():
             stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
-            stats["gap"] += float(((logp - inf_logp[part]).abs() * m).sum())
+            stats["gap"] += float(((logp - batch.inf_logp[part]).abs() * m).sum())
         loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
         if reference is None:
             return loss
         with torch.no_grad(), world.autocast():
-            ref_logp = token_logprobs(reference(input_ids=ids[part]).logits[:, :-1], ids[part, 1:])
+            ref_logp, _ = completion_logprobs(reference, batch, part, pad)
         kl = kl_k3(logp, ref_logp, m, num_tokens)
         stats["kl"] += float(kl.detach())
         return loss + cfg.kl_coef * kl
@@ -168,21 +168,21 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
         grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
     return {"loss": loss, "grad_norm": grad_norm, "entropy": world.all_sum(stats["entropy"]),
             "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
-            "tokens_trained": world.all_sum(float(ids.numel())),
+            "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
             **({"kl": world.all_sum(stats["kl"])} if reference is not None else {})}
 
 
 @torch.no_grad()
-def mismatch_sum(run: TrainRun, ctx: StageContext, cfg: GRPOConfig, ids, mask, inf_logp) -> float:
-    """sum |log pi_train - log pi_inf| over this rank's masked tokens of rows that take no gradient."""
+def mismatch_sum(run: TrainRun, cfg: GRPOConfig, batch: CompletionBatch) -> float:
+    """sum |log pi_train - log pi_inf| over this rank's sampled tokens of rows that take no gradient."""
     total = 0.0
-    for part in rank_micro_batches(run.world, len(ids), cfg.micro_batch_size):
+    for part in rank_micro_batches(run.world, len(batch), cfg.micro_batch_size):
         if part.start == part.stop:
             idle_loss(run.model, run.world)
             continue
         with record_function("grpo.mismatch_forward"), run.world.autocast():
-            logits = run.model(input_ids=ids[part]).logits[:, :-1]
-        total += float(((token_logprobs(logits, ids[part, 1:]) - inf_logp[part]).abs() * mask[part]).sum())
+            logp, _ = completion_logprobs(run.model, batch, part, run.tokenizer.pad_token_id)
+        total += float(((logp - batch.inf_logp[part]).abs() * batch.mask[part]).sum())
     return total
 
 

@@ -10,6 +10,10 @@ torchrun stop the others and exit non-zero; the stage then fails with one line n
 died. Nothing is committed by a failed job except step checkpoints whose manifest rank 0 wrote (manifest
 last, after a barrier), so no partial checkpoint is ever adopted.
 
+SPEC_DIR (`cascade-torchrun-*` in the temp directory) holds only the spec, the events and torchrun's log; it
+stays when the job ends, as a log does, because the failure line names that log. The stage's model copies live
+in each rank's own stage workdir, removed when the rank's stage ends.
+
 Multi-node: every node runs the same torchrun command with `compute.rdzv_endpoint`; this module launches the
 node it runs on (docs/SCALE.md says what has and has not been run).
 """
@@ -32,7 +36,7 @@ from typing import Any
 
 from artifacts.checkpoint import CheckpointRef
 from stages.config import ComputeConfig, TrainingConfig
-from stages.context import StageContext, StageResult
+from stages.context import StageContext, StageResult, stage_workdir
 from stages.kinds import StageInputs, run_stage
 
 EVENTS = "events.jsonl"
@@ -63,7 +67,7 @@ def torchrun_command(compute: ComputeConfig, spec_dir: Path) -> list[str]:
 
 def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeConfig) -> StageResult:
     """The stage as a torchrun job; its events go to ctx.log and ctx.progress while it runs."""
-    spec_dir = Path(tempfile.mkdtemp(dir=ctx.workdir, prefix="torchrun-"))
+    spec_dir = Path(tempfile.mkdtemp(prefix="cascade-torchrun-"))  # outlives the stage's workdir: errors name its log
     spec = {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}
     (spec_dir / SPEC).write_bytes(pickle.dumps(spec))
     (spec_dir / EVENTS).touch()
@@ -166,10 +170,11 @@ def worker(spec_dir: Path) -> None:
     rank = int(os.environ["RANK"])
     spec = pickle.loads((spec_dir / SPEC).read_bytes())
     sink = EventSink(spec_dir / EVENTS) if rank == 0 else NullSink()
-    ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"], sink,
-                       progress=sink.progress if rank == 0 else lambda done, total: None)
     try:
-        result = run_stage(spec["cfg"], ctx, spec["inputs"])
+        with stage_workdir() as workdir:
+            ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"],
+                               sink, progress=sink.progress if rank == 0 else lambda done, total: None, workdir=workdir)
+            result = run_stage(spec["cfg"], ctx, spec["inputs"])
     except Exception as e:
         (spec_dir / f"error-rank{rank}.txt").write_text(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         raise

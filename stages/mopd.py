@@ -22,15 +22,15 @@ from typing import Any
 import torch
 
 from artifacts.checkpoint import CheckpointRef
+from stages.completions import CompletionBatch, completion_batch, completion_logprobs
 from stages.config import MOPDConfig
 from stages.context import StageContext, StageResult, load_policy
 from stages.kinds import StageInputs
-from stages.losses import mopd_loss, token_logprobs, truncated_fraction
+from stages.losses import mopd_loss, truncated_fraction
 from stages.rollout import (
     make_rollout_engine,
     prompt_pool,
     reward_metrics,
-    rollout_batch,
     sample_groups,
     score_groups,
 )
@@ -56,14 +56,14 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
             mine = run.world.shard(len(pairs))  # this rank's rows (all of them in one process)
-            ids, mask, inf_logp = (t.to(run.world.device) for t in
-                                   rollout_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id))
+            batch = completion_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id).to(run.world.device)
 
             # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
-            teacher_logp = teacher_pool.logprobs(ids, row_domains[mine.start : mine.stop], cfg.micro_batch_size)
+            teacher_logp = teacher_pool.logprobs(batch, row_domains[mine.start : mine.stop], cfg.micro_batch_size,
+                                                run.tokenizer.pad_token_id)
 
             # update: truncated-importance-weighted reverse-KL policy gradient
-            update = distill_update(run, cfg, ids, mask, inf_logp, teacher_logp, row_domains[mine.start : mine.stop],
+            update = distill_update(run, cfg, batch, teacher_logp, row_domains[mine.start : mine.stop],
                                     sorted(set(row_domains)))
             run.step += 1
             engine.sync_weights(run.model)
@@ -77,19 +77,20 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     return StageResult(run.finish(summary), summary)
 
 
-def distill_update(run: TrainRun, cfg: MOPDConfig, ids, mask, inf_logp, teacher_logp, row_domains: list[str],
-                   domains: list[str]) -> dict[str, float]:
+def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teacher_logp,
+                   row_domains: list[str], domains: list[str]) -> dict[str, float]:
     """One optimizer step on the MOPD loss over this rank's rows (row_domains: theirs; domains: every domain of
-    the step, on every rank); returns loss, grad norm, truncation, mismatch and KL per domain, all-reduced."""
+    the step, on every rank); returns loss, grad norm, truncation, mismatch and KL per domain, all-reduced.
+    teacher_logp: [n, C], in the batch's completion columns."""
     world = run.world
+    mask, inf_logp = batch.mask, batch.inf_logp  # [n, C]
     local_tokens = float(mask.sum())
     num_tokens = int(world.all_sum(local_tokens))
     student_logp = torch.zeros_like(mask)
 
     def micro_loss(part: slice) -> torch.Tensor:
         with world.autocast():
-            logits = run.model(input_ids=ids[part]).logits[:, :-1]
-        logp = token_logprobs(logits, ids[part, 1:])
+            logp, _ = completion_logprobs(run.model, batch, part, run.tokenizer.pad_token_id)
         student_logp[part] = logp.detach()
         return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
 
@@ -100,7 +101,7 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, ids, mask, inf_logp, teacher_
         "loss": loss, "grad_norm": grad_norm,
         "truncated_fraction": world.all_sum(outside) / max(num_tokens, 1),
         "logprob_mismatch": world.all_sum(float(((student_logp - inf_logp).abs() * mask).sum())) / num_tokens,
-        "tokens_sampled": float(num_tokens), "tokens_trained": world.all_sum(float(ids.numel())),
+        "tokens_sampled": float(num_tokens), "tokens_trained": float(num_tokens),
     }
     for domain in domains:
         rows = [i for i, d in enumerate(row_domains) if d == domain]
@@ -118,19 +119,19 @@ class TeacherPool:
         self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
 
     @torch.no_grad()
-    def logprobs(self, ids: torch.Tensor, row_domains: list[str], micro_batch_size: int) -> torch.Tensor:
-        """[N, T] ids -> [N, T-1] log pi_teacher(ids[:, 1:]) with each row's own domain teacher.
+    def logprobs(self, batch: CompletionBatch, row_domains: list[str], micro_batch_size: int, pad: int) -> torch.Tensor:
+        """-> [N, C] log pi_teacher of each sampled token of batch, with each row's own domain teacher.
 
-        Forwards micro_batch_size rows at a time, as the student does: logits are [n, T, V], never [N, T, V]."""
-        out = torch.zeros(ids.shape[0], ids.shape[1] - 1, device=ids.device)
+        Forwards micro_batch_size rows at a time, as the student does: logits are [n, C, V], never [N, C, V]."""
+        out = torch.zeros_like(batch.mask)
         by_digest: dict[str, list[int]] = {}
         for row, domain in enumerate(row_domains):
             by_digest.setdefault(self.refs[domain].digest, []).append(row)
         for digest, rows in by_digest.items():
             model = self._model(digest)
+            taught = batch.select(torch.tensor(rows, device=batch.owner.device))  # a prompt's rows share a domain
             for part in micro_batches(len(rows), micro_batch_size):
-                chunk = rows[part]
-                out[chunk] = token_logprobs(model(input_ids=ids[chunk]).logits[:, :-1], ids[chunk, 1:])
+                out[rows[part]] = completion_logprobs(model, taught, part, pad)[0]
             if not self.resident:
                 self.loaded.pop(digest)
         return out

@@ -145,17 +145,3 @@ def reward_metrics(items: list[Item], rewards: torch.Tensor) -> dict[str, float]
         rows = [p for p, it in enumerate(items) if it.domain == domain]
         metrics[f"reward/{domain}"] = float(rewards[rows].mean())
     return metrics
-
-
-def rollout_batch(pairs: list[tuple[list[int], Completion]], pad: int) -> tuple[torch.Tensor, ...]:
-    """ids [N, T]; completion mask and engine logprobs [N, T-1], aligned with the targets ids[:, 1:]."""
-    width = max(len(p) + len(c.token_ids) for p, c in pairs)
-    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(pairs), width - 1))
-    inf_logp = torch.zeros((len(pairs), width - 1))
-    for row, (prompt, comp) in enumerate(pairs):
-        n_p, n_c = len(prompt), len(comp.token_ids)
-        ids[row, : n_p + n_c] = torch.tensor(prompt + comp.token_ids)
-        mask[row, n_p - 1 : n_p - 1 + n_c] = 1.0
-        inf_logp[row, n_p - 1 : n_p - 1 + n_c] = torch.tensor(comp.logprobs)
-    return ids, mask, inf_logp

@@ -40,7 +40,7 @@ from artifacts.steplog import StepLog
 from artifacts.store import Store, storage_options
 from artifacts.tracking import Tracker, redact, register_stage
 from stages.config import MOPDConfig, StageConfig
-from stages.context import ListSink, StageContext
+from stages.context import ListSink, StageContext, stage_workdir
 from stages.evaluate import evaluate_model
 from stages.gate import best_stages, decide
 from stages.kinds import StageInputs, kind_of
@@ -118,11 +118,11 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
     steps = StepLog(store, run_id, index, cfg.name)  # the report's curves; exact under resume (restore)
     progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
-    ctx = StageContext(recipe, store, run_id, key, TeeSink(sink, steps), progress=progress)
     started = time.time()
     memory = PeakMemory()
     try:
-        with compute_slot(cfg.kind):
+        with compute_slot(cfg.kind), stage_workdir() as workdir:
+            ctx = StageContext(recipe, store, run_id, key, TeeSink(sink, steps), progress=progress, workdir=workdir)
             result = run_stage_where_configured(cfg, ctx, inputs)  # in-process, or torchrun per `compute`
     except BaseException:
         _close_quietly(steps)

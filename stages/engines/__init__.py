@@ -18,6 +18,7 @@ def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrained
 
 def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> RolloutEngine:
     """A managed vLLM server on the policy's current weights, or an external one synced to them."""
+    import shutil
     import tempfile
     from pathlib import Path
 
@@ -30,8 +31,12 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
         engine.sync_weights(model)
         return engine
     model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
-    save_hf(model, tokenizer, model_dir)
-    return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg))
+    try:
+        save_hf(model, tokenizer, model_dir)
+        return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg), owns_model_dir=True)
+    except BaseException:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        raise
 
 
 def server_options(cfg: EngineConfig):

@@ -29,6 +29,17 @@ from stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 
 
+def left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids, mask: [P, W], each prompt right-aligned after pad tokens."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[row, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
 def sample_next(logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
     """One token per row. logits: [B, V] float32; lse: [B] their logsumexp -> [B] long. Greedy when temperature == 0."""
     if sampling.temperature == 0:
@@ -82,7 +93,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device  # the training device; sampling stays on this CPU generator
-        ids, mask = self._left_padded(prompts, device)
+        ids, mask = left_padded(prompts, self.tokenizer.pad_token_id, device)
         repeat = repeat.to(device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
@@ -94,16 +105,6 @@ class HFEngine:
         tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], sampling)
         self.model.train(was_training)
         return self._completions(tokens, logps, self.tokenizer.eos_token_id)
-
-    def _left_padded(self, prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids, mask: [P, W], each prompt right-aligned after pad tokens."""
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, p in enumerate(prompts):
-            ids[row, width - len(p) :] = torch.tensor(p)
-            mask[row, width - len(p) :] = 1
-        return ids.to(device), mask.to(device)
 
     def _decode(self, decoder, logits: torch.Tensor, next_pos: torch.Tensor, sampling: SamplingParams):
         """Sample up to max_new_tokens per row. logits: [B, V] after the prompt; next_pos: [B] its last position.

@@ -1,6 +1,7 @@
 """The cascade flow end to end on the micro recipe, under a real (temporary) Prefect server."""
 
 import json
+import tempfile
 
 import pytest
 import torch
@@ -22,9 +23,13 @@ def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
     return load_file(store.path(f"{key}/model/model.safetensors"))
 
 
-def test_micro_cascade_runs_end_to_end(tmp_path):
+def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     recipe = micro_recipe(tmp_path)
     report = cascade_flow(recipe, "e2e")
+    assert sorted(p.name for p in scratch.iterdir()) == []  # no stage or eval left a model copy behind
     store = Store.from_config(recipe.storage)
     on_disk = json.loads(store.read_bytes("runs/e2e/report.json"))
     assert [s["name"] for s in on_disk["stages"]] == ["sft_data", "sft", "difficulty", "if_rl", "math_rl"]

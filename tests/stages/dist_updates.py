@@ -5,18 +5,19 @@ to OUT/updates.pt; tests/stages/test_distributed.py compares them with `updates(
 
 import random
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import torch
 
+from stages.completions import completion_batch, completion_logprobs
 from stages.config import ComputeConfig, GRPOConfig, ModelConfig, MOPDConfig
 from stages.distributed import World, full_state_dict, prepare_model, world_for
 from stages.engines.base import Completion
 from stages.grpo import policy_update
-from stages.losses import grpo_advantages, groups_with_signal, token_logprobs
+from stages.losses import grpo_advantages, groups_with_signal
 from stages.model import build_tiny_model
 from stages.mopd import distill_update
-from stages.rollout import rollout_batch
 from stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -68,13 +69,14 @@ def updates(world: World) -> dict:
     domains = ["math" if i % 2 else "instruct" for i in range(len(pairs))]
     teacher = build_tiny_model(SMALL, len(tok), seed=1).eval()
     mine = world.shard(len(pairs))
-    ids, mask, _ = rollout_batch(pairs[mine.start:mine.stop], tok.pad_token_id)
+    batch = completion_batch(pairs[mine.start:mine.stop], tok.pad_token_id)
+    every_row = slice(0, len(batch))
     with torch.no_grad():  # pi_inf: the student before the step (ratios near 1, inside the band)
-        teacher_logp = token_logprobs(teacher(input_ids=ids).logits[:, :-1], ids[:, 1:])
+        teacher_logp = completion_logprobs(teacher, batch, every_row, tok.pad_token_id)[0]
         student = build_tiny_model(SMALL, len(tok), seed=0)
-        inf_logp = token_logprobs(student(input_ids=ids).logits[:, :-1], ids[:, 1:]) + 0.01
-    metrics = distill_update(run, mopd, ids, mask, inf_logp, teacher_logp, domains[mine.start:mine.stop],
-                             sorted(set(domains)))
+        inf_logp = completion_logprobs(student, batch, every_row, tok.pad_token_id)[0] + 0.01
+    metrics = distill_update(run, mopd, replace(batch, inf_logp=inf_logp), teacher_logp,
+                             domains[mine.start:mine.stop], sorted(set(domains)))
     out["mopd"] = {"metrics": metrics, "weights": trained_weights(run.model, world)}
     return out
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 import stages.domains
 from artifacts.store import Store
 from stages.kinds import StageInputs
+from stages.completions import completion_batch, completion_logprobs
 from stages.context import ListSink, StageContext
 from stages.domains.base import Domain, Item
 from stages.grpo import run_grpo
-from stages.rollout import rollout_batch
 from stages.engines.base import Completion
 from stages.losses import grpo_loss, sft_loss, token_logprobs
 from stages.model import build_tiny_model
@@ -50,37 +50,86 @@ def test_sft_micro_batches_equal_one_full_batch():
         assert all(torch.allclose(g, g0, atol=1e-6) for g, g0 in zip(grads, results[0][1]))
 
 
+def ragged_rollouts(vocab: int, prompts: int, group: int, seed: int) -> list[tuple[list[int], Completion]]:
+    """Groups of `group` ragged completions of ragged prompts, as (prompt, completion) rows in group order."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(prompts):
+        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
+        for _ in range(group):
+            comp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 9))]
+            rows.append((prompt, Completion(comp, [-1.0] * len(comp), "", "length")))
+    return rows
+
+
 def test_grpo_micro_batches_equal_one_full_batch():
+    """Micro-batches of 2 and 1 rows split groups across micro-batches; each re-forwards its share of a prompt."""
     tok = load_tokenizer()
-    rng = random.Random(1)
-    seqs = []
-    for i in range(5):
-        prompt = [rng.randrange(3, len(tok)) for _ in range(rng.randint(3, 8))]
-        comp = [rng.randrange(3, len(tok)) for _ in range(rng.randint(1, 9))]
-        seqs.append((prompt, Completion(comp, [-1.0] * len(comp), "", "length")))
-    ids, mask, _ = rollout_batch(seqs, tok.pad_token_id)
-    adv = torch.tensor([rng.uniform(-2, 2) for _ in seqs])
-    num_tokens = int(mask.sum())
+    batch = completion_batch(ragged_rollouts(len(tok), prompts=2, group=3, seed=1), tok.pad_token_id)
+    adv = torch.tensor([random.Random(1).uniform(-2, 2) for _ in range(len(batch))])
+    num_tokens = int(batch.mask.sum())
     results = []
-    for micro in (5, 2, 1):
+    for micro in (6, 2, 1):
         model = build_tiny_model(SMALL, len(tok), seed=0)
 
         def loss_of(part):
-            logp = token_logprobs(model(input_ids=ids[part]).logits[:, :-1], ids[part, 1:])
-            return grpo_loss(logp, logp.detach(), adv[part], mask[part], num_tokens)
+            logp, _ = completion_logprobs(model, batch, part, tok.pad_token_id)
+            return grpo_loss(logp, logp.detach(), adv[part], batch.mask[part], num_tokens)
 
-        results.append((backward_micro_batches(len(seqs), micro, loss_of), grads_of(model)))
+        results.append((backward_micro_batches(len(batch), micro, loss_of), grads_of(model)))
     for loss, grads in results[1:]:
         assert loss == pytest.approx(results[0][0], abs=1e-6)
         assert all(torch.allclose(g, g0, atol=1e-6) for g, g0 in zip(grads, results[0][1]))
 
 
-def test_rollout_batch_aligns_masks_with_targets():
-    seqs = [([5, 6, 7], Completion([8, 9], [-0.1, -0.2], "", "stop"))]
-    ids, mask, inf = rollout_batch(seqs, pad=0)
-    assert ids.tolist() == [[5, 6, 7, 8, 9]]
-    assert mask.tolist() == [[0, 0, 1, 1]]  # position t predicts ids[t + 1]: tokens 8 and 9
-    assert inf[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
+def test_completion_batch_lays_out_sampled_tokens_and_shares_prompts():
+    same = [5, 6, 7]
+    rows = [(same, Completion([8, 9], [-0.1, -0.2], "", "stop")), (list(same), Completion([10], [-0.3], "", "stop")),
+            ([4], Completion([11, 12, 13], [-0.4, -0.5, -0.6], "", "length"))]
+    batch = completion_batch(rows, pad=0)
+    assert batch.prompts == [[5, 6, 7], [4]] and batch.owner.tolist() == [0, 0, 1]
+    assert batch.ids.tolist() == [[8, 9, 0], [10, 0, 0], [11, 12, 13]]
+    assert batch.mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1]]
+    torch.testing.assert_close(batch.inf_logp, torch.tensor([[-0.1, -0.2, 0], [-0.3, 0, 0], [-0.4, -0.5, -0.6]]))
+    assert batch.select(torch.tensor([False, True, True])).owner.tolist() == [0, 1]
+
+
+def test_shared_prompt_forward_gives_the_full_rows_loss_and_gradient():
+    """Each prompt forwarded once for its group (and, with activation checkpointing, full rows) gives the loss
+    and gradient of the plain forward over [prompt | completion] rows."""
+    tok = load_tokenizer()
+    rows = ragged_rollouts(len(tok), prompts=3, group=4, seed=2)
+    batch = completion_batch(rows, tok.pad_token_id)
+    adv = torch.tensor([random.Random(2).uniform(-2, 2) for _ in rows])
+    num_tokens = int(batch.mask.sum())
+
+    def plain_rows(model):  # the obvious layout: row = prompt + completion, right-padded
+        width = max(len(p) + len(c.token_ids) for p, c in rows)
+        ids, mask = torch.full((len(rows), width), tok.pad_token_id), torch.zeros(len(rows), width - 1)
+        for r, (p, c) in enumerate(rows):
+            ids[r, : len(p) + len(c.token_ids)] = torch.tensor(p + c.token_ids)
+            mask[r, len(p) - 1 : len(p) - 1 + len(c.token_ids)] = 1
+        logp = token_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+        return grpo_loss(logp, logp.detach(), adv, mask, num_tokens)
+
+    def shared(model):
+        logp, logits = completion_logprobs(model, batch, slice(0, len(rows)), tok.pad_token_id)
+        assert logp.shape == batch.mask.shape and logits.shape[:2] == batch.mask.shape
+        return grpo_loss(logp, logp.detach(), adv, batch.mask, num_tokens)
+
+    def loss_and_grads(loss_of, checkpointing=False):
+        model = build_tiny_model(SMALL, len(tok), seed=0)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        loss = loss_of(model)
+        loss.backward()
+        return float(loss.detach()), grads_of(model)
+
+    plain = loss_and_grads(plain_rows)
+    assert abs(plain[0]) > 1e-3
+    for loss, grads in (loss_and_grads(shared), loss_and_grads(shared, checkpointing=True)):
+        assert loss == pytest.approx(plain[0], abs=1e-6)
+        assert all(torch.allclose(g, g0, rtol=0, atol=1e-6) for g, g0 in zip(grads, plain[1], strict=True))
 
 
 def stage_ctx(recipe, tmp_path, name, sink=None):
@@ -219,10 +268,11 @@ def test_grpo_can_keep_flat_groups_as_trl_does(tmp_path, monkeypatch):
         ctx = stage_ctx(recipe, tmp_path / str(drop), "rl", sink)
         run_grpo(recipe.stage("rl"), ctx, StageInputs())
         (kept[drop],), (tokens[drop],) = sink.series("kept_groups"), sink.series("tokens_trained")
+        sampled = sink.series("tokens_sampled")
         moved[drop] = {name: value - start[name] for name, value in weights(ctx).items()}
     assert 0 < kept[True] < 1 and kept[False] == 1.0
-    # the same rollouts (same seed, same start): all 64 rows trained vs the kept share of them
-    assert tokens[True] == tokens[False] * kept[True]
+    # the same rollouts (same seed, same start): every sampled token trained vs the kept groups' tokens
+    assert tokens[False] == sampled[0] and 0 < tokens[True] < tokens[False]
     for name, dropped in moved[True].items():
         assert torch.equal(torch.sign(moved[False][name]), torch.sign(dropped)), name
         assert bool((moved[False][name].abs() <= dropped.abs() + 1e-7).all()), name

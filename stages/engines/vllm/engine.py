@@ -3,7 +3,8 @@
 Composed of a `VLLMClient` (client.py) and, in managed mode, a `ManagedServer` (server.py):
 - managed, `VLLMEngine(model_dir)`: this engine launches the server and owns it; when generate() or
   sync_weights() finds it dead (process exited, connection refused, 5xx after retries), the engine restarts it
-  once, reloads the last synced weights, re-checks them against the stored probe, and retries;
+  once, reloads the last synced weights, re-checks them against the stored probe, and retries. With
+  `owns_model_dir=True` (a copy of the policy saved for this engine) close() removes model_dir too;
 - external, `VLLMEngine(url=...)`: an already running server; never started, stopped or restarted here.
 
 Generation. Prompts are token-id lists; up to `prompts_per_request` go in one POST /v1/completions with `n`,
@@ -84,10 +85,12 @@ def _derive_seed(seed: int, index: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "big")
 
 
-def _release(server: ManagedServer | None, workdir: Path, owned: bool) -> None:
+def _release(server: ManagedServer | None, workdir: Path, owned: bool, model_copy: Path | None) -> None:
     """The engine's finalizer. It gets the server and paths, never the engine, so the engine can be GC'd."""
     if server is not None:
         server.stop()
+    if model_copy is not None:
+        shutil.rmtree(model_copy, ignore_errors=True)
     if owned:  # logs stay: error messages point at them
         for sub in ("weights", *SCRATCH_DIRS):
             shutil.rmtree(workdir / sub, ignore_errors=True)
@@ -117,6 +120,7 @@ class VLLMEngine:
         probe_tokens: list[int] | None = None,
         untie_embeddings: bool | None = None,
         weight_transfer: str = "disk",
+        owns_model_dir: bool = False,
     ):
         if (model_dir is None) == (url is None):
             raise ValueError("give exactly one of model_dir (managed server) or url (external server)")
@@ -145,7 +149,8 @@ class VLLMEngine:
             url or "", request_timeout=request_timeout, max_retries=max_retries,
             died=self._server.death_notice if self._server else None,
         )
-        self._finalizer = weakref.finalize(self, _release, self._server, wd, owned)
+        self._finalizer = weakref.finalize(self, _release, self._server, wd, owned,
+                                           self.model_dir if owns_model_dir else None)
         if url is not None:
             # An external server's setup is not known here: untie only if told it was started untied.
             self.untie_embeddings = bool(untie_embeddings)
