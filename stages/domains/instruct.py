@@ -128,6 +128,7 @@ def oracle_response(kind: str, n: int, topic: str, word: str, rng: random.Random
 
 _checkers_ready = threading.Lock()
 _checkers_prepared = False
+_punkt_root: Path | None = None  # where we wrote punkt_tab, when NLTK had none installed
 _checker_rng = random.Random()  # stands in for `random` inside if-verifiable's checkers; see checker_classes
 CHECKER_PACKAGES = {"ifeval": "if_verifiable.ifeval", "ifbench": "if_verifiable.ifbench"}
 BENCHMARK_TITLES = {"ifeval": "IFEval", "ifbench": "IFBench"}
@@ -142,10 +143,10 @@ def _write_punkt_tab(root: Path) -> None:
 
     import punkt
 
-    params = punkt.load_model("english")
     target = root / "tokenizers" / "punkt_tab" / "english"
     if (target / "ortho_context.tab").exists():
         return
+    params = punkt.load_model("english")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".english-"))
     files = {
@@ -165,24 +166,25 @@ def _write_punkt_tab(root: Path) -> None:
 
 
 def prepare_checkers() -> None:
-    """Once per process: make NLTK's punkt data findable offline and seed langdetect."""
-    global _checkers_prepared
+    """Make NLTK's punkt data findable offline and seed langdetect (once per process); write our punkt_tab files
+    again when they were deleted since (a cleaned cache, a test's temporary home)."""
+    global _checkers_prepared, _punkt_root
     with _checkers_ready:
-        if _checkers_prepared:
-            return
-        import langdetect
-        import nltk
+        if not _checkers_prepared:
+            import langdetect
+            import nltk
 
-        from artifacts.config import cascade_home
+            from artifacts.config import cascade_home
 
-        try:
-            nltk.data.find("tokenizers/punkt_tab/english/")
-        except LookupError:
-            root = cascade_home() / "cache" / "nltk_data"
-            _write_punkt_tab(root)
-            nltk.data.path.append(str(root))  # appended: a real NLTK install, when present, still wins
-        langdetect.DetectorFactory.seed = 0
-        _checkers_prepared = True
+            try:
+                nltk.data.find("tokenizers/punkt_tab/english/")
+            except LookupError:
+                _punkt_root = cascade_home() / "cache" / "nltk_data"
+                nltk.data.path.append(str(_punkt_root))  # appended: a real NLTK install, when present, still wins
+            langdetect.DetectorFactory.seed = 0
+            _checkers_prepared = True
+        if _punkt_root is not None:
+            _write_punkt_tab(_punkt_root)  # one stat when the files are there
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,6 +262,7 @@ def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str,
 def ifeval_verdicts(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str,
                     benchmark: str = "ifeval") -> list[dict[str, Any]]:
     """Per instruction: {"id", "strict", "loose"}, with the benchmark's checkers and Google's loose variants."""
+    prepare_checkers()  # NLTK reads punkt_tab at a checker's first sentence count, maybe long after the import
     response = strip_thinking(response)
     variants = loose_variants(response)
     verdicts = []

@@ -164,6 +164,30 @@ def test_ifeval_verdicts_match_expectations_and_if_verifiable():
         assert [(r.strict_pass, r.loose_pass) for r in ref] == [(strict, loose)], case
 
 
+def test_ifeval_grades_after_its_punkt_cache_was_deleted():
+    """Our punkt_tab files live under the CASCADE_HOME of the checkers' first use: a cache cleaned (or a test's
+    home removed) before a later sentence count must not turn every later grade into an error."""
+    import shutil
+
+    import nltk
+
+    from stages.domains import instruct
+
+    instruct.prepare_checkers()
+    if instruct._punkt_root is None:
+        pytest.skip("NLTK's own punkt_tab is installed here: the project writes no cache to lose")
+    shutil.rmtree(instruct._punkt_root, ignore_errors=True)
+    # the loaded model is kept in three caches: make the next sentence count read the files again
+    from if_verifiable.ifeval import instructions_util
+
+    instructions_util._get_sentence_tokenizer.cache_clear()
+    nltk.tokenize._get_punkt_tokenizer.cache_clear()
+    nltk.data.clear_cache()
+    kwargs = {"relation": "less than", "num_sentences": 3}
+    verdicts = instruct.ifeval_verdicts(["length_constraints:number_sentences"], [kwargs], "Write.", "One. Two.")
+    assert [(v["strict"], v["loose"]) for v in verdicts] == [(True, True)]
+
+
 def draws_random_argument(instruction_id, kwargs):
     """Whether the checker's configuration depends on its RNG (kwargs missing or invalid)."""
     from stages.domains import instruct
