@@ -26,11 +26,10 @@ from stages.context import ListSink, StageContext
 from stages.difficulty import Reference, keep_or_drop, rollouts
 from stages.engines.base import Completion, SamplingParams
 from stages.engines.hf import HFEngine
-from stages.model import build_tiny_model, load_hf
+from stages.model import initial_model
 from stages.config import ModelConfig
 from stages.recipe import validate_recipe
 from stages.rollout import prompt_pool, score_texts
-from stages.tokenizer import load_tokenizer
 
 
 class KSeparateCalls:
@@ -77,11 +76,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tiny.yaml's instruct setting")
     args = ap.parse_args()
 
-    if args.model == "tiny":
-        tok = load_tokenizer()
-        model = build_tiny_model(ModelConfig(), len(tok), seed=0)
-    else:
-        model, tok = load_hf(args.model)
+    model, tok = initial_model(ModelConfig(source=args.model), seed=0)
     spec = {"train_size": args.prompts, "max_new_tokens": args.max_new_tokens}
     recipe = validate_recipe({"domains": {args.domain: spec},
                               "stages": [{"kind": "difficulty", "reference": "./bench", "domains": [args.domain],

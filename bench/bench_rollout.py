@@ -29,9 +29,8 @@ from stages.domains import get_domain  # noqa: E402
 from stages.engines.base import SamplingParams  # noqa: E402
 from stages.engines.hf import HFEngine  # noqa: E402
 from stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
-from stages.model import build_tiny_model, load_hf, prompt_ids, save_hf  # noqa: E402
+from stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
 from stages.config import ModelConfig  # noqa: E402
-from stages.tokenizer import load_tokenizer  # noqa: E402
 
 
 def timed_tokens(fn) -> tuple[int, float]:
@@ -115,10 +114,7 @@ def load() -> float:
 
 
 def load_model(source: str):
-    if source == "tiny":
-        tokenizer = load_tokenizer()
-        return build_tiny_model(ModelConfig(), len(tokenizer), seed=0).eval(), tokenizer
-    model, tokenizer = load_hf(source)
+    model, tokenizer = initial_model(ModelConfig(source=source), seed=0)
     return model.eval(), tokenizer
 
 

@@ -23,8 +23,7 @@ from stages.completions import CompletionBatch, completion_batch, full_row_logit
 from stages.config import ModelConfig
 from stages.engines.base import Completion
 from stages.losses import grpo_loss, token_logprobs
-from stages.model import build_tiny_model, load_hf
-from stages.tokenizer import load_tokenizer
+from stages.model import initial_model
 
 PROMPTS = 8
 
@@ -53,11 +52,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
-    if args.model == "tiny":
-        tok = load_tokenizer()
-        model = build_tiny_model(ModelConfig(), len(tok), seed=0)
-    else:
-        model, tok = load_hf(args.model)
+    model, tok = initial_model(ModelConfig(source=args.model), seed=0)
     model.train()
     pad = tok.pad_token_id
     print(f"update forward+backward on {args.model}, {PROMPTS} prompts, completions 8-32 tokens, "

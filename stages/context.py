@@ -85,7 +85,7 @@ def load_checkpoint(recipe: Recipe, store: Store, ref: CheckpointRef | None,
                     workdir: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A checkpoint of `store` (downloaded and verified into workdir), or the recipe's model source for None."""
     if ref is None:
-        return initial_model(recipe.model, recipe.seed, workdir)
+        return initial_model(recipe.model, recipe.seed)
     local = materialize(store, ref, Path(tempfile.mkdtemp(dir=workdir)))
     return load_hf(local / "model" if (local / "model").exists() else local)
 

@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from artifacts.checkpoint import committed, materialize
+from artifacts.checkpoint import CheckpointRef, committed, materialize
 from artifacts.config import cascade_home
 from artifacts.store import Store
 from stages.config import SMOLLM2, ModelConfig
@@ -67,13 +67,12 @@ def set_context(config, overrides: dict) -> None:
         config.rope_parameters = {**overrides["rope_scaling"], "rope_theta": theta}
 
 
-def initial_model(cfg: ModelConfig, seed: int, workdir: Path | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def initial_model(cfg: ModelConfig, seed: int) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """The model a recipe starts from when no checkpoint precedes the first model stage."""
-    model_dir = resolve_model_dir(cfg.source, workdir)
-    if model_dir is None:
+    if cfg.source == "tiny":
         tok = load_tokenizer()
         return build_tiny_model(cfg, len(tok), seed), tok
-    return load_hf(model_dir, cfg.context_overrides())
+    return load_hf(cfg.source, cfg.context_overrides())
 
 
 def smollm2_gguf() -> Path:
@@ -116,15 +115,32 @@ class ModelSourceError(ValueError):
     """A model source that is none of the kinds below; one line for the user."""
 
 
-def resolve_model_dir(source: str | Path, workdir: Path | None = None) -> Path | None:
+def resolve_model_dir(source: str | Path, workdir: Path) -> Path | None:
     """The one resolver of model sources: a source string -> the local HF directory to load.
 
     - "tiny": None (the tiny model is built from its config, not loaded);
     - "smollm2-135m": its converted HF checkpoint (converted once, then cached);
     - an HF model directory (one with config.json): itself;
     - a committed checkpoint: a store URI, or a local directory with MANIFEST.json; its files are downloaded
-      into `workdir` (default: a new temp dir), sha256-verified, and its `model/` directory returned.
+      into a new directory under `workdir`, sha256-verified, and its `model/` directory returned. The caller owns
+      `workdir` and removes it: a copy left in /tmp per load fills a disk.
     """
+    found = _locate_model(source)
+    if not isinstance(found, tuple):
+        return found
+    store, ref = found
+    copy = materialize(store, ref, Path(tempfile.mkdtemp(dir=workdir, prefix="model-")))
+    return copy / "model" if (copy / "model").exists() else copy
+
+
+def check_model_source(source: str | Path) -> None:
+    """ModelSourceError for a source that resolve_model_dir would refuse; a checkpoint's manifest is read, its
+    files are not downloaded."""
+    _locate_model(source)
+
+
+def _locate_model(source: str | Path) -> Path | tuple[Store, CheckpointRef] | None:
+    """None for "tiny", the directory of a local model, or the store and ref of a committed checkpoint."""
     text = str(source)
     if text == "tiny":
         return None
@@ -139,23 +155,24 @@ def resolve_model_dir(source: str | Path, workdir: Path | None = None) -> Path |
     ref = committed(store, "")
     if ref is None:
         raise ModelSourceError(f"{text} is neither an HF model dir nor a committed checkpoint (no valid MANIFEST.json)")
-    copy = materialize(store, ref, Path(tempfile.mkdtemp(dir=workdir, prefix="model-")))
-    return copy / "model" if (copy / "model").exists() else copy
+    return store, ref
 
 
 def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
-    """config_overrides: config keys set on load (a recipe's context window and RoPE scaling)."""
-    path = resolve_model_dir(model_dir)
-    if path is None or not (path / "config.json").exists():
-        raise ModelSourceError(f"not an HF model directory (no config.json): {path or model_dir}")
-    try:
-        config = AutoConfig.from_pretrained(str(path))
-        set_context(config, config_overrides or {})
-        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32)
-        tokenizer = load_tokenizer(path)
-    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
-        raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
-    return model, chat_ready(tokenizer, path)
+    """Any source but "tiny"; a checkpoint is downloaded to a temporary directory, removed once it is loaded.
+    config_overrides: config keys set on load (a recipe's context window and RoPE scaling)."""
+    with tempfile.TemporaryDirectory(prefix="cascade-model-", ignore_cleanup_errors=True) as work:
+        path = resolve_model_dir(model_dir, Path(work))
+        if path is None or not (path / "config.json").exists():
+            raise ModelSourceError(f"not an HF model directory (no config.json): {path or model_dir}")
+        try:
+            config = AutoConfig.from_pretrained(str(path))
+            set_context(config, config_overrides or {})
+            model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32)
+            tokenizer = load_tokenizer(path)
+        except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
+            raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        return model, chat_ready(tokenizer, path)
 
 
 def chat_ready(tokenizer: PreTrainedTokenizerFast, path: Path) -> PreTrainedTokenizerFast:

@@ -88,14 +88,15 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     is not on this machine)."""
     if params is not None:
         return ModelSize(int(params), int(active or params), from_config=False)
+    import tempfile
+
     import torch
 
     from stages.model import build_tiny_model, resolve_model_dir
     from stages.tokenizer import load_tokenizer
 
-    source = recipe.model.source
-    model_dir = None if source == "tiny" else resolve_model_dir(source)
-    with torch.device("meta"):
+    with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work, torch.device("meta"):
+        model_dir = resolve_model_dir(recipe.model.source, Path(work))
         if model_dir is None:
             model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
         else:

@@ -202,7 +202,7 @@ class ShardBuilder:
         cfg = self.cfg.domain_teacher(domain)
         key = cfg.model_dump_json()
         if key not in self.teachers:
-            self.teachers[key] = make_teacher(cfg, self.ctx.recipe, self.work)
+            self.teachers[key] = make_teacher(cfg, self.ctx.recipe)
         return self.teachers[key]
 
     def _max_new_tokens(self, domain: str) -> int:

@@ -172,11 +172,10 @@ def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
 def _recipe_on(recipe: str, model: str):
     """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
     from flows.recipes import load_recipe
-    from stages.model import resolve_model_dir
+    from stages.model import check_model_source
 
     loaded = load_recipe(recipe)
-    if model != "tiny":
-        resolve_model_dir(model)  # a bad source is one line before any model loads
+    check_model_source(model)  # a bad source is one line before any model loads
     return loaded.model_copy(update={"model": loaded.model.model_copy(update={"source": model})})
 
 

@@ -25,7 +25,6 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from stages.domains.base import Item
@@ -63,22 +62,22 @@ class Oracle:
         pass
 
 
-def make_teacher(cfg: Any, recipe: Recipe, workdir: Path) -> Teacher:
+def make_teacher(cfg: Any, recipe: Recipe) -> Teacher:
     if isinstance(cfg, OracleTeacher):
         return Oracle()
     if isinstance(cfg, ModelTeacher):
-        return ModelTeacherEngine(cfg, recipe, workdir)
+        return ModelTeacherEngine(cfg, recipe)
     return OpenAIChatTeacher(cfg)
 
 
 class ModelTeacherEngine:
     """A model sampled by the recipe's rollout engine, `batch_size` prompts per generate call."""
 
-    def __init__(self, cfg: ModelTeacher, recipe: Recipe, workdir: Path):
+    def __init__(self, cfg: ModelTeacher, recipe: Recipe):
         from stages.engines import make_engine
 
         self.cfg, self.retries = cfg, 0  # the engine retries on its own
-        model, self.tokenizer = load_teacher_model(cfg.source, recipe, workdir)
+        model, self.tokenizer = load_teacher_model(cfg.source, recipe)
         self.engine = make_engine(recipe.engine, model, self.tokenizer, seed=recipe.seed)
         self.seed = recipe.seed
         self.calls = 0
@@ -103,12 +102,12 @@ class ModelTeacherEngine:
         self.engine.close()
 
 
-def load_teacher_model(source: str, recipe: Recipe, workdir: Path):
+def load_teacher_model(source: str, recipe: Recipe):
     """(model, tokenizer) for any model source (stages.model.resolve_model_dir); the recipe's for "tiny"."""
     from stages.model import ModelSourceError, initial_model
 
     try:
-        return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed, workdir)
+        return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed)
     except ModelSourceError as e:
         raise TeacherError(f"teacher source {source!r}: {e}") from None
 

@@ -49,6 +49,32 @@ def test_tiny_model_saves_and_loads_as_hf_checkpoint(tmp_path):
     assert loaded_tok.encode(SAMPLES[1]) == tok.encode(SAMPLES[1])
 
 
+def test_a_checkpoint_source_loads_and_leaves_no_copy_behind(tmp_path, monkeypatch):
+    """A committed checkpoint as a model source is downloaded, loaded and its copy removed; checking the source
+    reads only the manifest. A copy left per load (evals, plans, teachers) filled CI's disk once."""
+    from artifacts.checkpoint import write_checkpoint
+    from artifacts.store import Store
+    from stages.model import check_model_source, initial_model
+
+    tok = load_tokenizer()
+    model = build_tiny_model(ModelConfig(), len(tok), seed=0)
+    save_hf(model, tok, tmp_path / "staged" / "model")
+    uri = f"file://{tmp_path / 'store'}/runs/r/01-sft"
+    write_checkpoint(Store(uri), "", tmp_path / "staged", stage="sft", step=None, parent=None, config_hash="0")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    check_model_source(uri)
+    assert list(scratch.iterdir()) == []
+    loaded, _ = load_hf(uri)
+    started, _ = initial_model(ModelConfig(source=uri), seed=1)
+    assert list(scratch.iterdir()) == []
+    x = torch.tensor([prompt_ids(tok, "Compute 1+2.")])
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, loaded(x).logits)
+        assert torch.equal(model(x).logits, started(x).logits)
+
+
 def test_same_seed_same_weights():
     tok = load_tokenizer()
     a = build_tiny_model(ModelConfig(hidden_size=64, num_layers=1, num_heads=2, intermediate_size=64), len(tok), 3)
