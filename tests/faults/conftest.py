@@ -55,7 +55,10 @@ def new_bucket(endpoint: str) -> str:
 
 
 def cli_env(home: Path, endpoint: str, prefect_api: str | None, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, **QUIET, **FAKE_KEYS, CASCADE_HOME=str(home), AWS_ENDPOINT_URL=endpoint, **extra)
+    """The CLI's environment; TMPDIR under home, since a process killed with -9 leaves its stage's scratch dir."""
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, **QUIET, **FAKE_KEYS, CASCADE_HOME=str(home), AWS_ENDPOINT_URL=endpoint,
+               TMPDIR=str(home / "tmp"), **extra)
     if prefect_api:
         env["PREFECT_API_URL"] = prefect_api
     return env
