@@ -95,14 +95,15 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     from stages.model import build_tiny_model, resolve_model_dir
     from stages.tokenizer import load_tokenizer
 
-    with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work, torch.device("meta"):
-        model_dir = resolve_model_dir(recipe.model.source, Path(work))
-        if model_dir is None:
-            model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
-        else:
-            from transformers import AutoConfig, AutoModelForCausalLM
+    with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:
+        model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
+        with torch.device("meta"):
+            if model_dir is None:
+                model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
+            else:
+                from transformers import AutoConfig, AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
     total = sum(p.numel() for p in model.parameters())
     return ModelSize(total, int(active or total), from_config=True)
 
