@@ -76,10 +76,16 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     return StageResult(run.finish(metrics), metrics)
 
 
+# The packing probe's bound on max|alone - packed| / max|alone|. fp32 reduction-order rounding measured 3e-7
+# (tiny) to 6e-6 (smollm2-135m, logits up to 22); a model that attends across rows measured 0.6-1.1.
+PACKING_LEAK_RTOL = 1e-3
+
+
 def check_packing_isolates_rows(model: torch.nn.Module, device: torch.device) -> None:
     """Packing is exact only if the model's attention mask reads a position-id restart as a boundary (HF's
     masking does, for every model built on its masking_utils); one that attends across rows is refused before
-    it trains. A 6-token probe, fp32: the second row alone == the same row packed behind the first."""
+    it trains. A 6-token probe, fp32: the second row alone == the same row packed behind the first, up to
+    rounding relative to the logits' scale (an absolute bound refuses a model whose logits are large)."""
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]], device=device)
     model.eval()  # no dropout: the two forwards differ only by what the mask lets through
     with torch.no_grad():
@@ -87,9 +93,15 @@ def check_packing_isolates_rows(model: torch.nn.Module, device: torch.device) ->
         packed = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]], device=device),
                        use_cache=False).logits[:, 3:]
     model.train()
-    if not torch.allclose(alone, packed, atol=1e-4):
+    if packing_leak(alone, packed) > PACKING_LEAK_RTOL:
         raise ValueError(f"{type(model).__name__} attends across packed rows (its attention mask ignores position "
                          "ids): set packing: false for this stage")
+
+
+def packing_leak(alone: torch.Tensor, packed: torch.Tensor) -> float:
+    """max|alone - packed| / max|alone|: the probe row's logits [1, T, V] alone and packed."""
+    scale = alone.abs().max().clamp_min(torch.finfo(alone.dtype).tiny)
+    return float((alone - packed).abs().max() / scale)
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:

@@ -124,3 +124,37 @@ def test_a_model_that_attends_across_packed_rows_is_refused():
     with pytest.raises(ValueError, match=r"^Qwen2ForCausalLM attends across packed rows .*set packing: false") as e:
         check_packing_isolates_rows(model, torch.device("cpu"))
     assert "\n" not in str(e.value)
+
+
+def test_a_model_that_leaks_one_percent_across_packed_rows_is_refused():
+    """A leak far smaller than a real one's (0.6-1.1 of the logits' scale) is still refused."""
+    from stages.sft import check_packing_isolates_rows
+
+    model = tiny_qwen2(len(load_tokenizer()))
+    forward = model.forward
+
+    def leaky(position_ids=None, **kwargs):
+        isolated = forward(position_ids=position_ids, **kwargs)
+        if position_ids is not None:
+            crossing = forward(**kwargs).logits
+            isolated.logits = isolated.logits + 0.01 * (crossing - isolated.logits)
+        return isolated
+
+    model.forward = leaky
+    with pytest.raises(ValueError, match="attends across packed rows"):
+        check_packing_isolates_rows(model, torch.device("cpu"))
+
+
+def test_a_model_with_large_logits_passes_the_probe_though_its_rounding_exceeds_1e_4():
+    """The fresh-clone failure: smollm2-135m's logits reach 22 and its packed row rounds 1.2e-4 away from the
+    row alone. The tiny model's head scaled 2000x gives logits of that order, and rounding above 1e-4."""
+    from stages.sft import check_packing_isolates_rows
+
+    model = tiny_qwen2(len(load_tokenizer()))
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 2000)  # unties the head
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        alone = model(input_ids=ids[:, 3:]).logits
+        packed = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]])).logits[:, 3:]
+    assert float((alone - packed).abs().max()) > 1e-4  # the old absolute bound refused this model
+    check_packing_isolates_rows(model, torch.device("cpu"))
