@@ -29,8 +29,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from artifacts.layout import MANIFEST, step_key, steps_dir
-from artifacts.store import Store, sha256_file
+from cascade.artifacts.layout import MANIFEST, step_key, steps_dir
+from cascade.artifacts.store import Store, sha256_file
 
 UPLOAD_THREADS = 8
 VERIFY_ATTEMPTS = 2  # uploads of one file whose stored bytes do not hash right, before giving up

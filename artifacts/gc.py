@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from artifacts.checkpoint import CheckpointError, committed, read_manifest
-from artifacts.layout import MANIFEST, RUNS, run_dir, step_key
-from artifacts.lease import describe, is_live, read_lease
-from artifacts.store import Store
+from cascade.artifacts.checkpoint import CheckpointError, committed, read_manifest
+from cascade.artifacts.layout import MANIFEST, RUNS, run_dir, step_key
+from cascade.artifacts.lease import describe, is_live, read_lease
+from cascade.artifacts.store import Store
 
 STAGE_DIR = re.compile(r"^\d{2}-.+$")
 

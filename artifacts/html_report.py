@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from artifacts import layout
-from artifacts.records import EvalRecord, EvalRecordError
-from artifacts.report import RunReport
-from artifacts.steplog import read_run
-from artifacts.store import Store
+from cascade.artifacts import layout
+from cascade.artifacts.records import EvalRecord, EvalRecordError
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.steplog import read_run
+from cascade.artifacts.store import Store
 
 # Curve panels: title, and the metric names (or a name ending in "/": every metric with that prefix) drawn on it.
 PANELS: list[tuple[str, list[str]]] = [

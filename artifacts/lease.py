@@ -35,9 +35,9 @@ import threading
 import time
 from typing import Any, Iterator
 
-from artifacts import checkpoint
-from artifacts.layout import lease_key, run_dir
-from artifacts.store import Store
+from cascade.artifacts import checkpoint
+from cascade.artifacts.layout import lease_key, run_dir
+from cascade.artifacts.store import Store
 
 log = logging.getLogger("cascade.lease")
 DEFAULT_TTL = 60.0

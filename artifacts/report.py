@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from artifacts.layout import report_key
-from artifacts.store import Store
+from cascade.artifacts.layout import report_key
+from cascade.artifacts.store import Store
 
 
 class RunReport(BaseModel):

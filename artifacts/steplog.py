@@ -17,8 +17,8 @@ import json
 import time
 from typing import Any
 
-from artifacts.layout import metrics_dir, metrics_key
-from artifacts.store import Store
+from cascade.artifacts.layout import metrics_dir, metrics_key
+from cascade.artifacts.store import Store
 
 FLUSH_S = 5.0
 

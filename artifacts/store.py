@@ -48,8 +48,8 @@ from typing import Any, Callable, TypeVar
 import fsspec
 from fsspec.exceptions import FSTimeoutError
 
-from artifacts.config import StorageConfig
-from artifacts.urls import credential_error
+from cascade.artifacts.config import StorageConfig
+from cascade.artifacts.urls import credential_error
 
 log = logging.getLogger("cascade.store")
 T = TypeVar("T")

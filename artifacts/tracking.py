@@ -29,8 +29,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from artifacts.config import TrackingConfig, cascade_home
-from artifacts.store import Store
+from cascade.artifacts.config import TrackingConfig, cascade_home
+from cascade.artifacts.store import Store
 
 log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"

@@ -21,15 +21,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from artifacts.store import Store
-from stages.context import ListSink, StageContext
-from stages.difficulty import Reference, keep_or_drop, rollouts
-from stages.engines.base import Completion, SamplingParams
-from stages.engines.hf import HFEngine
-from stages.model import initial_model
-from stages.config import ModelConfig
-from stages.recipe import validate_recipe
-from stages.rollout import prompt_pool, score_texts
+from cascade.artifacts.store import Store
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.difficulty import Reference, keep_or_drop, rollouts
+from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.model import initial_model
+from cascade.stages.config import ModelConfig
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.rollout import prompt_pool, score_texts
 
 
 class KSeparateCalls:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from stages.losses import grpo_advantages, grpo_loss, sft_loss, token_logprobs  # noqa: E402  (torch only)
+from cascade.stages.losses import grpo_advantages, grpo_loss, sft_loss, token_logprobs  # noqa: E402  (torch only)
 
 # dense bf16 tensor-core peaks (no sparsity), from the vendor datasheets; an unknown GPU reports no MFU
 BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}

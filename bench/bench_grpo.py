@@ -96,9 +96,9 @@ def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
     """name -> an HF directory both sides load: `tiny` saved here from its default config (seed 0), smollm2-135m's
     converted checkpoint, or a directory given by path. A random-init tiny model never solves a math prompt, so
     "as configured" drops every group; a trained policy (a path) makes that comparison mean something."""
-    from stages.config import ModelConfig
-    from stages.model import build_tiny_model, save_hf, smollm2_dir
-    from stages.tokenizer import load_tokenizer
+    from cascade.stages.config import ModelConfig
+    from cascade.stages.model import build_tiny_model, save_hf, smollm2_dir
+    from cascade.stages.tokenizer import load_tokenizer
 
     dirs = {}
     for name in names:

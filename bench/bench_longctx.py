@@ -19,13 +19,13 @@ import sys
 
 CHILD = r"""
 import json, resource, statistics, sys, tempfile, time
-from artifacts.store import Store
-from stages.context import ListSink, StageContext
-from stages.grpo import run_grpo
-from stages.kinds import StageInputs
-from stages.model import prompt_ids
-from stages.recipe import validate_recipe
-from stages.tokenizer import load_tokenizer
+from cascade.artifacts.store import Store
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds import StageInputs
+from cascade.stages.model import prompt_ids
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.tokenizer import load_tokenizer
 
 domain, steps, keys, filler = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 tmp = tempfile.mkdtemp()

@@ -17,16 +17,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from artifacts.checkpoint import committed
-from artifacts.report import RunReport
-from artifacts.store import Store
-from stages.context import ListSink, StageContext, stage_workdir
-from stages.evaluate import evaluate_model
-from stages.gate import best_stages
-from artifacts.layout import recipe_key, step_key
-from stages.config import GRPOConfig
-from stages.kinds import StageInputs, run_stage
-from stages.recipe import Recipe
+from cascade.artifacts.checkpoint import committed
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.stages.context import ListSink, StageContext, stage_workdir
+from cascade.stages.evaluate import evaluate_model
+from cascade.stages.gate import best_stages
+from cascade.artifacts.layout import recipe_key, step_key
+from cascade.stages.config import GRPOConfig
+from cascade.stages.kinds import StageInputs, run_stage
+from cascade.stages.recipe import Recipe
 
 
 class TimedSink(ListSink):

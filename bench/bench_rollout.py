@@ -25,12 +25,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from stages.domains import get_domain  # noqa: E402
-from stages.engines.base import SamplingParams  # noqa: E402
-from stages.engines.hf import HFEngine  # noqa: E402
-from stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
-from stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
-from stages.config import ModelConfig  # noqa: E402
+from cascade.stages.domains import get_domain  # noqa: E402
+from cascade.stages.engines.base import SamplingParams  # noqa: E402
+from cascade.stages.engines.hf import HFEngine  # noqa: E402
+from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
+from cascade.stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
+from cascade.stages.config import ModelConfig  # noqa: E402
 
 
 def timed_tokens(fn) -> tuple[int, float]:

@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from flows.recipes import load_recipe
-from stages.context import ListSink, StageContext
-from stages.grpo import run_grpo
-from stages.kinds import StageInputs
-from stages.sft import run_sft
-from stages.sft_data import run_sft_data
-from artifacts.store import Store
+from cascade.flows.recipes import load_recipe
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds import StageInputs
+from cascade.stages.sft import run_sft
+from cascade.stages.sft_data import run_sft_data
+from cascade.artifacts.store import Store
 
 
 class TimedSink(ListSink):

@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from artifacts.checkpoint import materialize, write_checkpoint  # noqa: E402
-from artifacts.store import Store  # noqa: E402
+from cascade.artifacts.checkpoint import materialize, write_checkpoint  # noqa: E402
+from cascade.artifacts.store import Store  # noqa: E402
 from tests.artifacts.servers import FAKE_KEYS, make_bucket, moto_server  # noqa: E402
 
 
@@ -112,12 +112,12 @@ class TimedSink:
 
 def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> list[tuple[str, float]]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from artifacts.tracking import Tracker
-    from stages.kinds import StageInputs
-    from stages.context import ListSink, StageContext
-    from flows.recipes import load_recipe
-    from stages.sft import run_sft
-    from stages.sft_data import run_sft_data
+    from cascade.artifacts.tracking import Tracker
+    from cascade.stages.kinds import StageInputs
+    from cascade.stages.context import ListSink, StageContext
+    from cascade.flows.recipes import load_recipe
+    from cascade.stages.sft import run_sft
+    from cascade.stages.sft_data import run_sft_data
 
     tmp.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(recipe_name, [f"storage.root=file://{tmp}/store", f"tracking.uri=sqlite:///{tmp}/mlflow.db",

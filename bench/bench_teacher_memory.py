@@ -19,11 +19,11 @@ import sys
 CHILD = r"""
 import json, resource, sys, time
 import torch
-from artifacts.checkpoint import CheckpointRef
-from stages.completions import completion_batch
-from stages.engines.base import Completion
-from stages.model import load_hf
-from stages.mopd import TeacherPool
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.stages.completions import completion_batch
+from cascade.stages.engines.base import Completion
+from cascade.stages.model import load_hf
+from cascade.stages.mopd import TeacherPool
 
 rows, tokens, micro = (int(a) for a in sys.argv[1:4])
 torch.set_num_threads(2)

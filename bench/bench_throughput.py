@@ -20,14 +20,14 @@ from contextlib import nullcontext
 
 import torch
 
-from stages.engines.base import SamplingParams
-from stages.engines.hf import HFEngine
-from stages.losses import sft_loss, token_logprobs
-from stages.model import build_tiny_model, num_parameters, prompt_ids
-from stages.sft import model_rows
-from stages.config import ModelConfig
-from stages.tokenizer import load_tokenizer
-from stages.training import make_optimizer
+from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.losses import sft_loss, token_logprobs
+from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
+from cascade.stages.sft import model_rows
+from cascade.stages.config import ModelConfig
+from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.training import make_optimizer
 
 PAD = 0  # the tiny tokenizer's pad id
 

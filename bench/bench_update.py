@@ -19,11 +19,11 @@ import time
 
 import torch
 
-from stages.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
-from stages.config import ModelConfig
-from stages.engines.base import Completion
-from stages.losses import grpo_loss, token_logprobs
-from stages.model import initial_model
+from cascade.stages.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
+from cascade.stages.config import ModelConfig
+from cascade.stages.engines.base import Completion
+from cascade.stages.losses import grpo_loss, token_logprobs
+from cascade.stages.model import initial_model
 
 PROMPTS = 8
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from artifacts.store import Store
-from stages.context import ListSink, StageContext
-from stages.grpo import run_grpo
-from stages.kinds import StageInputs
-from stages.recipe import validate_recipe
+from cascade.artifacts.store import Store
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds import StageInputs
+from cascade.stages.recipe import validate_recipe
 
 # top-level ranges of a step, in order; backward is forward_backward less the logprob_forward ranges inside it
 PHASES = ("rollout", "scoring", "mismatch_forward", "logprob_forward", "backward", "optimizer", "weight_sync",

@@ -27,7 +27,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from stages.domains import get_domain  # noqa: E402
+from cascade.stages.domains import get_domain  # noqa: E402
 
 
 class StepClock(TrainerCallback):

@@ -20,15 +20,15 @@ import posixpath
 from prefect import flow
 from prefect.runtime import flow_run
 
-from artifacts.checkpoint import CheckpointRef
-from artifacts.config import StorageConfig
-from artifacts.report import RunReport
-from artifacts.store import Store
-from flows.recipes import RunRequest, request_recipe
-from stages.config import StageConfig
-from stages.kinds import StageInputs, kind_of
-from stages.recipe import Recipe
-from tasks.stages import (
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.config import StorageConfig
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.flows.recipes import RunRequest, request_recipe
+from cascade.stages.config import StageConfig
+from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.recipe import Recipe
+from cascade.tasks.stages import (
     eval_task,
     finish_task,
     gate_task,

@@ -14,11 +14,11 @@ from typing import Any, Callable, Literal
 import yaml
 from pydantic import Field, model_validator
 
-from artifacts.config import Strict
-from stages.config import LearningRate, Steps
-from stages.domains import DOMAIN_CLASSES
-from stages.kinds import KINDS
-from stages.recipe import (
+from cascade.artifacts.config import Strict
+from cascade.stages.config import LearningRate, Steps
+from cascade.stages.domains import DOMAIN_CLASSES
+from cascade.stages.kinds import KINDS
+from cascade.stages.recipe import (
     RECIPES_DIR,
     Recipe,
     RecipeError,

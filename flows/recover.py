@@ -15,11 +15,11 @@ from typing import Any
 
 from prefect import flow
 
-from artifacts import layout
-from flows.recipes import load_recipe
-from flows.regression_eval import new_eval_id
-from stages.kinds import StageInputs
-from tasks.regression import (
+from cascade.artifacts import layout
+from cascade.flows.recipes import load_recipe
+from cascade.flows.regression_eval import new_eval_id
+from cascade.stages.kinds import StageInputs
+from cascade.tasks.regression import (
     evaluate_checkpoint_task,
     judge_task,
     load_baseline_task,
@@ -27,7 +27,7 @@ from tasks.regression import (
     record_recovered_task,
     resolve_task,
 )
-from tasks.stages import finish_task, result_storage, running, stage_task
+from cascade.tasks.stages import finish_task, result_storage, running, stage_task
 
 STAGE = "recover"
 

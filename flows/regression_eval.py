@@ -18,12 +18,12 @@ from typing import Any
 
 from prefect import flow
 
-from artifacts import layout
-from artifacts.tracking import alias_for, registered_model_name
-from flows.recipes import load_recipe
-from stages.recipe import Recipe
-from stages.regression import regressions
-from tasks.regression import (
+from cascade.artifacts import layout
+from cascade.artifacts.tracking import alias_for, registered_model_name
+from cascade.flows.recipes import load_recipe
+from cascade.stages.recipe import Recipe
+from cascade.stages.regression import regressions
+from cascade.tasks.regression import (
     emit_regression_task,
     evaluate_checkpoint_task,
     judge_task,

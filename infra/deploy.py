@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from infra.deployments import DEPLOYMENTS, DeploymentSpec
-from infra.prefect_server import configured_api_url, free_port, serving, start_server
+from cascade.infra.deployments import DEPLOYMENTS, DeploymentSpec
+from cascade.infra.prefect_server import configured_api_url, free_port, serving, start_server
 
-AUTOMATIONS_HOOK = "infra.automations:ensure_automations"
+AUTOMATIONS_HOOK = "cascade.infra.automations:ensure_automations"
 
 
 @contextlib.contextmanager
@@ -69,9 +69,9 @@ def ui_url(api_url: str) -> str:
 def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Callable[[str], None]) -> None:
     from prefect import serve as serve_deployments
 
-    from artifacts.tracking import open_experiment
-    from artifacts.config import TrackingConfig
-    from tasks.stages import COMPUTE_LIMIT_ENV
+    from cascade.artifacts.tracking import open_experiment
+    from cascade.artifacts.config import TrackingConfig
+    from cascade.tasks.stages import COMPUTE_LIMIT_ENV
 
     os.environ[COMPUTE_LIMIT_ENV] = limit_name  # the flow runs (subprocesses) take slots of this limit
     with prefect_api(home, port, say) as api_url:

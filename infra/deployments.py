@@ -25,7 +25,7 @@ class DeploymentSpec:
     def entrypoint(self) -> str:
         """The file-path entrypoint prefect.yaml uses: flows/cascade.py:cascade_from_form."""
         module, function = self.flow.split(":")
-        return f"{module.replace('.', '/')}.py:{function}"
+        return f"{module.removeprefix('cascade.').replace('.', '/')}.py:{function}"
 
     def load_flow(self) -> Any:
         module, function = self.flow.split(":")
@@ -33,15 +33,15 @@ class DeploymentSpec:
 
 
 DEPLOYMENTS: list[DeploymentSpec] = [
-    DeploymentSpec("cascade", "flows.cascade:cascade_from_form",
+    DeploymentSpec("cascade", "cascade.flows.cascade:cascade_from_form",
                    "Run a recipe end to end from a typed form; with a run_id, continue that run.",
                    tags=("cascade", "training")),
-    DeploymentSpec("nightly", "flows.regression_eval:regression_eval_flow",
+    DeploymentSpec("nightly", "cascade.flows.regression_eval:regression_eval_flow",
                    "Evaluate named checkpoints against a stored per-domain baseline; emit "
                    "cascade.regression.detected on a regression.",
                    cron="0 3 * * *", parameters={"recipe": "tiny", "baseline": "nightly"},
                    tags=("cascade", "regression-eval")),
-    DeploymentSpec("recover", "flows.recover:recover_flow",
+    DeploymentSpec("recover", "cascade.flows.recover:recover_flow",
                    "MOPD from the baseline's best-per-domain teachers onto a regressed checkpoint, then eval.",
                    parameters={"recipe": "tiny", "baseline": "nightly"}, tags=("cascade", "recover")),
 ]

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stages.config import TrainingConfig
-from stages.recipe import Recipe
+from cascade.stages.config import TrainingConfig
+from cascade.stages.recipe import Recipe
 
 
 class JobVariablesError(ValueError):

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from stages.domains import get_domain
-from stages.domains.base import Domain, Item
-from stages.domains.benchdata import (
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import (
     BenchmarkError,
     BenchmarkSpec,
     describe,
@@ -144,8 +144,8 @@ def evaluate_benchmark(
     progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Generate and grade: pass@1 (and pass@k with samples > 1) plus one row per (item, sample)."""
-    from stages.engines.base import SamplingParams
-    from stages.model import prompt_ids
+    from cascade.stages.engines.base import SamplingParams
+    from cascade.stages.model import prompt_ids
 
     if samples < 1:
         raise BenchmarkError(f"samples must be >= 1, got {samples}")

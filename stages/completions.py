@@ -26,9 +26,9 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 
-from stages.engines.base import Completion
-from stages.engines.hf import left_padded
-from stages.losses import token_logprobs
+from cascade.stages.engines.base import Completion
+from cascade.stages.engines.hf import left_padded
+from cascade.stages.losses import token_logprobs
 
 
 @dataclass(frozen=True)

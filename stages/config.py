@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar, Literal, NamedTuple, Union
 
 from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
-from artifacts.config import Strict
+from cascade.artifacts.config import Strict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
@@ -164,7 +164,7 @@ class EvalConfig(Strict):
     data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
 
     def resolved_data_root(self) -> Path:
-        from stages.domains.benchdata import DEFAULT_DATA_ROOT
+        from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 
         return DEFAULT_DATA_ROOT if self.data_root is None else (REPO_ROOT / self.data_root).resolve()
 

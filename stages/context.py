@@ -18,12 +18,12 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from artifacts.checkpoint import CheckpointError, CheckpointRef, committed, materialize, write_checkpoint
-from artifacts.config import config_hash
-from artifacts.layout import step_key, steps_dir
-from artifacts.store import Store
-from stages.model import initial_model, load_hf, save_hf
-from stages.recipe import Recipe
+from cascade.artifacts.checkpoint import CheckpointError, CheckpointRef, committed, materialize, write_checkpoint
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.layout import step_key, steps_dir
+from cascade.artifacts.store import Store
+from cascade.stages.model import initial_model, load_hf, save_hf
+from cascade.stages.recipe import Recipe
 
 
 log = logging.getLogger("cascade.checkpoint")

@@ -37,18 +37,18 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from artifacts.checkpoint import CheckpointRef, materialize, write_checkpoint
-from artifacts.store import Store, sha256_file
-from stages.context import StageContext, StageResult, load_policy
-from stages.domains import Item
-from stages.engines import RolloutEngine, SamplingParams, make_engine
-from stages.kinds import StageInputs
-from stages.model import load_hf, prompt_ids, resolve_model_dir
-from artifacts.config import config_hash
-from artifacts.layout import rollout_cache_key
-from stages.config import DifficultyConfig, reference_kind
-from stages.rollout import prompt_pool, score_texts, step_seed
-from stages.tokenizer import ASSET_DIR, load_tokenizer
+from cascade.artifacts.checkpoint import CheckpointRef, materialize, write_checkpoint
+from cascade.artifacts.store import Store, sha256_file
+from cascade.stages.context import StageContext, StageResult, load_policy
+from cascade.stages.domains import Item
+from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
+from cascade.stages.kinds import StageInputs
+from cascade.stages.model import load_hf, prompt_ids, resolve_model_dir
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.layout import rollout_cache_key
+from cascade.stages.config import DifficultyConfig, reference_kind
+from cascade.stages.rollout import prompt_pool, score_texts, step_seed
+from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 
 CHUNK_PROMPTS = 64  # prompts per engine call and per cache shard
 PROMPTS_FILE = "data/prompts.jsonl"
@@ -111,7 +111,7 @@ def keep_or_drop(solved: list[int], drop_solved_at: int, unsolved: str, fraction
 def open_reference(cfg: DifficultyConfig, ctx: StageContext, checkpoint: CheckpointRef | None) -> Reference:
     kind = reference_kind(cfg.reference)
     if kind == "endpoint":
-        from stages.engines.vllm import VLLMEngine  # HTTP only; the server is someone else's
+        from cascade.stages.engines.vllm import VLLMEngine  # HTTP only; the server is someone else's
 
         tokenizer = load_tokenizer(resolve_model_dir(cfg.reference_tokenizer or "tiny", ctx.workdir) or ASSET_DIR)
         engine = VLLMEngine(url=cfg.reference, stop_token_ids=[tokenizer.eos_token_id])

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from stages.config import ComputeConfig
+from cascade.stages.config import ComputeConfig
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from artifacts.checkpoint import CheckpointRef
-from artifacts.store import Store
-from stages.config import BENCHMARK_COLUMN
-from stages.context import load_checkpoint
-from stages.engines import make_engine
-from stages.engines.base import RolloutEngine, SamplingParams
-from stages.model import prompt_ids
-from stages.recipe import Recipe
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.store import Store
+from cascade.stages.config import BENCHMARK_COLUMN
+from cascade.stages.context import load_checkpoint
+from cascade.stages.engines import make_engine
+from cascade.stages.engines.base import RolloutEngine, SamplingParams
+from cascade.stages.model import prompt_ids
+from cascade.stages.recipe import Recipe
 
 
 def evaluate_domains(
@@ -47,7 +47,7 @@ def evaluate_domains(
 def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
                         ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"."""
-    from stages.benchmarks import evaluate_benchmark
+    from cascade.stages.benchmarks import evaluate_benchmark
 
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []

@@ -30,18 +30,18 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from stages.config import GRPOConfig
-from stages.context import StageContext, StageResult, load_policy
-from stages.datasets.sources import iter_rows
-from stages.difficulty import load_kept_prompts
-from stages.domains import Item
-from stages.kinds import StageInputs
-from stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
-from stages.rewards import make_reward_source
-from stages.distributed import rank_micro_batches
-from stages.rollout import make_rollout_engine, reward_metrics, sample_groups
-from stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
+from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
+from cascade.stages.config import GRPOConfig
+from cascade.stages.context import StageContext, StageResult, load_policy
+from cascade.stages.datasets.sources import iter_rows
+from cascade.stages.difficulty import load_kept_prompts
+from cascade.stages.domains import Item
+from cascade.stages.kinds import StageInputs
+from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
+from cascade.stages.rewards import make_reward_source
+from cascade.stages.distributed import rank_micro_batches
+from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import torch
 
-from artifacts.html_report import standard_error
-from stages.config import JudgeReward
-from stages.datasets.teachers import OpenAIChatTeacher, RequestRefused, TeacherError, parse_chat_reply
-from stages.domains import Item
-from stages.engines import Completion
-from stages.rollout import score_groups
+from cascade.artifacts.html_report import standard_error
+from cascade.stages.config import JudgeReward
+from cascade.stages.datasets.teachers import OpenAIChatTeacher, RequestRefused, TeacherError, parse_chat_reply
+from cascade.stages.domains import Item
+from cascade.stages.engines import Completion
+from cascade.stages.rollout import score_groups
 
 ARENA_HARD_FILE = "chat_prompts/arena_hard_v0.1_questions.jsonl"
 VERDICT = re.compile(r"^\W*([AB])\W*$")

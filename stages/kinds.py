@@ -21,8 +21,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from artifacts.checkpoint import CheckpointRef
-from stages.config import (
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.stages.config import (
     DifficultyConfig,
     GRPOConfig,
     MOPDConfig,
@@ -150,14 +150,14 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
     """The pairs' domain must build pairs; a local preference file must exist and its first row must have the
     pair's fields, before any work."""
     if not isinstance(cfg.pairs, PreferenceFile):
-        from stages.domains import domain_names, get_domain
+        from cascade.stages.domains import domain_names, get_domain
 
         if cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
             raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
     from pathlib import Path
 
-    from stages.datasets.preferences import check_first_row
+    from cascade.stages.datasets.preferences import check_first_row
 
     local = cfg.pairs.path.removeprefix("file://")
     if "://" in local:
@@ -168,17 +168,17 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
 
 
 for _row in (
-    StageKind("sft_data", SFTDataConfig, _lazy("stages.sft_data", "run_sft_data"), makes="dataset",
+    StageKind("sft_data", SFTDataConfig, _lazy("cascade.stages.sft_data", "run_sft_data"), makes="dataset",
               takes_policy=False, holds_compute=False, check=_check_sft_data),
-    StageKind("sft", SFTConfig, _lazy("stages.sft", "run_sft"), makes="policy", takes_policy=True,
+    StageKind("sft", SFTConfig, _lazy("cascade.stages.sft", "run_sft"), makes="policy", takes_policy=True,
               holds_compute=True),
-    StageKind("difficulty", DifficultyConfig, _lazy("stages.difficulty", "run_difficulty"), makes="prompts",
+    StageKind("difficulty", DifficultyConfig, _lazy("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
               takes_policy=False, holds_compute=False),
-    StageKind("grpo", GRPOConfig, _lazy("stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
+    StageKind("grpo", GRPOConfig, _lazy("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_grpo),
-    StageKind("reward_model", RewardModelConfig, _lazy("stages.reward_model", "run_reward_model"),
+    StageKind("reward_model", RewardModelConfig, _lazy("cascade.stages.reward_model", "run_reward_model"),
               makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model),
-    StageKind("mopd", MOPDConfig, _lazy("stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
+    StageKind("mopd", MOPDConfig, _lazy("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_mopd),
 ):
     register_kind(_row)

@@ -1,7 +1,7 @@
 """Run a stage where its compute settings say: in this process, or as a `torchrun` job of N ranks.
 
 `run_stage_where_configured` is what the stage task calls. One process (the default) runs the stage in-process,
-exactly as before. More start `python -m torch.distributed.run ... -m stages.launch SPEC_DIR` as a child in
+exactly as before. More start `python -m torch.distributed.run ... -m cascade.stages.launch SPEC_DIR` as a child in
 its own session (process group): the task's death takes it down (a parent-death signal on torchrun, and on
 each rank for torchrun's), and an error in the task kills the group. Rank 0 writes its metric, progress and
 result events to SPEC_DIR/events.jsonl; this process tails that file into the stage's own sink and progress
@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from artifacts.checkpoint import CheckpointRef
-from stages.config import ComputeConfig, TrainingConfig
-from stages.context import StageContext, StageResult, stage_workdir
-from stages.kinds import StageInputs, run_stage
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.stages.config import ComputeConfig, TrainingConfig
+from cascade.stages.context import StageContext, StageResult, stage_workdir
+from cascade.stages.kinds import StageInputs, run_stage
 
 EVENTS = "events.jsonl"
 SPEC = "spec.pkl"
@@ -62,7 +62,7 @@ def torchrun_command(compute: ComputeConfig, spec_dir: Path) -> list[str]:
     endpoint = compute.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={compute.nnodes}",
             f"--nproc-per-node={compute.nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            "--max-restarts=0", "-m", "stages.launch", str(spec_dir)]
+            "--max-restarts=0", "-m", "cascade.stages.launch", str(spec_dir)]
 
 
 def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeConfig) -> StageResult:
@@ -164,7 +164,7 @@ class NullSink:
 
 def worker(spec_dir: Path) -> None:
     """One rank: run the stage; rank 0 reports. An error leaves its first line in error-rank<R>.txt."""
-    from artifacts.store import Store
+    from cascade.artifacts.store import Store
 
     _die_with_parent()()
     rank = int(os.environ["RANK"])

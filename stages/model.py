@@ -26,11 +26,11 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from artifacts.checkpoint import CheckpointRef, committed, materialize
-from artifacts.config import cascade_home
-from artifacts.store import Store
-from stages.config import SMOLLM2, ModelConfig
-from stages.tokenizer import load_tokenizer
+from cascade.artifacts.checkpoint import CheckpointRef, committed, materialize
+from cascade.artifacts.config import cascade_home
+from cascade.artifacts.store import Store
+from cascade.stages.config import SMOLLM2, ModelConfig
+from cascade.stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -21,20 +21,20 @@ from typing import Any
 
 import torch
 
-from artifacts.checkpoint import CheckpointRef
-from stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from stages.config import MOPDConfig
-from stages.context import StageContext, StageResult, load_policy
-from stages.kinds import StageInputs
-from stages.losses import mopd_loss, truncated_fraction
-from stages.rollout import (
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
+from cascade.stages.config import MOPDConfig
+from cascade.stages.context import StageContext, StageResult, load_policy
+from cascade.stages.kinds import StageInputs
+from cascade.stages.losses import mopd_loss, truncated_fraction
+from cascade.stages.rollout import (
     make_rollout_engine,
     prompt_pool,
     reward_metrics,
     sample_groups,
     score_groups,
 )
-from stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches
 
 
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stages.config import (
+from cascade.stages.config import (
     DifficultyConfig,
     GRPOConfig,
     MOPDConfig,
@@ -33,7 +33,7 @@ from stages.config import (
     SFTDataConfig,
     StageConfig,
 )
-from stages.recipe import Recipe
+from cascade.stages.recipe import Recipe
 
 FP32_BYTES = 4
 
@@ -92,8 +92,8 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
 
     import torch
 
-    from stages.model import build_tiny_model, resolve_model_dir
-    from stages.tokenizer import load_tokenizer
+    from cascade.stages.model import build_tiny_model, resolve_model_dir
+    from cascade.stages.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:
         model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
@@ -170,7 +170,7 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
 def benchmark_size(name: str, recipe: Recipe) -> int | None:
     """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
     sets up their checkers); None: it has no file here."""
-    from stages.domains.benchdata import benchmark_registry, read_rows
+    from cascade.stages.domains.benchdata import benchmark_registry, read_rows
 
     relpath = getattr(benchmark_registry()[name].loader, "relpath", None)
     path = recipe.eval.resolved_data_root() / relpath if relpath else None
@@ -205,7 +205,7 @@ class Plan:
 
 def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1,
               prompt_tokens: int = 128) -> Plan:
-    from stages.kinds import kind_of
+    from cascade.stages.kinds import kind_of
 
     rows = []
     for cfg in recipe.stages:
@@ -224,7 +224,7 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
 
 def dag_lines(recipe: Recipe) -> list[str]:
     """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
-    from stages.kinds import kind_of
+    from cascade.stages.kinds import kind_of
 
     lines = []
     gate = recipe.gate
@@ -289,7 +289,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from stages.kinds import kind_of
+    from cascade.stages.kinds import kind_of
 
     n = len(recipe.stages)
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.8 * n))

@@ -18,9 +18,9 @@ import yaml
 from pydantic import SerializeAsAny, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from artifacts.config import StorageConfig, Strict, TrackingConfig
-from artifacts.urls import credential_error
-from stages.config import (
+from cascade.artifacts.config import StorageConfig, Strict, TrackingConfig
+from cascade.artifacts.urls import credential_error
+from cascade.stages.config import (
     BENCHMARK_COLUMN,
     ComputeConfig,
     DomainSpec,
@@ -35,7 +35,7 @@ from stages.config import (
     SharedSource,
     StageConfig,
 )
-from stages.kinds import KINDS, kind_of
+from cascade.stages.kinds import KINDS, kind_of
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
@@ -73,7 +73,7 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
-        from stages.domains import domain_names
+        from cascade.stages.domains import domain_names
 
         unknown = sorted(set(self.domains) - set(domain_names()))
         if unknown:
@@ -88,7 +88,7 @@ class Recipe(Strict):
         if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
-            from stages.domains.benchdata import benchmark_registry
+            from cascade.stages.domains.benchdata import benchmark_registry
 
             known = benchmark_registry()
             unknown = sorted(set(self.eval.benchmarks) - set(known))
@@ -98,7 +98,7 @@ class Recipe(Strict):
 
     def domain(self, name: str):
         """The recipe's domain `name`, built with its `options`."""
-        from stages.domains import get_domain
+        from cascade.stages.domains import get_domain
 
         return get_domain(name, self.domains[name].options)
 
@@ -169,7 +169,7 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
 
 def _check_sources(cfg: ReadsDataFiles) -> None:
     """Local files must exist and shared formats must be known before any work starts."""
-    from stages.domains.benchdata import benchmark_registry
+    from cascade.stages.domains.benchdata import benchmark_registry
 
     known = {name: spec.domain for name, spec in benchmark_registry().items()}
     if isinstance(cfg, SFTDataConfig):

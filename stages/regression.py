@@ -17,9 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from artifacts import layout
-from artifacts.records import EvalRecord, EvalRecordError
-from artifacts.store import Store
+from cascade.artifacts import layout
+from cascade.artifacts.records import EvalRecord, EvalRecordError
+from cascade.artifacts.store import Store
 
 Verdict = Literal["regressed", "ok", "no baseline"]
 

@@ -27,19 +27,19 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from artifacts.checkpoint import materialize
-from stages.config import DomainPairs, PreferenceFile, RewardModelConfig
-from stages.context import StageContext, StageResult, save_model_checkpoint
-from stages.domains import get_domain
-from stages.datasets.preferences import PreferencePair, pair_of
-from stages.datasets.sources import _file_records
-from stages.kinds import StageInputs
-from stages.losses import bradley_terry_loss
-from stages.model import completion_ids, prompt_ids, resolve_model_dir
-from stages.sft import batch_for_step
-from stages.tokenizer import load_tokenizer
-from stages.distributed import World, resolve_device
-from stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
+from cascade.artifacts.checkpoint import materialize
+from cascade.stages.config import DomainPairs, PreferenceFile, RewardModelConfig
+from cascade.stages.context import StageContext, StageResult, save_model_checkpoint
+from cascade.stages.domains import get_domain
+from cascade.stages.datasets.preferences import PreferencePair, pair_of
+from cascade.stages.datasets.sources import _file_records
+from cascade.stages.kinds import StageInputs
+from cascade.stages.losses import bradley_terry_loss
+from cascade.stages.model import completion_ids, prompt_ids, resolve_model_dir
+from cascade.stages.sft import batch_for_step
+from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.distributed import World, resolve_device
+from cascade.stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
 

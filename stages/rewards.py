@@ -18,14 +18,14 @@ from typing import Any, Protocol
 
 import torch
 
-from artifacts.checkpoint import CheckpointRef, materialize
-from stages.config import RewardConfig, RewardModelReward
-from stages.domains import Item
-from stages.engines import Completion
-from stages.losses import length_normalized_rewards
-from stages.model import completion_ids, prompt_ids
-from stages.reward_model import load_reward_model, sequence_scores
-from stages.rollout import score_groups
+from cascade.artifacts.checkpoint import CheckpointRef, materialize
+from cascade.stages.config import RewardConfig, RewardModelReward
+from cascade.stages.domains import Item
+from cascade.stages.engines import Completion
+from cascade.stages.losses import length_normalized_rewards
+from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.reward_model import load_reward_model, sequence_scores
+from cascade.stages.rollout import score_groups
 
 
 class RewardSource(Protocol):
@@ -104,7 +104,7 @@ def make_reward_source(cfg: RewardConfig, ctx: Any, stages: dict[str, Checkpoint
     if cfg.kind == "reward_model":
         return RewardModelRewards(cfg, ctx.store, stages[cfg.stage], ctx.workdir)
     if cfg.kind == "judge":
-        from stages.judge import JudgeRewards
+        from cascade.stages.judge import JudgeRewards
 
         return JudgeRewards(cfg)
     raise ValueError(f"unknown reward kind {cfg.kind!r}")

@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 
-from stages.config import EngineConfig, OnPolicyConfig
-from stages.distributed import full_weights_everywhere
-from stages.domains import Item, get_domain
-from stages.engines import Completion, RolloutEngine, SamplingParams, make_engine
-from stages.model import prompt_ids
-from stages.recipe import Recipe
+from cascade.stages.config import EngineConfig, OnPolicyConfig
+from cascade.stages.distributed import full_weights_everywhere
+from cascade.stages.domains import Item, get_domain
+from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine
+from cascade.stages.model import prompt_ids
+from cascade.stages.recipe import Recipe
 
 
 def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = None) -> list[Item]:

@@ -21,14 +21,14 @@ import time
 
 import torch
 
-from artifacts.checkpoint import CheckpointRef, materialize
-from stages.context import StageContext, StageResult
-from stages.losses import sft_loss, token_logprobs
-from stages.model import completion_ids, prompt_ids
-from stages.config import SFTConfig
-from stages.kinds import StageInputs
-from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
-from stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
+from cascade.artifacts.checkpoint import CheckpointRef, materialize
+from cascade.stages.context import StageContext, StageResult
+from cascade.stages.losses import sft_loss, token_logprobs
+from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.config import SFTConfig
+from cascade.stages.kinds import StageInputs
+from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
 

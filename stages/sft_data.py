@@ -31,20 +31,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
-from artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
-from stages.context import StageContext, StageResult
-from stages.datasets.card import DataCard, SourceCounts
-from stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
-from stages.datasets.shards import DATA_DIR, TokenCounter, chat_row, iter_conversations, shard_name, write_shard
-from stages.datasets.sources import Row, iter_rows
-from stages.datasets.teachers import Teacher, make_teacher
-from stages.domains import get_domain
-from stages.domains.base import Domain
-from artifacts.config import config_hash
-from artifacts.layout import shard_key, shards_dir
-from stages.config import OracleTeacher, SFTDataConfig
-from stages.kinds import StageInputs
-from stages.recipe import Recipe
+from cascade.artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
+from cascade.stages.context import StageContext, StageResult
+from cascade.stages.datasets.card import DataCard, SourceCounts
+from cascade.stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
+from cascade.stages.datasets.shards import DATA_DIR, TokenCounter, chat_row, iter_conversations, shard_name, write_shard
+from cascade.stages.datasets.sources import Row, iter_rows
+from cascade.stages.datasets.teachers import Teacher, make_teacher
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.base import Domain
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.layout import shard_key, shards_dir
+from cascade.stages.config import OracleTeacher, SFTDataConfig
+from cascade.stages.kinds import StageInputs
+from cascade.stages.recipe import Recipe
 
 DATA_CARD_JSON, DATA_CARD_MD = "data_card.json", "DATA_CARD.md"
 
@@ -117,8 +117,8 @@ class ShardBuilder:
     """The state a build carries across shards: teachers, the eval index, the dedup filters and the card."""
 
     def __init__(self, cfg: SFTDataConfig, ctx: StageContext):
-        from stages.model import resolve_model_dir
-        from stages.tokenizer import ASSET_DIR, load_tokenizer
+        from cascade.stages.model import resolve_model_dir
+        from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 
         self.cfg, self.ctx = cfg, ctx
         self.domains = cfg.domains or list(ctx.recipe.domains)
@@ -231,7 +231,7 @@ def drop(counts: dict[str, SourceCounts], cands: list[Candidate], flags: list[bo
 
 
 def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
-    from stages.domains.benchdata import describe
+    from cascade.stages.domains.benchdata import describe
 
     try:
         return domain.grade_batch([c.row.item for c in cands], [c.text for c in cands])
@@ -243,7 +243,7 @@ def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
 
 def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
     """Every prompt the recipe evaluates on: each domain's held-out split, and the named benchmark files."""
-    from stages.domains.benchdata import load_items, resolve_benchmarks
+    from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
 
     for name, spec in recipe.domains.items():
         yield from (item.prompt for item in recipe.domain(name).iter_items("heldout", spec.heldout_size, recipe.seed))
@@ -253,7 +253,7 @@ def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
 
 def expected_shards(cfg: SFTDataConfig, recipe: Recipe) -> int:
     """Shards the build will write, when every source says how many rows it gives (else 0: unknown)."""
-    from stages.datasets.sources import draw_count
+    from cascade.stages.datasets.sources import draw_count
 
     counts = [draw_count(src, recipe.domains[d].train_size)
               for d in cfg.domains or list(recipe.domains) for src in cfg.domain_sources(d)]

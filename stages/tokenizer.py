@@ -31,7 +31,7 @@ Answer: (A) (B) (C) (D) The answer is B. true false null [1, 2, 3]
 
 
 def corpus_lines() -> list[str]:
-    from stages.domains import get_domain
+    from cascade.stages.domains import get_domain
 
     lines = EXTRA_CORPUS.splitlines() * 50
     for name in ("math", "instruct"):  # the tokenizer was trained before later domains existed; keep it stable

@@ -15,10 +15,10 @@ from typing import Any, Callable
 import torch
 from torch.distributed.tensor import DTensor
 
-from artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
-from artifacts.layout import step_key
-from stages.config import TrainingConfig
-from stages.context import (
+from cascade.artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
+from cascade.artifacts.layout import step_key
+from cascade.stages.config import TrainingConfig
+from cascade.stages.context import (
     TRAIN_STATE_DIR,
     StageContext,
     latest_step_checkpoint,
@@ -28,7 +28,7 @@ from stages.context import (
     save_model_checkpoint,
     set_rng_state,
 )
-from stages.distributed import (
+from cascade.stages.distributed import (
     World,
     full_state_dict,
     load_train_state,

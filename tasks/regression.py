@@ -17,14 +17,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
-from artifacts.checkpoint import CheckpointRef, committed
-from artifacts.records import EvalRecord
-from artifacts.store import Store
-from artifacts.tracking import registered_checkpoint
-from stages.evaluate import evaluate_model
-from stages.recipe import Recipe
-from stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
-from tasks.stages import _artifact_key, open_report
+from cascade.artifacts.checkpoint import CheckpointRef, committed
+from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.store import Store
+from cascade.artifacts.tracking import registered_checkpoint
+from cascade.stages.evaluate import evaluate_model
+from cascade.stages.recipe import Recipe
+from cascade.stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
+from cascade.tasks.stages import _artifact_key, open_report
 
 REGRESSION_EVENT = "cascade.regression.detected"
 CHECKPOINT_RESOURCE = "cascade.checkpoint."

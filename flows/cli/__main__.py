@@ -1,7 +1,7 @@
-"""`python -m flows.cli ...`: the same as the `cascade` console script."""
+"""`python -m cascade.flows.cli ...`: the same as the `cascade` console script."""
 
 import sys
 
-from flows.cli import main
+from cascade.flows.cli import main
 
 sys.exit(main())

@@ -31,12 +31,12 @@ def fail(message: str, code: int = 2) -> None:
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
-    from artifacts.lease import LeaseHeld
-    from artifacts.records import EvalRecordError
-    from artifacts.store import StoreError
-    from stages.model import ModelSourceError
-    from stages.recipe import RecipeError
-    from stages.regression import BaselineError
+    from cascade.artifacts.lease import LeaseHeld
+    from cascade.artifacts.records import EvalRecordError
+    from cascade.artifacts.store import StoreError
+    from cascade.stages.model import ModelSourceError
+    from cascade.stages.recipe import RecipeError
+    from cascade.stages.regression import BaselineError
 
     return (CLIError, RecipeError, LeaseHeld, StoreError, ModelSourceError, BaselineError, EvalRecordError,
             LookupError)
@@ -46,8 +46,8 @@ def stage_failures() -> tuple[type[BaseException], ...]:
     """The failures of a run that are one line, not a bug: a torchrun stage whose rank died or raised (the
     line names the rank; its traceback is in the torchrun log the line names), and the gate under policy
     `fail` (the line names the domain, its drop and the tolerance)."""
-    from stages.launch import DistributedStageError
-    from tasks.stages import GateFailed
+    from cascade.stages.launch import DistributedStageError
+    from cascade.tasks.stages import GateFailed
 
     return (DistributedStageError, GateFailed)
 
@@ -82,8 +82,8 @@ def quiet_services() -> None:
 def store_for(root: str | None):
     from pydantic import ValidationError
 
-    from artifacts.config import StorageConfig
-    from artifacts.store import Store
+    from cascade.artifacts.config import StorageConfig
+    from cascade.artifacts.store import Store
 
     try:
         return Store.from_config(StorageConfig(root=root))
@@ -92,15 +92,15 @@ def store_for(root: str | None):
 
 
 def valid_run_id(run_id: str) -> bool:
-    from flows.recipes import RUN_ID_PATTERN
+    from cascade.flows.recipes import RUN_ID_PATTERN
 
     return re.fullmatch(RUN_ID_PATTERN, run_id) is not None  # fullmatch: "$" alone lets "id\n" through
 
 
 def stored_recipe(store, run_id: str):
     """The recipe a run executes, as stored with it; an unknown or unreadable run is bad input."""
-    from artifacts.layout import recipe_key
-    from stages.recipe import validate_recipe
+    from cascade.artifacts.layout import recipe_key
+    from cascade.stages.recipe import validate_recipe
 
     key = recipe_key(run_id)
     if not valid_run_id(run_id) or not store.exists(key):

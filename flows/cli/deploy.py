@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import CLIError, app, console, guarded, quiet_services
+from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services
 
 
 @app.command()
@@ -24,9 +24,9 @@ def deploy(
 
     Without a configured PREFECT_API_URL, starts a local Prefect server (PREFECT_HOME=$CASCADE_HOME/prefect)
     and stops it on exit."""
-    from infra.deploy import deploy as deploy_all
-    from artifacts.config import cascade_home
-    from tasks.stages import compute_limit_name
+    from cascade.infra.deploy import deploy as deploy_all
+    from cascade.artifacts.config import cascade_home
+    from cascade.tasks.stages import compute_limit_name
 
     if port is not None and not 0 < port < 65536:
         raise CLIError(f"--port must be in 1..65535, got {port}")

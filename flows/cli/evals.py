@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.cli.common import CLIError, app, console, guarded
+from cascade.flows.cli.common import CLIError, app, console, guarded
 
 
 BENCHMARK_HELP = ("Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple; math, "
@@ -106,10 +106,10 @@ def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_en
     """Win rate of MODEL's greedy answers over BASELINE's on ArenaHard's questions, judged in both orders."""
     from pydantic import ValidationError
 
-    from stages.config import JudgeReward
-    from stages.datasets.teachers import TeacherError
-    from stages.domains.benchdata import DEFAULT_DATA_ROOT
-    from stages.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
+    from cascade.stages.config import JudgeReward
+    from cascade.stages.datasets.teachers import TeacherError
+    from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+    from cascade.stages.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
 
     try:
         cfg = JudgeReward(url=url, model=judge_model, api_key_env=key_env)
@@ -144,8 +144,8 @@ def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_en
 
 def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens: int,
                     batch_size: Optional[int]) -> list[str]:
-    from stages.engines.base import SamplingParams
-    from stages.model import prompt_ids
+    from cascade.stages.engines.base import SamplingParams
+    from cascade.stages.model import prompt_ids
 
     tokenizer, engine = _load_for_benchmarks(source, recipe, batch_size)
     try:
@@ -157,7 +157,7 @@ def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens
 
 def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
     """Every recipe domain's held-out split, greedy pass@1 (the behaviour before --benchmark existed)."""
-    from stages.evaluate import evaluate_model
+    from cascade.stages.evaluate import evaluate_model
 
     scores, _ = evaluate_model(_recipe_on(recipe, model))
     if as_json:
@@ -171,8 +171,8 @@ def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
 
 def _recipe_on(recipe: str, model: str):
     """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
-    from flows.recipes import load_recipe
-    from stages.model import check_model_source
+    from cascade.flows.recipes import load_recipe
+    from cascade.stages.model import check_model_source
 
     loaded = load_recipe(recipe)
     check_model_source(model)  # a bad source is one line before any model loads
@@ -181,7 +181,7 @@ def _recipe_on(recipe: str, model: str):
 
 def _benchmark_specs(benchmark: str, data: Optional[str]):
     """The specs of comma-separated names; unknown names are a CLIError before any work."""
-    from stages.domains.benchdata import BenchmarkError, resolve_benchmarks
+    from cascade.stages.domains.benchdata import BenchmarkError, resolve_benchmarks
 
     names = [n.strip() for n in benchmark.split(",") if n.strip()]
     try:
@@ -191,7 +191,7 @@ def _benchmark_specs(benchmark: str, data: Optional[str]):
 
 
 def _check_items_file(spec, data: str) -> None:
-    from stages.domains.benchdata import BenchmarkError, load_items
+    from cascade.stages.domains.benchdata import BenchmarkError, load_items
 
     try:
         if not load_items(spec, data_file=data):
@@ -202,7 +202,7 @@ def _check_items_file(spec, data: str) -> None:
 
 def _load_for_benchmarks(model: str, recipe: str, batch_size: Optional[int]):
     """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings."""
-    from stages.evaluate import open_policy
+    from cascade.stages.evaluate import open_policy
 
     return open_policy(_recipe_on(recipe, model), batch_size=batch_size)
 
@@ -211,8 +211,8 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
     """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
 
     `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
-    from stages.benchmarks import evaluate_benchmark
-    from stages.domains.benchdata import BenchmarkError
+    from cascade.stages.benchmarks import evaluate_benchmark
+    from cascade.stages.domains.benchdata import BenchmarkError
 
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -235,7 +235,7 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
 
 
 def _default_eval_dir() -> Path:
-    from artifacts.config import cascade_home
+    from cascade.artifacts.config import cascade_home
 
     return cascade_home() / "evals" / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -277,8 +277,8 @@ def grade_cmd(
 ) -> None:
     """Score completions made elsewhere. A bad row is reported with its line number and reason, and the other
     rows are still graded; the exit code is 1 when any row could not be graded."""
-    from stages.benchmarks import grade_rows
-    from stages.domains.benchdata import BenchmarkError
+    from cascade.stages.benchmarks import grade_rows
+    from cascade.stages.domains.benchdata import BenchmarkError
 
     if not benchmark or data is None:  # checked here, not by typer, so the error is one line like the others
         raise CLIError("grade needs --benchmark NAME and --data FILE.jsonl")

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from flows.cli.common import CLIError, app, guarded
+from cascade.flows.cli.common import CLIError, app, guarded
 
 
 @app.command()
@@ -28,9 +28,9 @@ def plan(
 ) -> None:
     """Dry run: validate the recipe, draw its DAG (stages, evals, the gate's branch), and estimate per stage the
     tokens sampled and trained, the storage and the time, under a stated throughput assumption. Loads no model."""
-    from flows.recipes import load_recipe
-    from infra.k8s import JobVariablesError, job_variables
-    from stages.plan import PROFILES, dag_lines, draw_dag, make_plan, model_size, plan_json, render_table
+    from cascade.flows.recipes import load_recipe
+    from cascade.infra.k8s import JobVariablesError, job_variables
+    from cascade.stages.plan import PROFILES, dag_lines, draw_dag, make_plan, model_size, plan_json, render_table
 
     if on not in PROFILES:
         raise CLIError(f"--on {on!r}: known profiles are {', '.join(PROFILES)}")

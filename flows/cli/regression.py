@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from flows.cli.common import CLIError, app, console, guarded, quiet_services
+from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services
 
 
 baseline_app = typer.Typer(add_completion=False, help="Stored per-domain baselines of regression evals.")
@@ -29,11 +29,11 @@ def regression_eval_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evaluate checkpoints against a stored baseline, locally; exit code 1 when any domain regressed."""
-    from flows.recipes import load_recipe
-    from flows.regression_eval import default_checkpoints, regression_eval_flow
-    from infra.prefect_server import LocalAPI
-    from stages.regression import baseline_key, regressions
-    from tasks.regression import resolve_checkpoint
+    from cascade.flows.recipes import load_recipe
+    from cascade.flows.regression_eval import default_checkpoints, regression_eval_flow
+    from cascade.infra.prefect_server import LocalAPI
+    from cascade.stages.regression import baseline_key, regressions
+    from cascade.tasks.regression import resolve_checkpoint
 
     loaded = load_recipe(recipe)
     baseline_key(baseline)
@@ -66,9 +66,9 @@ def baseline_set(
     recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains and store to use."),
 ) -> None:
     """Replace a baseline: every domain's score and checkpoint from one eval."""
-    from artifacts.store import Store
-    from flows.recipes import load_recipe
-    from stages.regression import baseline_key, replace, save_baseline
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
+    from cascade.stages.regression import baseline_key, replace, save_baseline
 
     loaded = load_recipe(recipe)
     baseline_key(name)
@@ -85,18 +85,18 @@ def baseline_show(
     recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose store holds the baseline."),
 ) -> None:
     """Print a baseline: per domain, the score and the checkpoint that earned it."""
-    from artifacts.store import Store
-    from flows.recipes import load_recipe
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
 
     _print_baseline(Store.from_config(load_recipe(recipe).storage), name)
 
 
 def _eval_record(recipe, store, source: str):
     """The eval record a baseline is set from: read (a .json record) or made now (a checkpoint)."""
-    from artifacts.records import EvalRecord
-    from stages.evaluate import evaluate_model
-    from stages.regression import read_eval_record
-    from tasks.regression import resolve_checkpoint
+    from cascade.artifacts.records import EvalRecord
+    from cascade.stages.evaluate import evaluate_model
+    from cascade.stages.regression import read_eval_record
+    from cascade.tasks.regression import resolve_checkpoint
 
     if source.endswith(".json"):
         local = Path(source)
@@ -112,7 +112,7 @@ def _eval_record(recipe, store, source: str):
 
 
 def _print_baseline(store, name: str) -> None:
-    from stages.regression import load_baseline
+    from cascade.stages.regression import load_baseline
 
     baseline = load_baseline(store, name)
     if baseline is None:

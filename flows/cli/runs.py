@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe, valid_run_id
+from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe, valid_run_id
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -21,13 +21,13 @@ def new_run_id(recipe_name: str) -> str:
 
 def execute(recipe, run_id: str) -> None:
     """The cascade flow in this process, with a progress bar per stage; then the forgetting matrix."""
-    from infra.prefect_server import LocalAPI
+    from cascade.infra.prefect_server import LocalAPI
 
     api = LocalAPI()  # started now, when no PREFECT_API_URL is configured: its start-up overlaps these imports
-    from artifacts.layout import report_key
-    from artifacts.store import Store
-    from flows.cascade import cascade_flow
-    from tasks.progress import set_progress_factory
+    from cascade.artifacts.layout import report_key
+    from cascade.artifacts.store import Store
+    from cascade.flows.cascade import cascade_flow
+    from cascade.tasks.progress import set_progress_factory
 
     with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=console, transient=False) as progress:
@@ -54,7 +54,7 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items), and
     each RL stage in `targets` (stage -> the domains it trains) its gains table. Wider than the terminal (a
     recipe with many domains), the matrix's columns go into several tables, never cut."""
-    from artifacts.html_report import item_scores, standard_error
+    from cascade.artifacts.html_report import item_scores, standard_error
 
     domains, rows = report.forgetting_matrix()
     items = item_scores(store, report.run_id) if store is not None else {}
@@ -92,7 +92,7 @@ def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float
                 targets: dict[str, list[str]]) -> list[list[str]]:
     """Rows (stage, domain, before, after, gain ± SE, gain / SE) for each trained domain of each evaluated stage
     in `targets`, against the eval just before it; "-" in SE where the difference has no spread (none moved)."""
-    from artifacts.html_report import paired_gain
+    from cascade.artifacts.html_report import paired_gain
 
     rows = []
     for before, stage in zip(evaluated, evaluated[1:]):
@@ -134,10 +134,10 @@ def run(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (default: RECIPE-DATE-TIME-XXXX)."),
 ) -> None:
     """Run a recipe end to end."""
-    from artifacts.layout import recipe_key, run_dir
-    from artifacts.lease import hold_run
-    from artifacts.store import Store
-    from flows.recipes import load_recipe
+    from cascade.artifacts.layout import recipe_key, run_dir
+    from cascade.artifacts.lease import hold_run
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
 
     loaded = load_recipe(recipe, overrides or [])
     run_id = run_id or new_run_id(loaded.name)
@@ -164,8 +164,8 @@ def resume(
     store: Optional[str] = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
 ) -> None:
     """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint."""
-    from artifacts.lease import hold_run
-    from artifacts.store import Store
+    from cascade.artifacts.lease import hold_run
+    from cascade.artifacts.store import Store
 
     loaded = stored_recipe(store_for(store), run_id)
     quiet_services()
@@ -178,8 +178,8 @@ def _load_report(st, run_id: str):
     """The run's report; an unreadable one (a truncated write) is reported, not fatal for the listing."""
     from pydantic import ValidationError
 
-    from artifacts.layout import report_key
-    from artifacts.report import RunReport
+    from cascade.artifacts.layout import report_key
+    from cascade.artifacts.report import RunReport
 
     try:
         return RunReport.load(st, run_id)
@@ -195,8 +195,8 @@ def status(
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """Show runs, or one run's stages, evals and gate decisions."""
-    from artifacts.layout import RUNS, recipe_key
-    from artifacts.report import RunReport
+    from cascade.artifacts.layout import RUNS, recipe_key
+    from cascade.artifacts.report import RunReport
 
     st = store_for(store)
     if run_id is None:
@@ -257,8 +257,8 @@ def report(
         print_matrix(rep, st, rl_targets(rec))
     if html is None:
         return
-    from artifacts.html_report import collect, render
-    from artifacts.layout import html_report_key, run_dir
+    from cascade.artifacts.html_report import collect, render
+    from cascade.artifacts.layout import html_report_key, run_dir
 
     rendered = render([collect(st, r, [s.name for s in rec.stages]) for r, rec in zip(run_ids, recipes)])
     if target is None:
@@ -299,7 +299,7 @@ def gc_cmd(
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
-    from artifacts.gc import gc
+    from cascade.artifacts.gc import gc
 
     if keep < 1:
         raise CLIError(f"--keep must be >= 1, got {keep}")

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from stages.config import PreferenceFile
+from cascade.stages.config import PreferenceFile
 
 
 @dataclass(frozen=True)

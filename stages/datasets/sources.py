@@ -15,11 +15,11 @@ from typing import Any, Iterator
 
 import fsspec
 
-from artifacts.store import storage_options
-from stages.domains.base import Item
-from artifacts.config import StorageConfig
-from stages.config import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
-from stages.recipe import Recipe
+from cascade.artifacts.store import storage_options
+from cascade.stages.domains.base import Item
+from cascade.artifacts.config import StorageConfig
+from cascade.stages.config import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.recipe import Recipe
 
 PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
 
@@ -66,7 +66,7 @@ def iter_rows(cfg: ReadsDataFiles, recipe: Recipe, domains: list[str], oracle_do
 
 def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
     """A shared/data file parsed by its benchmark's own row parser, so the grader finds the meta it expects."""
-    from stages.domains.benchdata import benchmark_registry, describe, read_jsonl_lines
+    from cascade.stages.domains.benchdata import benchmark_registry, describe, read_jsonl_lines
 
     spec = benchmark_registry()[src.format]  # the recipe checked the name and its domain
     path = data_root / src.file
@@ -104,7 +104,7 @@ def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH):
                 yield from batch.to_pylist()
         return
-    from stages.domains.benchdata import parse_jsonl_lines
+    from cascade.stages.domains.benchdata import parse_jsonl_lines
 
     with fsspec.open(src.path, "rt", compression="infer", encoding="utf-8", **options) as f:
         for number, row in parse_jsonl_lines(f):

@@ -27,9 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stages.domains.base import Item
-from stages.config import ModelTeacher, OpenAIEndpoint, OracleTeacher
-from stages.recipe import Recipe
+from cascade.stages.domains.base import Item
+from cascade.stages.config import ModelTeacher, OpenAIEndpoint, OracleTeacher
+from cascade.stages.recipe import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row
 
@@ -74,7 +74,7 @@ class ModelTeacherEngine:
     """A model sampled by the recipe's rollout engine, `batch_size` prompts per generate call."""
 
     def __init__(self, cfg: ModelTeacher, recipe: Recipe):
-        from stages.engines import make_engine
+        from cascade.stages.engines import make_engine
 
         self.cfg, self.retries = cfg, 0  # the engine retries on its own
         model, self.tokenizer = load_teacher_model(cfg.source, recipe)
@@ -83,8 +83,8 @@ class ModelTeacherEngine:
         self.calls = 0
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]:
-        from stages.engines.base import SamplingParams
-        from stages.model import prompt_ids
+        from cascade.stages.engines.base import SamplingParams
+        from cascade.stages.model import prompt_ids
 
         answers: list[Answer] = []
         for start in range(0, len(items), self.cfg.batch_size):
@@ -104,7 +104,7 @@ class ModelTeacherEngine:
 
 def load_teacher_model(source: str, recipe: Recipe):
     """(model, tokenizer) for any model source (stages.model.resolve_model_dir); the recipe's for "tiny"."""
-    from stages.model import ModelSourceError, initial_model
+    from cascade.stages.model import ModelSourceError, initial_model
 
     try:
         return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import importlib
 
-from stages.domains.base import Domain, Item, Split
+from cascade.stages.domains.base import Domain, Item, Split
 
 DOMAIN_CLASSES: dict[str, str] = {
-    "math": "stages.domains.math:MathDomain",
-    "instruct": "stages.domains.instruct:InstructDomain",
-    "code": "stages.domains.code:CodeDomain",
-    "mcqa": "stages.domains.mcqa:MCQADomain",
-    "structured": "stages.domains.structured:StructuredDomain",
-    "tool": "stages.domains.tool:ToolDomain",
-    "longctx": "stages.domains.longctx:LongContextDomain",
-    "swe": "stages.domains.swe:SWEDomain",
-    "chat": "stages.domains.chat:ChatDomain",
+    "math": "cascade.stages.domains.math:MathDomain",
+    "instruct": "cascade.stages.domains.instruct:InstructDomain",
+    "code": "cascade.stages.domains.code:CodeDomain",
+    "mcqa": "cascade.stages.domains.mcqa:MCQADomain",
+    "structured": "cascade.stages.domains.structured:StructuredDomain",
+    "tool": "cascade.stages.domains.tool:ToolDomain",
+    "longctx": "cascade.stages.domains.longctx:LongContextDomain",
+    "swe": "cascade.stages.domains.swe:SWEDomain",
+    "chat": "cascade.stages.domains.chat:ChatDomain",
 }
 _instances: dict[str, Domain] = {}
 _configured: dict[tuple[str, tuple], Domain] = {}  # (name, options) -> a domain built with constructor options

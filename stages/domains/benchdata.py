@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from stages.domains import DOMAIN_CLASSES, domain_names, get_domain
-from stages.domains.base import Item
+from cascade.stages.domains import DOMAIN_CLASSES, domain_names, get_domain
+from cascade.stages.domains.base import Item
 
 # stages/domains/benchdata.py -> parents[2] is the checkout; shared/ is its sibling.
 DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"

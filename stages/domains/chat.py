@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import random
 
-from stages.datasets.preferences import PreferencePair
-from stages.domains.base import Domain, Item, Split
-from stages.domains.instruct import TOPIC_WORDS, words_of
+from cascade.stages.datasets.preferences import PreferencePair
+from cascade.stages.domains.base import Domain, Item, Split
+from cascade.stages.domains.instruct import TOPIC_WORDS, words_of
 
 ENTITIES = ["Ada", "Bruno", "Cleo", "Dev", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena",
             "Milo", "Nora", "Otto", "Pia", "Quin", "Rosa", "Sami", "Tess"]

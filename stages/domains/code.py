@@ -47,11 +47,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from sandbox import SandboxLimits, run_many
-from stages.domains.benchdata import JsonlBenchmark
-from stages.domains.base import Domain, Item
-from stages.domains.benchdata import read_jsonl
-from stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
+from cascade.sandbox import SandboxLimits, run_many
+from cascade.stages.domains.benchdata import JsonlBenchmark
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import read_jsonl
+from cascade.stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
 OPS = {"plus": "+", "minus": "-", "times": "*"}
 TEMPLATES = ("Write f(x): {words}.", "Write f(x) = {words}.", "Code f(x): {words}.")

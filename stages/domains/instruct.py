@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
 
-from stages.domains.benchdata import BenchmarkError, JsonlBenchmark
-from stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import BenchmarkError, JsonlBenchmark
+from cascade.stages.domains.base import Domain, Item
 
 TOPICS = {
     "cats": "cat fur paws purr nap milk soft tail whiskers play",
@@ -174,7 +174,7 @@ def prepare_checkers() -> None:
             import langdetect
             import nltk
 
-            from artifacts.config import cascade_home
+            from cascade.artifacts.config import cascade_home
 
             try:
                 nltk.data.find("tokenizers/punkt_tab/english/")

@@ -34,7 +34,7 @@ import pickle
 import zlib
 from typing import Any
 
-from stages.domains.base import Item
+from cascade.stages.domains.base import Item
 
 TEST_TIMEOUT_S = 6  # lcb_runner's per-test timeout
 SUPPORTED_TEST_TYPE = "stdin"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 import re
 
-from stages.domains.base import Domain, Item
+from cascade.stages.domains.base import Domain, Item
 
 NAMES = (
     "owl fox cat dog elk yak bee ant cow pig hen emu bat eel ram jay "

@@ -39,8 +39,8 @@ import random
 import threading
 from typing import Any, Callable
 
-from stages.domains.benchdata import JsonlBenchmark
-from stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import JsonlBenchmark
+from cascade.stages.domains.base import Domain, Item
 
 TEMPLATES = ("Compute {expr}.", "What is {expr}?", "Evaluate {expr}.")
 BOX_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."

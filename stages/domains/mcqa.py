@@ -36,8 +36,8 @@ import re
 from dataclasses import replace
 from typing import Any, Callable
 
-from stages.domains.benchdata import JsonlBenchmark
-from stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import JsonlBenchmark
+from cascade.stages.domains.base import Domain, Item
 
 LETTERS = "ABCDEFGHIJ"
 OPTIONS_MARKER = "Options are:"

@@ -27,7 +27,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from stages.domains.base import Domain, Item
+from cascade.stages.domains.base import Domain, Item
 
 KEYS = ("id", "n", "x", "age", "day", "city", "page", "line", "note", "word", "song", "star")  # 1-2 tokens each
 WORDS = ("sun", "rain", "blue", "sea", "book", "tree", "cat", "dog", "snow", "fire", "gold", "star", "moon",

@@ -38,8 +38,8 @@ import random
 import re
 from typing import Any
 
-from stages.domains.base import Domain, Item
-from stages.domains.code import SYNTHETIC_LIMITS, Job, host_check, int_tests, run_jobs
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.code import SYNTHETIC_LIMITS, Job, host_check, int_tests, run_jobs
 
 TOGGLE_STRICT = {">": ">=", ">=": ">", "<": "<=", "<=": "<"}
 COMPARE = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b}

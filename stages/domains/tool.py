@@ -53,8 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from stages.domains.base import Domain, Item
-from stages.domains.benchdata import read_jsonl
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import read_jsonl
 
 BFCL_FILES = {
     "bfcl_simple": "simple_python",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from stages.engines.base import Completion, RolloutEngine, SamplingParams
-from stages.engines.hf import HFEngine
-from stages.config import EngineConfig
+from cascade.stages.engines.base import Completion, RolloutEngine, SamplingParams
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.config import EngineConfig
 
 
 def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> RolloutEngine:
@@ -22,8 +22,8 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
     import tempfile
     from pathlib import Path
 
-    from stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
-    from stages.model import save_hf
+    from cascade.stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
+    from cascade.stages.model import save_hf
 
     stop = [tokenizer.eos_token_id]
     if cfg.url:
@@ -41,7 +41,7 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
 
 def server_options(cfg: EngineConfig):
     """The managed server's launch options from the recipe's engine section (GPU ones apply on a GPU only)."""
-    from stages.engines.vllm import ServerOptions
+    from cascade.stages.engines.vllm import ServerOptions
 
     on_gpu = torch.cuda.is_available()
     return ServerOptions(

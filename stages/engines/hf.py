@@ -23,8 +23,8 @@ import inspect
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
-from stages.engines.base import Completion, SamplingParams
-from stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 

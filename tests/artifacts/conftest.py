@@ -4,7 +4,7 @@ import secrets
 
 import pytest
 
-from artifacts.store import RetryPolicy, Store
+from cascade.artifacts.store import RetryPolicy, Store
 from tests.artifacts.servers import FAKE_KEYS, make_bucket, moto_server
 
 FAST_RETRY = RetryPolicy(attempts=3, base=0.05, cap=0.2)  # tests wait milliseconds, not seconds

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from artifacts.checkpoint import MANIFEST, CheckpointError, committed, materialize, verify, write_checkpoint
+from cascade.artifacts.checkpoint import MANIFEST, CheckpointError, committed, materialize, verify, write_checkpoint
 
 
 @pytest.fixture
@@ -97,11 +97,11 @@ def transient_error():
 
 def fail_uploads(store, monkeypatch, make_error, times=10**9) -> list:
     """Make the first `times` raw uploads under the Store's retry layer raise make_error(); returns the calls."""
-    import artifacts.store
+    import cascade.artifacts.store
 
     calls = []
     if store.protocol == "file":
-        real_copy = artifacts.store._copy_hashing
+        real_copy = cascade.artifacts.store._copy_hashing
 
         def copy(src, dst, atomic):
             if atomic:  # uploads are atomic copies; downloads are not
@@ -110,7 +110,7 @@ def fail_uploads(store, monkeypatch, make_error, times=10**9) -> list:
                     raise make_error()
             return real_copy(src, dst, atomic)
 
-        monkeypatch.setattr(artifacts.store, "_copy_hashing", copy)
+        monkeypatch.setattr(cascade.artifacts.store, "_copy_hashing", copy)
     else:
         real_call = store.fs.call_s3
 
@@ -210,7 +210,7 @@ def test_verify_hashes_what_the_store_holds(store, local_dir):
 
 
 def test_commit_guard_can_stop_the_manifest(store, local_dir, monkeypatch):
-    from artifacts import checkpoint
+    from cascade.artifacts import checkpoint
 
     def refuse(st, key):
         raise RuntimeError(f"not the writer of {key}")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from artifacts.checkpoint import MANIFEST, committed, write_checkpoint
-from artifacts.gc import gc, plan_gc
-from artifacts.lease import Lease
+from cascade.artifacts.checkpoint import MANIFEST, committed, write_checkpoint
+from cascade.artifacts.gc import gc, plan_gc
+from cascade.artifacts.lease import Lease
 
 
 @pytest.fixture

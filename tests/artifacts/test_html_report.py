@@ -4,12 +4,12 @@ run (every section, escaping, a stopped run), and a comparison of two runs."""
 import json
 import math
 
-from artifacts import layout
-from artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
-from artifacts.records import EvalRecord
-from artifacts.report import RunReport
-from artifacts.steplog import StepLog, read_rows, read_run
-from artifacts.store import Store
+from cascade.artifacts import layout
+from cascade.artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
+from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.steplog import StepLog, read_rows, read_run
+from cascade.artifacts.store import Store
 
 
 def rows_of(store: Store, key: str) -> list[int]:
@@ -133,8 +133,8 @@ def test_two_runs_side_by_side(tmp_path):
 
 
 def test_the_printed_forgetting_matrix_carries_standard_errors(tmp_path):
-    from flows.cli.common import console
-    from flows.cli.runs import print_matrix
+    from cascade.flows.cli.common import console
+    from cascade.flows.cli.runs import print_matrix
 
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")
@@ -157,8 +157,8 @@ def test_paired_gain_is_over_the_items_both_evals_scored():
 
 
 def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_path):
-    from flows.cli.common import console
-    from flows.cli.runs import print_matrix
+    from cascade.flows.cli.common import console
+    from cascade.flows.cli.runs import print_matrix
 
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")

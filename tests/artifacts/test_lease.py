@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from artifacts import checkpoint
-from artifacts.checkpoint import MANIFEST, write_checkpoint
-from artifacts.lease import Lease, LeaseHeld, LeaseLost, lease_key, read_lease
+from cascade.artifacts import checkpoint
+from cascade.artifacts.checkpoint import MANIFEST, write_checkpoint
+from cascade.artifacts.lease import Lease, LeaseHeld, LeaseLost, lease_key, read_lease
 from tests.artifacts.servers import ROOT
 
 
@@ -68,7 +68,7 @@ def test_losing_the_race_in_the_settle_window_refuses(store, monkeypatch):
                                                        "expires": time.time() + 60}).encode())
         real_sleep(seconds)
 
-    monkeypatch.setattr("artifacts.lease.time.sleep", rival_writes)
+    monkeypatch.setattr("cascade.artifacts.lease.time.sleep", rival_writes)
     with pytest.raises(LeaseHeld, match="claimed the lease at the same moment"):
         lease.acquire()
     assert lease._guard not in checkpoint.COMMIT_GUARDS

@@ -2,8 +2,8 @@
 
 import pytest
 
-from artifacts.store import RetryPolicy, Store, is_transient, retrying, storage_options
-from artifacts.config import StorageConfig
+from cascade.artifacts.store import RetryPolicy, Store, is_transient, retrying, storage_options
+from cascade.artifacts.config import StorageConfig
 
 
 def test_keys_listing_and_sizes(any_store):
@@ -109,7 +109,7 @@ def test_transient_errors_are_told_from_permanent_ones(kind, transient):
 
 def test_backoff_grows_exponentially_and_is_capped(monkeypatch):
     waits, calls = [], []
-    monkeypatch.setattr("artifacts.store.time.sleep", waits.append)
+    monkeypatch.setattr("cascade.artifacts.store.time.sleep", waits.append)
 
     def failing():
         calls.append(1)
@@ -124,8 +124,8 @@ def test_backoff_grows_exponentially_and_is_capped(monkeypatch):
 
 def test_retries_stop_when_the_time_budget_is_spent(monkeypatch):
     clock, calls = [0.0], []
-    monkeypatch.setattr("artifacts.store.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("artifacts.store.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr("cascade.artifacts.store.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("cascade.artifacts.store.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
 
     def hanging():  # each attempt waits out a 20 s read timeout
         calls.append(1)
@@ -139,7 +139,7 @@ def test_retries_stop_when_the_time_budget_is_spent(monkeypatch):
 
 
 def test_requests_have_timeouts_and_one_retry_layer(monkeypatch, tmp_path):
-    from artifacts.store import BOTO_ATTEMPTS, CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+    from cascade.artifacts.store import BOTO_ATTEMPTS, CONNECT_TIMEOUT_S, READ_TIMEOUT_S
 
     for k in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
         monkeypatch.delenv(k, raising=False)

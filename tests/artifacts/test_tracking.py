@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from artifacts.tracking import Tracker, redact, register_stage, scrub
+from cascade.artifacts.tracking import Tracker, redact, register_stage, scrub
 from tests.conftest import micro_recipe
 
 
@@ -46,7 +46,7 @@ def test_register_stage_versions_and_aliases(tracker):
 
 
 def test_eval_and_report_artifacts_on_the_parent_run(tracker, tmp_path):
-    from artifacts.report import RunReport
+    from cascade.artifacts.report import RunReport
 
     report = RunReport(run_id="run-1", recipe="micro")
     report.record_eval("sft", {"math": 0.5, "instruct": 0.25})
@@ -66,7 +66,7 @@ def test_secrets_are_read_again_when_the_environment_changes_mid_read(monkeypatc
     from collections.abc import Mapping
     from types import SimpleNamespace
 
-    import artifacts.tracking as tracking
+    import cascade.artifacts.tracking as tracking
 
     class ChangingEnviron(Mapping):
         def __init__(self, data):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.checkpoint import MANIFEST, verify
-from artifacts.store import Store
+from cascade.artifacts.checkpoint import MANIFEST, verify
+from cascade.artifacts.store import Store
 from tests.artifacts.servers import FAKE_KEYS, ROOT, make_bucket, mlflow_server, moto_server
 
 KILL_RECIPE = Path(__file__).with_name("kill.yaml")
@@ -64,7 +64,7 @@ def cli_env(home: Path, endpoint: str, prefect_api: str | None, **extra: str) ->
     return env
 
 
-def cascade(args: list[str], env: dict[str, str], module: str = "flows.cli") -> subprocess.Popen:
+def cascade(args: list[str], env: dict[str, str], module: str = "cascade.flows.cli") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -81,14 +81,14 @@ def unverified(store: Store, prefix: str) -> dict[str, list[str]]:
 
 def s3_recipe(tmp_path: Path, endpoint: str, bucket: str, *overrides: str):
     """The fault recipe (kill.yaml) with its store in bucket on endpoint."""
-    from flows.recipes import load_recipe
+    from cascade.flows.recipes import load_recipe
 
     return load_recipe(str(KILL_RECIPE), [f"storage.root=s3://{bucket}/cascade", f"storage.endpoint_url={endpoint}",
                                           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides])
 
 
 def stage_ctx(recipe, workdir: Path, name: str, run_id: str = "r", sink=None):
-    from stages.context import ListSink, StageContext
+    from cascade.stages.context import ListSink, StageContext
 
     store = Store.from_config(recipe.storage)
     index = [s.name for s in recipe.stages].index(name)

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 
-from artifacts.store import Store
+from cascade.artifacts.store import Store
 
 AT = int(os.environ["CASCADE_KILL_AT_UPLOAD"])
 _count, _lock = itertools.count(1), threading.Lock()
@@ -26,6 +26,6 @@ def _put_then_maybe_die(self, local, key):
 Store.put_file = _put_then_maybe_die
 
 if __name__ == "__main__":
-    from flows.cli import main
+    from cascade.flows.cli import main
 
     main()

@@ -1,8 +1,8 @@
 """kill -9 of one torchrun rank while `cascade run` trains a 2-rank SFT stage, then `cascade resume`.
 
-One trial: `python -m flows.cli run kill.yaml` with `stages.sft.compute.nproc_per_node=2` on a file store. Once
+One trial: `python -m cascade.flows.cli run kill.yaml` with `stages.sft.compute.nproc_per_node=2` on a file store. Once
 the SFT stage has committed a step checkpoint, the test finds rank 1 (a process whose command line runs
-`stages.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs it. The CLI
+`cascade.stages.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs it. The CLI
 must exit 1 with one line naming the stage and the rank; no partial checkpoint may be adopted (every manifest
 verifies, the SFT stage has no final manifest); no rank survives; the lease is released; and `cascade resume`
 continues the SFT stage from its newest step checkpoint, still on 2 ranks, and finishes the run, whose final
@@ -21,11 +21,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from artifacts.checkpoint import committed
-from artifacts.layout import lease_key, stage_key, steps_dir
-from artifacts.report import RunReport
-from artifacts.steplog import read_rows
-from artifacts.store import Store
+from cascade.artifacts.checkpoint import committed
+from cascade.artifacts.layout import lease_key, stage_key, steps_dir
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.steplog import read_rows
+from cascade.artifacts.store import Store
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, manifests, unverified
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ FAILURE = "cascade: error: stage sft: rank 1 died (killed by SIGKILL); torchrun 
 
 
 def rank_pids(spec_root: Path, rank: int) -> list[int]:
-    """Processes running a `stages.launch` rank on a spec dir under spec_root, with RANK=rank in their environment."""
+    """Processes running a `cascade.stages.launch` rank on a spec dir under spec_root, with RANK=rank in their environment."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,7 +46,7 @@ def rank_pids(spec_root: Path, rank: int) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:  # gone, or not ours
             continue
-        if b"stages.launch" in cmdline and any(a.startswith(str(spec_root).encode()) for a in cmdline) \
+        if b"cascade.stages.launch" in cmdline and any(a.startswith(str(spec_root).encode()) for a in cmdline) \
                 and f"RANK={rank}".encode() in environ:
             found.append(int(entry.name))
     return found

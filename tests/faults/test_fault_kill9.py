@@ -1,7 +1,7 @@
 """kill -9 at random points of a cascade, then `cascade resume`: every trial completes, every manifest in the
 store verifies by sha256, no partial checkpoint is adopted, and the resumed weights equal a straight run's.
 
-Each trial runs `python -m flows.cli run kill.yaml` against a moto S3 store and SIGKILLs it at a seeded random
+Each trial runs `python -m cascade.flows.cli run kill.yaml` against a moto S3 store and SIGKILLs it at a seeded random
 point (the seeds are printed and in every assertion message): even trials after a random delay, odd trials right
 after a random upload lands (tests/faults/killer.py), so that some kills surely leave partial uploads. It
 records the partial uploads the kill left (gc's orphans), resumes, and checks. Two trials run at a time (2
@@ -22,10 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load as load_safetensors
 
-from artifacts.checkpoint import committed, read_manifest
-from artifacts.gc import plan_gc
-from artifacts.report import RunReport
-from artifacts.store import Store
+from cascade.artifacts.checkpoint import committed, read_manifest
+from cascade.artifacts.gc import plan_gc
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
 from tests.faults.conftest import KILL_RECIPE, cascade, cli_env, manifests, new_bucket, unverified
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from artifacts.lease import Lease, LeaseHeld, lease_key, read_lease
-from artifacts.store import Store
+from cascade.artifacts.lease import Lease, LeaseHeld, lease_key, read_lease
+from cascade.artifacts.store import Store
 from tests.artifacts.servers import ROOT
 from tests.faults.conftest import new_bucket
 
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 HOLDER = """
 import sys, time
-from artifacts.store import Store
-from artifacts.lease import Lease
+from cascade.artifacts.store import Store
+from cascade.artifacts.lease import Lease
 store = Store(sys.argv[1], {"client_kwargs": {"endpoint_url": sys.argv[2]}, "use_listings_cache": False})
 lease = Lease(store, "same-id", ttl=float(sys.argv[3]), settle=0.1).acquire()
 print("holding", flush=True)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from artifacts.gc import gc
-from artifacts.store import Store
-from flows.cascade import cascade_flow
+from cascade.artifacts.gc import gc
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

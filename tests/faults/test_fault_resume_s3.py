@@ -5,15 +5,15 @@ RNG, step) makes the round trip through S3 and the manifest/sha256 machinery."""
 import pytest
 import torch
 
-import stages.context
-import stages.domains
-from stages.kinds import StageInputs
-from stages.context import ListSink
-from stages.domains.base import Domain, Item
-from stages.grpo import run_grpo
-from stages.recipe import validate_recipe
-from stages.sft import run_sft
-from stages.sft_data import run_sft_data
+import cascade.stages.context
+import cascade.stages.domains
+from cascade.stages.kinds import StageInputs
+from cascade.stages.context import ListSink
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.grpo import run_grpo
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.sft import run_sft
+from cascade.stages.sft_data import run_sft_data
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -57,15 +57,15 @@ def attempt(stage: str, s3_url: str, tmp_path, name: str):
 
 @pytest.mark.parametrize("stage, series", [("sft", "loss"), ("rl", "reward")])
 def test_resume_parity_through_s3(s3, tmp_path, monkeypatch, stage, series):
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(Vowels())
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(Vowels())
     finals, curves = [], []
     for name in ("straight", "resumed"):
         cfg, run, ctx, sink = attempt(stage, s3.url, tmp_path, name)
         half = cfg.steps // 2
         if name == "resumed":
             with monkeypatch.context() as mp:
-                preempt_at(mp, stages.context, "write_checkpoint", half + 1)  # after step half+1, before its save
+                preempt_at(mp, cascade.stages.context, "write_checkpoint", half + 1)  # after step half+1, before its save
                 with pytest.raises(Preempted):
                     run()
             kept = range(max(1, half - cfg.keep_step_checkpoints + 1), half + 1)  # older ones pruned as it ran

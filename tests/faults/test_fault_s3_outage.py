@@ -14,11 +14,11 @@ import pytest
 import torch
 from botocore.exceptions import EndpointConnectionError
 
-from artifacts.checkpoint import MANIFEST, committed
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.sft import run_sft
-from stages.sft_data import run_sft_data
+from cascade.artifacts.checkpoint import MANIFEST, committed
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.sft import run_sft
+from cascade.stages.sft_data import run_sft_data
 from tests.artifacts.servers import have_s3rver, make_bucket, s3rver_server
 from tests.faults.conftest import s3_recipe, stage_ctx, stage_weights, unverified
 

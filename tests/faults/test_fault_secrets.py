@@ -12,9 +12,9 @@ import secrets
 
 import pytest
 
-from artifacts.store import Store
-from flows.cascade import cascade_flow
-from flows.recipes import load_recipe
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
+from cascade.flows.recipes import load_recipe
 from tests.faults.conftest import new_bucket
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]

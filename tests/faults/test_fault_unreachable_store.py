@@ -51,7 +51,7 @@ def run_cli(args: list[str], home: Path, **env: str) -> tuple[subprocess.Complet
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CASCADE_"))}
     full.update(FAKE_KEYS, CASCADE_HOME=str(home), **env)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=full,
+    result = subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True, env=full,
                             cwd=ROOT, timeout=120)
     return result, time.monotonic() - started
 
@@ -78,8 +78,8 @@ def test_unreachable_s3_endpoint_fails_fast_with_one_line(tmp_path, endpoint, co
 def test_a_write_to_an_endpoint_gone_silent_mid_run_gives_up(monkeypatch):
     """Later in a run (the endpoint answered once), a PUT to a server that stopped answering ends within its
     deadline and the retry budget. Before, aiohttp awaited the answer to `Expect: 100-continue` forever."""
-    from artifacts import store as st
-    from artifacts.config import StorageConfig
+    from cascade.artifacts import store as st
+    from cascade.artifacts.config import StorageConfig
 
     for k, v in FAKE_KEYS.items():
         monkeypatch.setenv(k, v)

@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from artifacts.store import Store
-from artifacts.tracking import Tracker, register_stage
+from cascade.artifacts.store import Store
+from cascade.artifacts.tracking import Tracker, register_stage
 from tests.faults.conftest import s3_recipe
 
 pytestmark = pytest.mark.slow
 
 
 def test_tracker_against_an_mlflow_server(s3, mlflow_url, tmp_path):
-    from artifacts.report import RunReport
+    from cascade.artifacts.report import RunReport
 
     recipe = s3_recipe(tmp_path, s3.url, "mlflow-art", f"tracking.uri={mlflow_url}")
     tracker = Tracker(recipe, "srv-1")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
+from cascade.flows.cli import app
 
 
 def cascade(*args: str) -> tuple[int, str, str]:
@@ -76,8 +76,8 @@ def test_run_ids_are_matched_whole(cascade_home, run_id):
 
 
 def test_a_corrupt_safetensors_file_is_one_line(tmp_path):
-    from stages.config import ModelConfig
-    from stages.model import initial_model, save_hf
+    from cascade.stages.config import ModelConfig
+    from cascade.stages.model import initial_model, save_hf
 
     model, tok = initial_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 0)
     save_hf(model, tok, tmp_path / "m")

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from stages.domains.benchdata import DEFAULT_DATA_ROOT, benchmark_registry, read_jsonl
+from cascade.flows.cli import app
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT, benchmark_registry, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def test_math_every_answer_shape_gold_and_rewrites_pass_near_misses_fail(tmp_pat
 def test_math_grader_agrees_with_math_verify_on_every_case():
     from math_verify import parse, verify
 
-    from stages.domains import get_domain
+    from cascade.stages.domains import get_domain
 
     parse_row, math = benchmark_registry()["math"].loader.parse_row, get_domain("math")
     disagreements = []
@@ -281,7 +281,7 @@ def test_ifbench_unknown_instruction_id_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "unknown.jsonl"
     path.write_text(json.dumps({**row, "instruction_id_list": ["format:no_whitespace"], "kwargs": [{}]}) + "\n"
                     + json.dumps(row) + "\n")
-    result = subprocess.run([sys.executable, "-m", "flows.cli", "grade", "--benchmark", "ifbench", "--data", str(path)],
+    result = subprocess.run([sys.executable, "-m", "cascade.flows.cli", "grade", "--benchmark", "ifbench", "--data", str(path)],
                             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, CASCADE_HOME=str(tmp_path)),
                             timeout=120)
     assert result.returncode == 2, result.stderr
@@ -349,7 +349,7 @@ def test_livecodebench_refuses_functional_tests_and_code_in_compressed_tests():
 def test_every_benchmark_reads_a_url_and_hf_urls_resolve_through_huggingface_hub(tmp_path):
     import fsspec
 
-    from stages.domains.benchdata import load_items, resolve_benchmarks
+    from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
 
     with fsspec.open("memory://cascade-test/gpqa.jsonl", "w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in gpqa_rows(4)))
@@ -384,7 +384,7 @@ def test_csv_and_parquet_files_read_as_rows(tmp_path):
 
 
 def test_benchmarks_without_a_shipped_file_ask_for_data():
-    from stages.domains.benchdata import BenchmarkError, load_items
+    from cascade.stages.domains.benchdata import BenchmarkError, load_items
 
     for name in ("math", "aime25", "hmmt", "mmlu_pro", "gpqa", "ifbench", "livecodebench"):
         with pytest.raises(BenchmarkError, match=f"'{name}' ships no data file: give its rows with --data"):
@@ -573,7 +573,7 @@ BFCL = sorted(name for name in benchmark_registry() if name.startswith("bfcl_"))
 
 def bfcl_rows(name):
     """The shipped rows, each with its possible answer under "ground_truth" (the user-file shape)."""
-    from stages.domains.tool import BFCL_FILES
+    from cascade.stages.domains.tool import BFCL_FILES
 
     folder, stem = DEFAULT_DATA_ROOT / "tool_calling" / "bfcl_v4", BFCL_FILES[name]
     answers = {} if stem == "irrelevance" else {

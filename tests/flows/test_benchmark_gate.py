@@ -11,15 +11,15 @@ from typing import Literal
 
 import pytest
 
-from artifacts.layout import eval_key
-from artifacts.records import EvalRecord
-from artifacts.store import Store
-from flows.cascade import cascade_flow
-from flows.recipes import load_recipe
-from stages.config import StageConfig
-from stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
-from stages.kinds import StageInputs, StageKind, register_kind, unregister_kind
-from stages.recipe import RecipeError, validate_recipe
+from cascade.artifacts.layout import eval_key
+from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
+from cascade.flows.recipes import load_recipe
+from cascade.stages.config import StageConfig
+from cascade.stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
+from cascade.stages.kinds import StageInputs, StageKind, register_kind, unregister_kind
+from cascade.stages.recipe import RecipeError, validate_recipe
 from tests.stages.rigged import rig_short_answers
 
 

@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import stages.grpo
-import stages.sft
-from artifacts.report import RunReport
-from artifacts.store import Store
-from flows.cascade import cascade_flow
+import cascade.stages.grpo
+import cascade.stages.sft
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -57,12 +57,12 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
     cascade_flow(straight, "straight")
 
     recipe = micro_recipe(tmp_path / "b")
-    real_grpo = stages.grpo.run_grpo
+    real_grpo = cascade.stages.grpo.run_grpo
 
     def killed(*args, **kwargs):
         raise RuntimeError("simulated preemption")
 
-    monkeypatch.setattr(stages.grpo, "run_grpo", killed)
+    monkeypatch.setattr(cascade.stages.grpo, "run_grpo", killed)
     with pytest.raises(RuntimeError, match="simulated preemption"):
         cascade_flow(recipe, "cut")
     store = Store.from_config(recipe.storage)
@@ -73,8 +73,8 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
     if not results_kept:
         store.fs.rm(store.path("runs/cut/prefect-results"), recursive=True)
     calls = []
-    monkeypatch.setattr(stages.grpo, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
-    monkeypatch.setattr(stages.sft, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
+    monkeypatch.setattr(cascade.stages.grpo, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
+    monkeypatch.setattr(cascade.stages.sft, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
     assert [(s["name"], s["status"]) for s in resumed.stages] == [

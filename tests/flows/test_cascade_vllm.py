@@ -2,7 +2,7 @@
 
 import pytest
 
-from flows.cascade import cascade_flow
+from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 from tests.stages.test_vllm_engine import require_vllm_venv
 

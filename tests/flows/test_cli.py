@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-CASCADE = [sys.executable, "-m", "flows.cli"]
+CASCADE = [sys.executable, "-m", "cascade.flows.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "hunter2-7f3k9q"
 
@@ -91,12 +91,12 @@ def test_status_lists_nothing_on_an_empty_store(tmp_path):
 
 
 def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
-    from artifacts.lease import Lease
-    from artifacts.store import Store
+    from cascade.artifacts.lease import Lease
+    from cascade.artifacts.store import Store
 
     home = tmp_path / "home"
     store = Store(f"file://{home}")
-    from flows.recipes import load_recipe
+    from cascade.flows.recipes import load_recipe
 
     store.write_bytes("runs/busy/recipe.json", load_recipe("micro").model_dump_json().encode())
     with Lease(store, "busy"):
@@ -111,8 +111,8 @@ def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
 
 def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
     home = tmp_path / "home"
-    from artifacts.store import Store
-    from flows.recipes import load_recipe
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
 
     store = Store(f"file://{home}")
     store.write_bytes("runs/r1/recipe.json", load_recipe("micro").model_dump_json().encode())
@@ -128,8 +128,8 @@ def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
 
 def test_a_racing_run_of_the_same_id_writes_nothing_and_is_one_line(tmp_path):
     """The lease is taken before recipe.json is written: a run that loses the race leaves the winner's recipe."""
-    from artifacts.lease import Lease
-    from artifacts.store import Store
+    from cascade.artifacts.lease import Lease
+    from cascade.artifacts.store import Store
 
     home = tmp_path / "home"
     store = Store(f"file://{home}")
@@ -145,8 +145,8 @@ def test_a_racing_run_of_the_same_id_writes_nothing_and_is_one_line(tmp_path):
 def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
     import typer
 
-    from flows.cli.common import guarded
-    from tasks.stages import GateFailed
+    from cascade.flows.cli.common import guarded
+    from cascade.tasks.stages import GateFailed
 
     @guarded
     def failing_run():
@@ -159,7 +159,7 @@ def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
 
 
 def test_a_matrix_wider_than_the_terminal_is_split_into_column_groups_never_cut():
-    from flows.cli.runs import column_groups
+    from cascade.flows.cli.runs import column_groups
 
     assert column_groups([10, 10, 10], 25) == [[0, 1], [2]]
     assert column_groups([30, 5, 5], 20) == [[0], [1, 2]]  # a column wider than the room still gets a table

@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from infra.prefect_server import free_port, start_server, stop
-from infra.deployments import DEPLOYMENTS
+from cascade.infra.prefect_server import free_port, start_server, stop
+from cascade.infra.deployments import DEPLOYMENTS
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def deployed(tmp_path_factory):
     deployer = None
     try:
         with open(root / "deploy.log", "wb") as log:
-            deployer = subprocess.Popen([sys.executable, "-m", "flows.cli", "deploy"], cwd=ROOT, stdout=log,
+            deployer = subprocess.Popen([sys.executable, "-m", "cascade.flows.cli", "deploy"], cwd=ROOT, stdout=log,
                                         stderr=subprocess.STDOUT, env=dict(env, CASCADE_TEST_FAIL_STAGE=f"{FAULT_RUN}/if_rl"))
         api = httpx.Client(base_url=api_url, timeout=30)
         deployment = _wait_for_deployment(api, deployer, root / "deploy.log")

@@ -8,12 +8,12 @@ and the flow must continue from the recovered checkpoint.
 
 import pytest
 
-import stages.domains
-from artifacts.report import RunReport
-from artifacts.store import Store
-from flows.cascade import cascade_flow
-from stages.domains.base import Domain, Item
-from stages.recipe import validate_recipe
+import cascade.stages.domains
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.recipe import validate_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 LETTERS = "bcdfghklmnprstvwz"
@@ -34,9 +34,9 @@ class LetterDomain(Domain):
 
 @pytest.fixture
 def toy_domains(monkeypatch):
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
-    stages.domains.register_domain(LetterDomain("consonants", LETTERS))
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
+    cascade.stages.domains.register_domain(LetterDomain("consonants", LETTERS))
 
 
 def toy_recipe(tmp_path, policy="recover", max_recoveries=1):
@@ -82,7 +82,7 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
     # the cascade continued from the recovered checkpoint, and max_recoveries=1 left later fires as warnings
     stage_names = [s["name"] for s in report.stages]
     assert stage_names.index("recover-consonant_rl") < stage_names.index("consonant_rl_2")
-    from artifacts.checkpoint import read_manifest
+    from cascade.artifacts.checkpoint import read_manifest
 
     store = Store.from_config(recipe.storage)
     assert read_manifest(store, "runs/toy/02-consonant_rl_2")["parent"]["stage"] == "recover-consonant_rl"
@@ -93,7 +93,7 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
 
 def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):
     recipe = toy_recipe(tmp_path, policy="fail")
-    from tasks.stages import GateFailed
+    from cascade.tasks.stages import GateFailed
 
     with pytest.raises(GateFailed, match=r"regression gate: vowels dropped \d\.\d{3} after consonant_rl \(tolerance 0\.05\)"):
         cascade_flow(recipe, "toy-fail")

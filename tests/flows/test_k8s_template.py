@@ -10,7 +10,7 @@ import pytest
 import yaml
 from prefect.utilities.templating import apply_values
 
-from infra.k8s import JobVariablesError, job_variables
+from cascade.infra.k8s import JobVariablesError, job_variables
 from tests.conftest import micro_recipe
 from tests.artifacts.servers import ROOT
 

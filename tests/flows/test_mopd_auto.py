@@ -3,10 +3,10 @@ chosen from the run's evals when the stage starts (the rule the gate's recovery 
 
 import pytest
 
-from flows.cascade import cascade_flow
-from flows.recipes import load_recipe
-from stages.gate import best_stages
-from stages.recipe import RecipeError, validate_recipe
+from cascade.flows.cascade import cascade_flow
+from cascade.flows.recipes import load_recipe
+from cascade.stages.gate import best_stages
+from cascade.stages.recipe import RecipeError, validate_recipe
 
 MICRO = ["stages.sft.steps=3", "stages.if_rl.steps=1", "stages.math_rl.steps=1", "tracking.enabled=false"]
 

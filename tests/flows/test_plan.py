@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from flows.recipes import load_recipe
-from stages.model import build_tiny_model, num_parameters
-from stages.plan import PROFILES
-from stages.tokenizer import load_tokenizer
+from cascade.flows.recipes import load_recipe
+from cascade.stages.model import build_tiny_model, num_parameters
+from cascade.stages.plan import PROFILES
+from cascade.stages.tokenizer import load_tokenizer
 from tests.flows.test_cli import cascade, files_under
 
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-import stages.domains
-from artifacts.checkpoint import read_manifest
-from artifacts.records import EvalRecord
-from artifacts.store import Store
-from stages.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
+import cascade.stages.domains
+from cascade.artifacts.checkpoint import read_manifest
+from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.store import Store
+from cascade.stages.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
 from tests.artifacts.servers import BIN, Server, free_port
 from tests.flows.test_gate_recovery import LETTERS, LetterDomain, toy_recipe
 
@@ -109,14 +109,14 @@ def poll(fn, timeout: float = 20.0):
 @pytest.fixture(scope="module")
 def toy(prefect_api, tmp_path_factory):
     """A recipe file, its store, and a finished two-stage cascade `toy` (vowel_rl, then consonant_rl)."""
-    from flows.cascade import cascade_flow
+    from cascade.flows.cascade import cascade_flow
 
     tmp = tmp_path_factory.mktemp("toy")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CASCADE_HOME", str(tmp / "home"))
-        patch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-        stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
-        stages.domains.register_domain(LetterDomain("consonants", LETTERS))
+        patch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+        cascade.stages.domains.register_domain(LetterDomain("vowels", "aeiou"))
+        cascade.stages.domains.register_domain(LetterDomain("consonants", LETTERS))
         recipe = toy_recipe(tmp, policy="warn")
         recipe = recipe.model_copy(update={"stages": recipe.stages[:2]})
         path = tmp / "toy.yaml"
@@ -128,9 +128,9 @@ def toy(prefect_api, tmp_path_factory):
 @pytest.fixture(scope="module")
 def deployed(prefect_api):
     """Both deployments registered (serve-free: `.apply()`), and the automation ensured twice."""
-    from infra.automations import ensure_automations
-    from infra.deploy import runner_deployments
-    from infra.deployments import DEPLOYMENTS
+    from cascade.infra.automations import ensure_automations
+    from cascade.infra.deploy import runner_deployments
+    from cascade.infra.deployments import DEPLOYMENTS
 
     specs = {spec.name: spec for spec in DEPLOYMENTS}
     nightly, recover = runner_deployments([specs["nightly"], specs["recover"]])
@@ -146,8 +146,8 @@ def regression_run(toy, deployed, prefect_api):
     vowel_rl (by store key: within tolerance) and consonant_rl (by registry alias: vowels regressed)."""
     from typer.testing import CliRunner
 
-    from flows.cli import app
-    from flows.regression_eval import regression_eval_flow
+    from cascade.flows.cli import app
+    from cascade.flows.regression_eval import regression_eval_flow
 
     started = time.time()
     result = CliRunner().invoke(app, ["baseline", "set", "nightly", "runs/toy/evals/00-vowel_rl.json",
@@ -166,8 +166,8 @@ def regression_events(base: str, since: float, baseline: str) -> list[dict]:
 
 
 def test_regression_eval_deployment_has_its_cron_schedule(deployed, prefect_api):
-    from infra.deploy import runner_deployments
-    from infra.deployments import DEPLOYMENTS
+    from cascade.infra.deploy import runner_deployments
+    from cascade.infra.deployments import DEPLOYMENTS
 
     stored = api(prefect_api, "GET", "/deployments/name/regression-eval/nightly")
     assert stored["id"] == str(deployed["regression-eval"])
@@ -180,7 +180,7 @@ def test_regression_eval_deployment_has_its_cron_schedule(deployed, prefect_api)
 
 
 def test_ensure_automations_is_idempotent(deployed, prefect_api):
-    from infra.automations import AUTOMATION_NAME, ensure_automations
+    from cascade.infra.automations import AUTOMATION_NAME, ensure_automations
 
     ensure_automations()
     found = [a for a in api(prefect_api, "POST", "/automations/filter", {}) if a["name"] == AUTOMATION_NAME]
@@ -255,7 +255,7 @@ def test_automation_starts_recover_with_parameters_from_the_event(regression_run
 
 
 def test_recover_flow_distills_best_teachers_into_the_regressed_checkpoint(regression_run, toy):
-    from flows.recover import recover_flow
+    from cascade.flows.recover import recover_flow
 
     store = toy["store"]
     student = store.uri("runs/toy/01-consonant_rl")
@@ -279,7 +279,7 @@ def test_recover_flow_distills_best_teachers_into_the_regressed_checkpoint(regre
 def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_regression(regression_run, toy):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cascade.flows.cli import app
 
     cli = CliRunner()
     result = cli.invoke(app, ["baseline", "set", "cli", "runs/toy/00-vowel_rl", "--recipe", toy["path"]])
@@ -314,7 +314,7 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home, args, message):
     from typer.testing import CliRunner
 
-    from flows.cli import app
+    from cascade.flows.cli import app
 
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, result.output

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.steplog import read_run
-from artifacts.store import Store
-from flows.cascade import cascade_flow
+from cascade.artifacts.steplog import read_run
+from cascade.artifacts.store import Store
+from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -37,7 +37,7 @@ class Run:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, CASCADE_HOME=str(self.root / "home"))
-        return subprocess.run([sys.executable, "-m", "flows.cli", *args, "--store", f"file://{self.root}/store"],
+        return subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args, "--store", f"file://{self.root}/store"],
                               capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
 
 
@@ -142,7 +142,7 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     """In-process (the CLI's own entry point and error handling, without a new interpreter per case)."""
     from typer.testing import CliRunner
 
-    from flows.cli import app, optional_values
+    from cascade.flows.cli import app, optional_values
 
     argv = [a.replace("{tmp}", str(tmp_path)) for a in args] + ["--store", f"file://{run.root}/store"]
     result = CliRunner().invoke(app, optional_values(argv))

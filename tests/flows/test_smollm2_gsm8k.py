@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from flows.cascade import cascade_flow
-from flows.recipes import load_recipe
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.flows.cascade import cascade_flow
+from cascade.flows.recipes import load_recipe
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 TINY = [

@@ -9,8 +9,8 @@ at lr 1e-3 (the gate fires), 0.015 after MOPD: a weak recovery, but above where 
 
 import pytest
 
-from flows.cascade import cascade_flow
-from flows.recipes import load_recipe
+from cascade.flows.cascade import cascade_flow
+from cascade.flows.recipes import load_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 SCALED = [

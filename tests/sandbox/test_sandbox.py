@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-from sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
+from cascade.sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SANDBOX_FILE = os.path.join(PROJECT_ROOT, "sandbox", "runner.py")
@@ -775,7 +775,7 @@ def test_local_ipc_still_works():
 @pytest.mark.timeout(60)
 def test_socket_preamble_mode_blocks_new_sockets_but_not_local_ipc():
     """The last-resort mode (neither netns nor seccomp) is never chosen where those work: run it directly."""
-    from sandbox.runner import _execute
+    from cascade.sandbox.runner import _execute
 
     layers = ("setuid", "rlimits", "socket-preamble") if os.geteuid() == 0 else ("rlimits", "socket-preamble")
     for family in ("AF_UNIX", "AF_INET"):

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from stages.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
-from stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
-from stages.domains import get_domain
-from stages.engines.base import Completion
-from stages.model import prompt_ids
-from stages.tokenizer import load_tokenizer
+from cascade.stages.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
+from cascade.stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
+from cascade.stages.domains import get_domain
+from cascade.stages.engines.base import Completion
+from cascade.stages.model import prompt_ids
+from cascade.stages.tokenizer import load_tokenizer
 
 
 def items_of(name, limit=None):
@@ -153,7 +153,7 @@ IFEVAL_CASES = [
 def test_ifeval_verdicts_match_expectations_and_if_verifiable():
     from if_verifiable import IFEvalSample, evaluate_output_for_sample
 
-    from stages.domains.instruct import ifeval_verdicts
+    from cascade.stages.domains.instruct import ifeval_verdicts
 
     for instruction_id, kwargs, response, strict, loose in IFEVAL_CASES:
         prompt = "Write something."
@@ -171,7 +171,7 @@ def test_ifeval_grades_after_its_punkt_cache_was_deleted():
 
     import nltk
 
-    from stages.domains import instruct
+    from cascade.stages.domains import instruct
 
     instruct.prepare_checkers()
     if instruct._punkt_root is None:
@@ -190,7 +190,7 @@ def test_ifeval_grades_after_its_punkt_cache_was_deleted():
 
 def draws_random_argument(instruction_id, kwargs):
     """Whether the checker's configuration depends on its RNG (kwargs missing or invalid)."""
-    from stages.domains import instruct
+    from cascade.stages.domains import instruct
 
     configs = []
     for seed in range(4):

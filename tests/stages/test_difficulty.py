@@ -4,19 +4,19 @@ import json
 
 import pytest
 
-import stages.domains
-from artifacts.checkpoint import materialize
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.context import ListSink, StageContext
-from stages.difficulty import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
-from stages.domains.base import Domain, Item
-from stages.engines.hf import HFEngine
-from stages.model import build_tiny_model, save_hf
-from flows.recipes import load_recipe
-from stages.config import ModelConfig
-from stages.recipe import RecipeError, validate_recipe
-from stages.tokenizer import load_tokenizer
+import cascade.stages.domains
+from cascade.artifacts.checkpoint import materialize
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.difficulty import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.model import build_tiny_model, save_hf
+from cascade.flows.recipes import load_recipe
+from cascade.stages.config import ModelConfig
+from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
@@ -35,8 +35,8 @@ class EvenLength(Domain):
 
 @pytest.fixture
 def even_domain(monkeypatch):
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(EvenLength())
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(EvenLength())
 
 
 @pytest.fixture

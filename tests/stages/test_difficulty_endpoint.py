@@ -2,10 +2,10 @@
 
 import pytest
 
-from stages.engines.vllm import VLLMEngine
-from stages.model import build_tiny_model, save_hf
-from stages.config import ModelConfig
-from stages.tokenizer import load_tokenizer
+from cascade.stages.engines.vllm import VLLMEngine
+from cascade.stages.model import build_tiny_model, save_hf
+from cascade.stages.config import ModelConfig
+from cascade.stages.tokenizer import load_tokenizer
 from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 

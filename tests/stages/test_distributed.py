@@ -11,16 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from artifacts.checkpoint import MANIFEST, committed
-from artifacts.store import Store
-from stages.config import ComputeConfig
-from stages.context import ListSink, StageContext
-from stages.distributed import world_for
-from stages.kinds import StageInputs
-from stages.launch import run_stage_where_configured
-from stages.model import build_tiny_model
-from stages.sft_data import run_sft_data
-from stages.tokenizer import load_tokenizer
+from cascade.artifacts.checkpoint import MANIFEST, committed
+from cascade.artifacts.store import Store
+from cascade.stages.config import ComputeConfig
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.distributed import world_for
+from cascade.stages.kinds import StageInputs
+from cascade.stages.launch import run_stage_where_configured
+from cascade.stages.model import build_tiny_model
+from cascade.stages.sft_data import run_sft_data
+from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import micro_recipe
 from tests.stages.dist_updates import SMALL, updates
 
@@ -115,7 +115,7 @@ def test_a_failing_rank_is_a_one_line_stage_failure(tmp_path):
     recipe = micro_recipe(tmp_path, *SFT, *TWO, "stages.sft.batch_size=2", "stages.sft.micro_batch_size=1",
                           "compute.nproc_per_node=3")
     ctx = sft_ctx(recipe, tmp_path / "work", "bad", ListSink())
-    from stages.launch import DistributedStageError
+    from cascade.stages.launch import DistributedStageError
 
     with pytest.raises(DistributedStageError) as e:
         run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": None}))
@@ -148,7 +148,7 @@ ERRORS = {0: "RuntimeError: Connection closed by peer [127.0.0.1]:41109", 1: "Va
     (3, [0], "stage sft: rank 1 died (exit code 3); torchrun log: {log}"),
 ])
 def test_the_failure_line_names_torchruns_root_cause_not_a_peer_that_lost_it(tmp_path, exit_code, errors, expected):
-    from stages.launch import TORCHRUN_LOG, failure_line
+    from cascade.stages.launch import TORCHRUN_LOG, failure_line
 
     log = tmp_path / TORCHRUN_LOG
     log.write_text(TORCHRUN_SUMMARY.format(exit_code=exit_code))

@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 
-from stages.config import GRPOConfig
-from stages.context import ListSink
-from stages.domains import get_domain
-from stages.grpo import run_grpo
-from stages.kinds import StageInputs
-from stages.recipe import RecipeError, validate_recipe
-from stages.rollout import sample_prompts, weighted_counts
+from cascade.stages.config import GRPOConfig
+from cascade.stages.context import ListSink
+from cascade.stages.domains import get_domain
+from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds import StageInputs
+from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.rollout import sample_prompts, weighted_counts
 from tests.stages.test_training import SMALL, stage_ctx
 
 BLEND = {"mcqa": 0.55, "tool": 0.30, "structured": 0.15}

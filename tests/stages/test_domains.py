@@ -2,9 +2,9 @@
 
 import pytest
 
-from stages.domains import get_domain
-from stages.domains.instruct import check
-from stages.domains.math import boxed_answer
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.instruct import check
+from cascade.stages.domains.math import boxed_answer
 
 
 @pytest.mark.parametrize("name", ["math", "instruct"])
@@ -34,7 +34,7 @@ def test_math_grades_parse_the_gold_once_and_give_uncached_verdicts(monkeypatch)
     math-verify's on a fresh parse of both."""
     import math_verify
 
-    from stages.domains import math as math_domain
+    from cascade.stages.domains import math as math_domain
 
     item = get_domain("math").generate("train", 1, seed=3)[0]
     gold = item.meta["answer"]

@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from stages.domains import get_domain
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
-from stages.domains.code import build_job, extract_code, host_check, load_humaneval, load_mbpp, run_jobs
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.stages.domains.code import build_job, extract_code, host_check, load_humaneval, load_mbpp, run_jobs
 
 CODE = get_domain("code")
 
@@ -84,7 +84,7 @@ def test_extract_code_handles_fences_prose_and_bodies():
 
 
 def test_identical_programs_run_once(monkeypatch):
-    import stages.domains.code as code_module
+    import cascade.stages.domains.code as code_module
 
     calls = []
     real = code_module.run_many

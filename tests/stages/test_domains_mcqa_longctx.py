@@ -5,11 +5,11 @@ import re
 
 import pytest
 
-from stages.domains import get_domain
-from stages.domains.longctx import LongContextDomain
-from stages.domains.mcqa import MCQADomain, extract_letter
-from stages.model import prompt_ids
-from stages.tokenizer import load_tokenizer
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.longctx import LongContextDomain
+from cascade.stages.domains.mcqa import MCQADomain, extract_letter
+from cascade.stages.model import prompt_ids
+from cascade.stages.tokenizer import load_tokenizer
 
 
 def split_key(item):

@@ -4,8 +4,8 @@ import json
 
 from jsonschema import Draft202012Validator
 
-from stages.domains import get_domain
-from stages.domains.structured import first_json
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.structured import first_json
 
 STRUCTURED = get_domain("structured")
 

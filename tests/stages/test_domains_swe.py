@@ -4,8 +4,8 @@ edits get nothing."""
 
 import pytest
 
-from stages.domains import get_domain
-from stages.domains.swe import render_edit
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.swe import render_edit
 
 SWE = get_domain("swe")
 

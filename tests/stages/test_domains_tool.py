@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from stages.domains import get_domain
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
-from stages.domains.tool import Call, decode_calls, reference_calls
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.stages.domains.tool import Call, decode_calls, reference_calls
 
 TOOL = get_domain("tool")
 CALL_CATEGORIES = ["bfcl_simple", "bfcl_multiple", "bfcl_parallel", "bfcl_parallel_multiple", "bfcl_live_simple"]

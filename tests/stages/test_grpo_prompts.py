@@ -7,12 +7,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import stages.domains
-from stages.context import ListSink
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
-from stages.grpo import run_grpo, train_prompts
-from stages.kinds import StageInputs
-from stages.recipe import RecipeError, validate_recipe
+import cascade.stages.domains
+from cascade.stages.context import ListSink
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.stages.grpo import run_grpo, train_prompts
+from cascade.stages.kinds import StageInputs
+from cascade.stages.recipe import RecipeError, validate_recipe
 from tests.stages.test_training import SMALL, VowelDomain, stage_ctx
 
 GSM8K_TRAIN = DEFAULT_DATA_ROOT / "math" / "gsm8k_train.jsonl"
@@ -31,8 +31,8 @@ def rl_recipe(tmp_path, prompts, domains=("vowels",), **stage):
 
 @pytest.fixture
 def vowels(monkeypatch):
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(VowelDomain())
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(VowelDomain())
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -62,7 +62,7 @@ def test_gsm8k_train_through_its_benchmark_loader(tmp_path, vowels):
     first = json.loads(GSM8K_TRAIN.read_text().splitlines()[0])
     assert len(pool) == 3 + 50  # three GSM8K rows, then the vowels domain's synthetic train split
     assert pool[0].prompt.startswith(first["question"]) and pool[0].meta["answer"] == "72"
-    assert stages.domains.get_domain("math").grade(pool[0], "so \\boxed{72}") == 1.0
+    assert cascade.stages.domains.get_domain("math").grade(pool[0], "so \\boxed{72}") == 1.0
 
 
 @pytest.mark.parametrize("prompts, message", [

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 
 import torch
 
-from stages.config import GRPOConfig
-from stages.domains import Item
-from stages.engines.base import Completion
-from stages.grpo import rollout_and_score
-from stages.recipe import validate_recipe
-from stages.tokenizer import load_tokenizer
+from cascade.stages.config import GRPOConfig
+from cascade.stages.domains import Item
+from cascade.stages.engines.base import Completion
+from cascade.stages.grpo import rollout_and_score
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.tokenizer import load_tokenizer
 
 
 class CountingEngine:

@@ -5,12 +5,12 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from stages.engines.base import SamplingParams
-from stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
-from stages.engines.hf import HFEngine, sample_next
-from stages.model import build_tiny_model, prompt_ids
-from stages.config import ModelConfig
-from stages.tokenizer import load_tokenizer
+from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+from cascade.stages.engines.hf import HFEngine, sample_next
+from cascade.stages.model import build_tiny_model, prompt_ids
+from cascade.stages.config import ModelConfig
+from cascade.stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 

@@ -11,9 +11,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from stages.config import JudgeReward
-from stages.judge import PairwiseJudge
+from cascade.flows.cli import app
+from cascade.stages.config import JudgeReward
+from cascade.stages.judge import PairwiseJudge
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_sft_data_vllm import FaultProxy
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv

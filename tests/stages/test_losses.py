@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from stages.losses import (
+from cascade.stages.losses import (
     bradley_terry_loss,
     grpo_advantages,
     grpo_loss,

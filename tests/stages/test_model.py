@@ -3,9 +3,9 @@
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
-from stages.config import ModelConfig
-from stages.tokenizer import load_tokenizer
+from cascade.stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
+from cascade.stages.config import ModelConfig
+from cascade.stages.tokenizer import load_tokenizer
 
 SAMPLES = ["Compute 7-3+9.", "7-3=4\n4+9=13\n\\boxed{13}", "- snow\n- ICE", "def f(x):\n    return x * 2", "héllo ✓"]
 
@@ -52,9 +52,9 @@ def test_tiny_model_saves_and_loads_as_hf_checkpoint(tmp_path):
 def test_a_checkpoint_source_loads_and_leaves_no_copy_behind(tmp_path, monkeypatch):
     """A committed checkpoint as a model source is downloaded, loaded and its copy removed; checking the source
     reads only the manifest. A copy left per load (evals, plans, teachers) filled CI's disk once."""
-    from artifacts.checkpoint import write_checkpoint
-    from artifacts.store import Store
-    from stages.model import check_model_source, initial_model
+    from cascade.artifacts.checkpoint import write_checkpoint
+    from cascade.artifacts.store import Store
+    from cascade.stages.model import check_model_source, initial_model
 
     tok = load_tokenizer()
     model = build_tiny_model(ModelConfig(), len(tok), seed=0)

@@ -6,13 +6,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import stages.domains
-import stages.training
-from stages.config import SMOLLM2
-from stages.context import ListSink
-from stages.kinds import StageInputs, kind_of
-from stages.model import completion_ids, prompt_ids
-from stages.recipe import validate_recipe
+import cascade.stages.domains
+import cascade.stages.training
+from cascade.stages.config import SMOLLM2
+from cascade.stages.context import ListSink
+from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.recipe import validate_recipe
 from tests.stages.test_training import VowelDomain, stage_ctx
 
 
@@ -39,7 +39,7 @@ def trained(smollm2_home, tmp_path_factory):
     """Runs the four stages once; stage name -> (ctx, metric sink, (probe ids, the trained model's logits on them))."""
     tmp = tmp_path_factory.mktemp("smollm2-train")
     final_logits = {}
-    real_save = stages.training.save_model_checkpoint
+    real_save = cascade.stages.training.save_model_checkpoint
 
     def save_and_probe(ctx, key, model, tokenizer, **kw):
         probe = torch.tensor([prompt_ids(tokenizer, "What is 2+3?") + completion_ids(tokenizer, "\\boxed{5}")])
@@ -49,9 +49,9 @@ def trained(smollm2_home, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CASCADE_HOME", str(smollm2_home))
-        patch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-        stages.domains.register_domain(VowelDomain())
-        patch.setattr(stages.training, "save_model_checkpoint", save_and_probe)
+        patch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+        cascade.stages.domains.register_domain(VowelDomain())
+        patch.setattr(cascade.stages.training, "save_model_checkpoint", save_and_probe)
         runs = run_recipe_stages(smollm2_recipe(tmp, SMOLLM2), tmp)
     return {name: (ctx, sink, final_logits.get(name)) for name, (ctx, sink) in runs.items()}
 
@@ -113,7 +113,7 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
     pad token that pads on the left. SFT, GRPO and MOPD run on it and the checkpoint keeps the two embeddings apart."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from stages.tokenizer import load_tokenizer
+    from cascade.stages.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     tok.pad_token, tok.padding_side = None, "left"
@@ -124,8 +124,8 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
     model_dir = tmp_path / "untied-llama"
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(VowelDomain())
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(VowelDomain())
     recipe = smollm2_recipe(tmp_path, str(model_dir))
     sinks = {name: sink for name, (_, sink) in run_recipe_stages(recipe, tmp_path).items()}
     losses = sinks["sft"].series("loss")
@@ -138,9 +138,9 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
 
 
 def test_a_model_without_a_chat_template_is_one_line_of_bad_input(tmp_path):
-    from stages.model import ModelSourceError, build_tiny_model, load_hf
-    from stages.config import ModelConfig
-    from stages.tokenizer import load_tokenizer
+    from cascade.stages.model import ModelSourceError, build_tiny_model, load_hf
+    from cascade.stages.config import ModelConfig
+    from cascade.stages.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     build_tiny_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), len(tok),

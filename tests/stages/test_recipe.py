@@ -2,8 +2,8 @@
 
 import pytest
 
-from flows.recipes import load_recipe
-from stages.recipe import RECIPES_DIR, Recipe, RecipeError
+from cascade.flows.recipes import load_recipe
+from cascade.stages.recipe import RECIPES_DIR, Recipe, RecipeError
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -54,7 +54,7 @@ def test_unknown_recipe_and_missing_file():
 def test_stage_must_read_an_earlier_dataset():
     raw = {"domains": {"math": {}}, "stages": [{"kind": "sft", "data": "missing"}]}
     with pytest.raises(RecipeError, match="reads data .missing., which no earlier sft_data stage writes"):
-        from stages.recipe import validate_recipe
+        from cascade.stages.recipe import validate_recipe
 
         validate_recipe(raw)
 
@@ -67,7 +67,7 @@ def test_replacing_the_stage_list_with_a_scalar_is_rejected():
 # --- the run form of the `cascade` deployment (flows.recipes.RunRequest) ---
 
 def test_run_form_overrides_apply_to_the_recipe():
-    from flows.recipes import RunRequest, request_recipe
+    from cascade.flows.recipes import RunRequest, request_recipe
 
     req = RunRequest(recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"],
                      storage_root="file:///tmp/x")
@@ -89,7 +89,7 @@ def test_run_form_overrides_apply_to_the_recipe():
 def test_run_form_rejects_bad_fields(fields, message):
     from pydantic import ValidationError
 
-    from flows.recipes import RunRequest
+    from cascade.flows.recipes import RunRequest
 
     with pytest.raises(ValidationError, match=message):
         RunRequest(**fields)
@@ -100,7 +100,7 @@ def test_run_form_rejects_bad_fields(fields, message):
 def test_run_form_refuses_credentials_in_urls_without_echoing_them(fields):
     from pydantic import ValidationError
 
-    from flows.recipes import RunRequest
+    from cascade.flows.recipes import RunRequest
 
     with pytest.raises(ValidationError) as e:
         RunRequest(**fields)
@@ -113,8 +113,8 @@ def test_run_form_refuses_credentials_in_urls_without_echoing_them(fields):
 
 
 def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
-    from artifacts.urls import has_credentials
-    from flows.recipes import RunRequest
+    from cascade.artifacts.urls import has_credentials
+    from cascade.flows.recipes import RunRequest
 
     found = ["s3://u:p@b/x", "http://token@host:8000/v1", "see https://a:b@host/x", "git+ssh://git@host/r"]
     clean = ["s3://bucket/key@v2", "file:///data/a@b.jsonl", "http://host:8000/v1?u=a@b", "user@host", "x"]
@@ -129,8 +129,8 @@ def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
     ({"domains": ["code"]}, "domains: ['code'] not in recipe micro"),
 ])
 def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
-    from flows.recipes import RunRequest, request_recipe
-    from stages.recipe import RecipeError
+    from cascade.flows.recipes import RunRequest, request_recipe
+    from cascade.stages.recipe import RecipeError
 
     with pytest.raises(RecipeError) as e:
         request_recipe(RunRequest(recipe="micro", **fields))
@@ -139,7 +139,7 @@ def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
 
 def test_a_mopd_stage_without_teachers_is_one_line():
     """It used to validate and then crash in random.sample with no prompts to draw."""
-    from stages.recipe import validate_recipe
+    from cascade.stages.recipe import validate_recipe
 
     raw = load_recipe("micro").model_dump(mode="json")
     raw["stages"].append({"kind": "mopd", "name": "distil"})

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from artifacts.html_report import standard_error
-from flows.recipes import load_recipe
-from stages.engines.base import Completion, SamplingParams
-from stages.evaluate import evaluate_domains
-from stages.recipe import RecipeError
-from stages.tokenizer import load_tokenizer
+from cascade.artifacts.html_report import standard_error
+from cascade.flows.recipes import load_recipe
+from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.evaluate import evaluate_domains
+from cascade.stages.recipe import RecipeError
+from cascade.stages.tokenizer import load_tokenizer
 
 
 class ScriptedEngine:

@@ -14,18 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from artifacts.checkpoint import committed
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.context import ListSink, StageContext
-from stages.datasets.filters import ContaminationIndex, normalized_tokens
-from stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
-from stages.domains import get_domain
-from stages.domains.benchdata import DEFAULT_DATA_ROOT
-from stages.model import completion_ids, prompt_ids
-from stages.recipe import RecipeError, validate_recipe
-from stages.sft_data import run_sft_data
-from stages.tokenizer import load_tokenizer
+from cascade.artifacts.checkpoint import committed
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.datasets.filters import ContaminationIndex, normalized_tokens
+from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
+from cascade.stages.domains import get_domain
+from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.sft_data import run_sft_data
+from cascade.stages.tokenizer import load_tokenizer
 
 LONG = ("the quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light "
         "and the river runs slowly past the mill where children play with paper boats and kites all day long")
@@ -101,7 +101,7 @@ def test_short_eval_prompts_match_whole_and_long_ones_by_ngram():
 def test_a_template_the_eval_prompts_share_does_not_contaminate_every_prompt_of_its_loader():
     """GSM8K items end with one box instruction: train questions of the same loader are clean, while a
     train prompt that repeats a test question is still caught by that question's own 13-grams."""
-    from stages.domains.math import parse_gsm8k
+    from cascade.stages.domains.math import parse_gsm8k
 
     def item(question):
         return parse_gsm8k({"question": question, "answer": "#### 1"}, 0).prompt
@@ -212,7 +212,7 @@ def test_refused_and_cut_off_answers_are_teacher_errors(tmp_path, canned_server)
 
 
 def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypatch):
-    import stages.sft_data as sft_data
+    import cascade.stages.sft_data as sft_data
 
     stage = {"shard_rows": 16}
     domains = {"math": {"train_size": 40, "heldout_size": 16}, "instruct": {"train_size": 24, "heldout_size": 16}}
@@ -275,7 +275,7 @@ def test_parquet_user_file_and_sft_reads_the_shards(tmp_path):
     recipe = recipe_with(tmp_path, stage, {"instruct": {"train_size": 5, "heldout_size": 8}})
     _, ctx = build(recipe, tmp_path)
     local = tmp_path / "copy"
-    from artifacts.checkpoint import materialize
+    from cascade.artifacts.checkpoint import materialize
     materialize(ctx.store, committed(ctx.store, ctx.key), local)
     assert list(iter_conversations(shard_paths(local / DATA_DIR))) == [("Say hi.", "hi"), ("Say bye.", "bye")]
 
@@ -322,7 +322,7 @@ def test_missing_api_key_and_bad_rows_fail_before_anything_is_committed(tmp_path
 
 
 def test_shipped_recipes_build_with_dedup_and_decontamination(tmp_path):
-    from flows.recipes import load_recipe
+    from cascade.flows.recipes import load_recipe
     from tests.conftest import micro_recipe
 
     for name in ("tiny", "micro"):
@@ -367,9 +367,9 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
 
 def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
-    from artifacts.checkpoint import write_checkpoint
-    from stages.model import build_tiny_model, save_hf
-    from stages.config import ModelConfig
+    from cascade.artifacts.checkpoint import write_checkpoint
+    from cascade.stages.model import build_tiny_model, save_hf
+    from cascade.stages.config import ModelConfig
     from tests.stages.rigged import rig_short_answers
 
     tokenizer = load_tokenizer()
@@ -392,7 +392,7 @@ def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
 
 
 def test_the_stage_checkpoint_carries_the_config_hash_the_task_layer_compares(tmp_path):
-    from artifacts.config import config_hash
+    from cascade.artifacts.config import config_hash
 
     recipe = recipe_with(tmp_path, {})
     result, _ = build(recipe, tmp_path)

@@ -24,13 +24,13 @@ RSS_LIMIT_MB = 1536
 BUILD = """
 import json, sys, tempfile, time
 from pathlib import Path
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.context import ListSink, StageContext
-from stages.domains import register_domain
-from stages.domains.base import Domain, Item
-from stages.recipe import validate_recipe
-from stages.sft_data import run_sft_data
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.domains import register_domain
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.sft_data import run_sft_data
 
 
 class Echo(Domain):

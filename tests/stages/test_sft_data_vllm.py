@@ -16,14 +16,14 @@ import urllib.request
 
 import pytest
 
-from artifacts.checkpoint import committed, verify
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.context import ListSink, StageContext
-from stages.datasets.shards import DATA_DIR, shard_paths
-from stages.datasets.teachers import TeacherError
-from stages.recipe import validate_recipe
-from stages.sft_data import run_sft_data
+from cascade.artifacts.checkpoint import committed, verify
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.datasets.shards import DATA_DIR, shard_paths
+from cascade.stages.datasets.teachers import TeacherError
+from cascade.stages.recipe import validate_recipe
+from cascade.stages.sft_data import run_sft_data
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 

@@ -5,10 +5,10 @@ import importlib.util
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from stages.engines.base import SamplingParams
-from stages.engines.hf import HFEngine
-from stages.model import SMOLLM2, initial_model, load_hf, num_parameters, prompt_ids
-from stages.config import ModelConfig
+from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.model import SMOLLM2, initial_model, load_hf, num_parameters, prompt_ids
+from cascade.stages.config import ModelConfig
 
 pytestmark = [
     pytest.mark.slow,

@@ -6,21 +6,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import stages.domains
-from artifacts.store import Store
-from stages.kinds import StageInputs
-from stages.completions import completion_batch, completion_logprobs
-from stages.context import ListSink, StageContext
-from stages.domains.base import Domain, Item
-from stages.grpo import run_grpo
-from stages.engines.base import Completion
-from stages.losses import grpo_loss, sft_loss, token_logprobs
-from stages.model import build_tiny_model
-from stages.config import ModelConfig
-from stages.sft import pad_batch, run_sft
-from stages.sft_data import run_sft_data
-from stages.tokenizer import load_tokenizer
-from stages.training import backward_micro_batches
+import cascade.stages.domains
+from cascade.artifacts.store import Store
+from cascade.stages.kinds import StageInputs
+from cascade.stages.completions import completion_batch, completion_logprobs
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.grpo import run_grpo
+from cascade.stages.engines.base import Completion
+from cascade.stages.losses import grpo_loss, sft_loss, token_logprobs
+from cascade.stages.model import build_tiny_model
+from cascade.stages.config import ModelConfig
+from cascade.stages.sft import pad_batch, run_sft
+from cascade.stages.sft_data import run_sft_data
+from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -151,7 +151,7 @@ def test_sft_resume_parity(tmp_path, monkeypatch):
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "sft", sink)
         if crash:
-            crash_at_step(monkeypatch, "stages.sft.clip_and_step", 4)
+            crash_at_step(monkeypatch, "cascade.stages.sft.clip_and_step", 4)
             with pytest.raises(RuntimeError, match="preempted"):
                 run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
             monkeypatch.undo()
@@ -206,9 +206,9 @@ class HalfFlatVowelDomain(VowelDomain):
 
 
 def vowel_recipe(tmp_path, monkeypatch, domain=VowelDomain, **grpo):
-    monkeypatch.setattr(stages.domains, "_instances", dict(stages.domains._instances))
-    stages.domains.register_domain(domain())
-    from stages.recipe import validate_recipe
+    monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
+    cascade.stages.domains.register_domain(domain())
+    from cascade.stages.recipe import validate_recipe
 
     return validate_recipe({
         "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
@@ -236,14 +236,14 @@ def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
 def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypatch):
     """Off, the step never forwards the dropped groups (only the mismatch metric needs them), and learns the same:
     the update touches the kept groups only, so the weights after 3 steps are identical either way."""
-    import stages.grpo
+    import cascade.stages.grpo
 
     trained = {}
     for flag in (True, False):
         recipe = vowel_recipe(tmp_path / str(flag), monkeypatch, steps=3, mismatch_over_dropped=flag)
         calls = []
-        real = stages.grpo.mismatch_sum
-        monkeypatch.setattr(stages.grpo, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k))
+        real = cascade.stages.grpo.mismatch_sum
+        monkeypatch.setattr(cascade.stages.grpo, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k))
         sink = ListSink()
         (tmp_path / str(flag)).mkdir(exist_ok=True)
         ctx = stage_ctx(recipe, tmp_path / str(flag), "rl", sink)

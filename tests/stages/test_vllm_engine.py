@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stages.engines.base import SamplingParams
-from stages.engines.vllm import (
+from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
     ServerOptions,
     VLLMEngine,
@@ -80,9 +80,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from stages.model import build_tiny_model, save_hf
-    from stages.config import ModelConfig
-    from stages.tokenizer import load_tokenizer
+    from cascade.stages.model import build_tiny_model, save_hf
+    from cascade.stages.config import ModelConfig
+    from cascade.stages.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     model = build_tiny_model(ModelConfig(**TINY), len(tokenizer), seed=0).eval()
@@ -315,7 +315,7 @@ def test_failed_restart_raises_naming_the_logs(tiny, tmp_path):
 # Starts a server without waiting for it, reports its group, and exits (no close()) when stdin closes.
 CHILD = """
 import sys
-from stages.engines.vllm import VLLMEngine
+from cascade.stages.engines.vllm import VLLMEngine
 eng = VLLMEngine(sys.argv[1], workdir=sys.argv[2], wait=False)
 print(eng.server_pgid, flush=True)
 sys.stdin.read()

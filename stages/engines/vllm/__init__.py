@@ -13,9 +13,9 @@ Importing this package never imports vllm: the server runs from its own venv (`i
 The names below are the ones callers import from `stages.engines.vllm`.
 """
 
-from stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
-from stages.engines.vllm.engine import VLLMEngine, WeightSyncError, trainer_logprobs
-from stages.engines.vllm.server import (
+from cascade.stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
+from cascade.stages.engines.vllm.engine import VLLMEngine, WeightSyncError, trainer_logprobs
+from cascade.stages.engines.vllm.server import (
     CPU_HEAD_DIMS,
     DEFAULT_VENV,
     REPO_ROOT,

@@ -46,9 +46,9 @@ from typing import Any
 
 import torch
 
-from stages.engines.base import Completion, SamplingParams
-from stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
-from stages.engines.vllm.server import (
+from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
+from cascade.stages.engines.vllm.server import (
     SCRATCH_DIRS,
     SERVED_NAME,
     ManagedServer,

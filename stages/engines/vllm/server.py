@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stages.engines.vllm.client import ServerDied, healthy
+from cascade.stages.engines.vllm.client import ServerDied, healthy
 
 # stages/engines/vllm/server.py -> the repository root is three directories up from this package.
 REPO_ROOT = Path(__file__).resolve().parents[3]
