@@ -25,8 +25,7 @@ from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import RunRequest, request_recipe
-from cascade.stages.config import StageConfig
-from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
 from cascade.tasks.stages import (
     eval_task,
@@ -71,12 +70,6 @@ def _read_uri(uri: str) -> bytes:
 def _named(task, recipe: Recipe, run_id: str, what: str):
     """Task run names say the recipe, the run and the stage; results persist beside the run's checkpoints."""
     return task.with_options(task_run_name=f"{recipe.name}/{run_id}/{what}")
-
-
-def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
-    """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
-    return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
-                       stages={read.stage: made[read.stage] for read in stage.reads()})
 
 
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:

@@ -1,4 +1,5 @@
-"""What a user asks for, turned into a validated recipe: `key=value` overrides and the Prefect run form.
+"""What a user asks for, turned into a validated recipe: `key=value` overrides (`load_recipe`, which lives in
+stages/recipe.py so the stage driver takes them too) and the Prefect run form.
 
 Both edit the raw recipe mapping and then validate it with `stages.recipe.validate_recipe`, so a bad value is
 refused by the same bounds whether it comes from a file, an override or the form. The form's fields are typed
@@ -11,17 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
 from cascade.stages.config import LearningRate, Steps
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
-from cascade.stages.recipe import (
+from cascade.stages.recipe import (  # load_recipe: re-exported, the name every flow and CLI command uses
     RECIPES_DIR,
     Recipe,
     RecipeError,
+    load_recipe,
     parse_recipe_text,
     read_recipe_file,
     refuse_url_credentials,
@@ -32,47 +33,6 @@ from cascade.stages.recipe import (
 RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
 DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]
 RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,80}$"
-
-
-def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:
-    """A shipped recipe by name, or a YAML file, with `a.b.c=value` overrides applied, validated."""
-    path = resolve_recipe_path(name_or_path)
-    raw = read_recipe_file(path)
-    for item in overrides or []:
-        apply_override(raw, item)
-    return validate_recipe(raw, source=str(path))
-
-
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply `a.b.c=value` in place. Stages are addressed by name: `stages.sft.steps=10`."""
-    if "=" not in item:
-        raise RecipeError(f"bad override {item!r}: expected key=value")
-    key, _, text = item.partition("=")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise RecipeError(f"bad override {item!r}: value is not valid YAML") from None
-    parts = key.strip().split(".")
-    node: Any = raw
-    for i, part in enumerate(parts[:-1]):
-        node = _descend(node, part, ".".join(parts[: i + 1]), item)
-    if not isinstance(node, dict):
-        where = ".".join(parts[:-1])
-        what = "a stage by name" if isinstance(node, list) else "a mapping"
-        raise RecipeError(f"bad override {item!r}: {where} is not a mapping (address {what}, then a field)")
-    node[parts[-1]] = value
-
-
-def _descend(node: Any, part: str, path: str, item: str) -> Any:
-    if isinstance(node, list):
-        for entry in node:
-            if isinstance(entry, dict) and entry.get("name", entry.get("kind")) == part:
-                return entry
-        names = [e.get("name", e.get("kind")) for e in node if isinstance(e, dict)]
-        raise RecipeError(f"bad override {item!r}: no stage named {part!r} (stages: {names})")
-    if not isinstance(node, dict):
-        raise RecipeError(f"bad override {item!r}: {path} is not a mapping")
-    return node.setdefault(part, {})
 
 
 class StageOverride(Strict):

@@ -75,6 +75,7 @@ class ModelConfig(Strict):
 
 
 Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
+Launcher = Literal["auto", "torchrun"]  # auto: torchrun when a stage has more than one rank, else in-process
 DType = Literal["bf16", "fp32"]  # bf16: autocast; on CPU 1.6x faster or 2x slower by host (bench/RESULTS.md)
 Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
 RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
@@ -90,6 +91,7 @@ class ComputeConfig(Strict):
     nnodes: Processes = 1
     rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward: memory for time
+    launcher: Launcher = "auto"  # torchrun: FSDP2 in a process group even for one rank (the one-GPU check)
 
     @model_validator(mode="after")
     def _multi_node_needs_endpoint(self) -> ComputeConfig:
@@ -111,6 +113,7 @@ class ComputeOverride(Strict):
     nnodes: Processes | None = None
     rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)
     activation_checkpointing: bool | None = None
+    launcher: Launcher | None = None
 
     def over(self, base: ComputeConfig) -> ComputeConfig:
         return ComputeConfig.model_validate(base.model_dump() | self.model_dump(exclude_none=True))

@@ -45,6 +45,23 @@ class ListSink:
         return [m[name] for _, m in self.rows if name in m]
 
 
+class TeeSink:
+    """Every step's metrics to each sink (MLflow or a list, and the run's step log); a resume's restored history
+    to those that keep one."""
+
+    def __init__(self, *sinks: MetricSink):
+        self.sinks = sinks
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def restore(self, step: int, history: list[dict[str, float]]) -> None:
+        for sink in self.sinks:
+            if hasattr(sink, "restore"):
+                sink.restore(step, history)
+
+
 def _no_progress(done: int, total: int) -> None:
     pass
 

@@ -1,8 +1,9 @@
 """One training process, or N under torchrun: the device, the process group, FSDP2 sharding, DCP train state.
 
-A training stage asks `world_for(compute)` where it runs. Outside torchrun (WORLD_SIZE unset or 1) that is one
-process on the resolved device with no process group: today's in-process path. Under torchrun it joins the
-process group (gloo on CPU, NCCL on CUDA) and the model is sharded with FSDP2 (`fully_shard` on every decoder
+A training stage asks `world_for(compute)` where it runs. Outside torchrun that is one process on the resolved
+device with no process group: the in-process path. Under torchrun (any number of ranks, one included:
+`compute.launcher: torchrun`) it joins the process group (gloo on CPU, NCCL on CUDA) and the model is sharded
+with FSDP2 (`fully_shard` on every decoder
 layer, then on the root: embeddings, final norm and head).
 
 Parity with one process is by construction, not by tuning: every loss is already divided by the global token
@@ -45,10 +46,7 @@ class World:
     size: int
     device: torch.device
     compute: ComputeConfig
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
+    distributed: bool = False  # in a process group (under torchrun, even as its only rank): FSDP2, collectives
 
     @property
     def is_main(self) -> bool:
@@ -111,17 +109,17 @@ def resolve_device(device: str) -> torch.device:
 
 
 def world_for(compute: ComputeConfig) -> World:
-    """Where this process trains: under torchrun (WORLD_SIZE > 1) it joins the process group first."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    """Where this process trains: under torchrun (which sets TORCHELASTIC_RUN_ID in every rank) it joins the
+    process group first."""
     device = resolve_device(compute.device)
-    if size == 1:
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
         return World(0, 1, device, compute)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return World(dist.get_rank(), dist.get_world_size(), device, compute)
+    return World(dist.get_rank(), dist.get_world_size(), device, compute, distributed=True)
 
 
 def prepare_model(model: torch.nn.Module, world: World) -> torch.nn.Module:

@@ -61,7 +61,9 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             # rollout and score: P prompts x G samples from the current policy, scored by the stage's reward source
             # (by default the domain's grader, the one the eval uses); with refill_rounds, groups without signal
             # are replaced by fresh prompts' groups
+            step_started = time.perf_counter()
             items, prompts, groups, rewards, refilled = rollout_and_score(engine, run, pool, cfg, reward_source)
+            rollout_seconds = time.perf_counter() - step_started  # rewards are on the host: the device is done
 
             # advantages: group-normalized; zero-variance groups dropped
             keep = groups_with_signal(rewards) if cfg.drop_flat_groups else torch.ones(len(groups), dtype=torch.bool)
@@ -69,6 +71,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
 
             # update: one on-policy step, token-level loss over the kept groups
             update = policy_update(run, cfg, ctx, prompts, groups, advantages, keep, reference)
+            update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
             with record_function("grpo.weight_sync"):
                 engine.sync_weights(run.model)
@@ -76,6 +79,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             # log
             with record_function("grpo.logging"):
                 run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics(),
+                                 "rollout_seconds": rollout_seconds, "update_seconds": update_seconds,
                                  **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {})})
     finally:
         engine.close()

@@ -8,7 +8,7 @@ one signature, `run(cfg, ctx, inputs) -> StageResult`.
 Who reads the registry:
 - the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
   that make the right product; a row's `check` adds what only that kind knows;
-- the dispatcher (`run_stage` below) and the flow's input wiring (`flows/cascade.py`);
+- the dispatcher (`run_stage` below) and the input wiring (`stage_inputs` below: the flow and the stage driver);
 - the compute slot and the stage cache key (`tasks/stages.py`);
 - the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`.
 
@@ -84,6 +84,13 @@ def kind_of(kind: str) -> StageKind:
     if kind not in KINDS:
         raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     return KINDS[kind]
+
+
+def stage_inputs(stage: StageConfig, policy: CheckpointRef | None,
+                 made: dict[str, CheckpointRef]) -> StageInputs:
+    """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
+    return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
+                       stages={read.stage: made[read.stage] for read in stage.reads()})
 
 
 def run_stage(cfg: StageConfig, ctx: Any, inputs: StageInputs) -> Any:

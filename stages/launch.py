@@ -52,7 +52,8 @@ class DistributedStageError(RuntimeError):
 
 def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
     compute = ctx.recipe.compute_for(cfg)
-    if compute.world_size == 1 or not isinstance(cfg, TrainingConfig):
+    one_process = compute.world_size == 1 and compute.launcher == "auto"
+    if one_process or not isinstance(cfg, TrainingConfig):
         return run_stage(cfg, ctx, inputs)
     return run_torchrun(cfg, ctx, inputs, compute)
 

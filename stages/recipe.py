@@ -252,9 +252,42 @@ def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
         raise RecipeError(f"{source}: {where}: {msg}") from None
 
 
-def load_recipe(name_or_path: str = "tiny") -> Recipe:
-    """A shipped recipe by name, or a YAML file, validated (overrides: flows/recipes.py)."""
+def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:
+    """A shipped recipe by name, or a YAML file, with `a.b.c=value` overrides applied, validated."""
     path = resolve_recipe_path(name_or_path)
-    return validate_recipe(read_recipe_file(path), source=str(path))
+    raw = read_recipe_file(path)
+    for item in overrides or []:
+        apply_override(raw, item)
+    return validate_recipe(raw, source=str(path))
 
 
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply `a.b.c=value` in place. Stages are addressed by name: `stages.sft.steps=10`."""
+    if "=" not in item:
+        raise RecipeError(f"bad override {item!r}: expected key=value")
+    key, _, text = item.partition("=")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise RecipeError(f"bad override {item!r}: value is not valid YAML") from None
+    parts = key.strip().split(".")
+    node: Any = raw
+    for i, part in enumerate(parts[:-1]):
+        node = _descend(node, part, ".".join(parts[: i + 1]), item)
+    if not isinstance(node, dict):
+        where = ".".join(parts[:-1])
+        what = "a stage by name" if isinstance(node, list) else "a mapping"
+        raise RecipeError(f"bad override {item!r}: {where} is not a mapping (address {what}, then a field)")
+    node[parts[-1]] = value
+
+
+def _descend(node: Any, part: str, path: str, item: str) -> Any:
+    if isinstance(node, list):
+        for entry in node:
+            if isinstance(entry, dict) and entry.get("name", entry.get("kind")) == part:
+                return entry
+        names = [e.get("name", e.get("kind")) for e in node if isinstance(e, dict)]
+        raise RecipeError(f"bad override {item!r}: no stage named {part!r} (stages: {names})")
+    if not isinstance(node, dict):
+        raise RecipeError(f"bad override {item!r}: {path} is not a mapping")
+    return node.setdefault(part, {})

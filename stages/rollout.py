@@ -77,9 +77,10 @@ def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine
 
 
 class ShardedRollouts:
-    """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank) from its own
-    full copy of the policy, and every rank returns every rank's samples, in prompt order. The trainer's FSDP2
-    shards cannot generate: their forwards are collectives, and ranks stop decoding at different lengths."""
+    """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank; per-prompt `seeds`
+    go with their prompts) from its own full copy of the policy, and every rank returns every rank's samples, in
+    prompt order. The trainer's FSDP2 shards cannot generate: their forwards are collectives, and ranks stop
+    decoding at different lengths."""
 
     def __init__(self, cfg: EngineConfig, run: Any, seed: int):
         from transformers import AutoModelForCausalLM
@@ -90,12 +91,15 @@ class ShardedRollouts:
         self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
         self.name = self.engine.name
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
         if len(prompts) < self.world.size:
             raise ValueError(f"{len(prompts)} prompts per step cannot be shared by {self.world.size} ranks")
         mine = self.world.shard(len(prompts))
         seed = None if sampling.seed is None else sampling.seed + self.world.rank
-        groups = self.engine.generate(prompts[mine.start : mine.stop], n, dataclasses.replace(sampling, seed=seed))
+        groups = self.engine.generate(prompts[mine.start : mine.stop], n, dataclasses.replace(sampling, seed=seed),
+                                      seeds=None if seeds is None else seeds[mine.start : mine.stop])
         return [group for share in self.world.all_gather(groups) for group in share]
 
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -118,19 +119,23 @@ class TrainRun:
                 restore(self.step, self.history)
         self.resumed_from = resume
         self.model.train()
+        self._step_started = time.perf_counter()
 
     def record_step(self, metrics: dict[str, float]) -> None:
-        """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint."""
+        """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint.
+        Adds the step's wall seconds (from the end of the previous step's record, a step checkpoint's commit
+        excluded): the stage reads a device-synced value (loss, grad norm) before it records, so the time holds."""
+        metrics = {**metrics, "step_seconds": time.perf_counter() - self._step_started}
         self.history.append(metrics)
         self.ctx.log.log(self.step, metrics)
         self.ctx.progress(self.step, self.cfg.steps)
         every = self.cfg.checkpoint_every
-        if every <= 0 or self.step % every or self.step >= self.cfg.steps:
-            return
-        state = {"step": self.step, "rng": rng_state(), "history": self.history}
-        self._commit(step_key(self.ctx.key, self.step), {}, state)
-        if self.world.is_main:
-            prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
+        if every > 0 and self.step % every == 0 and self.step < self.cfg.steps:
+            state = {"step": self.step, "rng": rng_state(), "history": self.history}
+            self._commit(step_key(self.ctx.key, self.step), {}, state)
+            if self.world.is_main:
+                prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
+        self._step_started = time.perf_counter()
 
     def finish(self, metrics: dict[str, Any]) -> CheckpointRef:
         """The stage's checkpoint: the whole model as one HF directory (gathered to rank 0 under torchrun)."""

@@ -40,7 +40,7 @@ from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, storage_options
 from cascade.artifacts.tracking import Tracker, redact, register_stage
 from cascade.stages.config import MOPDConfig, StageConfig
-from cascade.stages.context import ListSink, StageContext, stage_workdir
+from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages, decide
 from cascade.stages.kinds import StageInputs, kind_of
@@ -153,23 +153,6 @@ def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, 
                          **({"rebuilt": rebuilt} if rebuilt else {}),
                          **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {})})
     report.save(store)
-
-
-class TeeSink:
-    """Every step's metrics to each sink (MLflow or a list, and the run's step log); a resume's restored history
-    to those that keep one."""
-
-    def __init__(self, *sinks: Any):
-        self.sinks = sinks
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        for sink in self.sinks:
-            sink.log(step, metrics)
-
-    def restore(self, step: int, history: list[dict[str, float]]) -> None:
-        for sink in self.sinks:
-            if hasattr(sink, "restore"):
-                sink.restore(step, history)
 
 
 def _close_quietly(steps: StepLog) -> None:

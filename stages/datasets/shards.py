@@ -9,18 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 DATA_DIR = "data"
 SHARD_GLOB = "shard-*.parquet"
-SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("domain", pa.string()),
-    ("source", pa.string()),
-    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-    ("num_tokens", pa.int32()),
-])
 READ_BATCH = 4096
 
 
@@ -34,7 +24,19 @@ def chat_row(row_id: str, domain: str, source: str, prompt: str, response: str, 
 
 
 def write_shard(rows: list[dict[str, Any]], path: Path) -> None:
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path, compression="zstd")
+    # pyarrow is imported on first use here and in iter_conversations: the stage core imports light
+    # (tests/stages/test_light_imports.py)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([
+        ("id", pa.string()),
+        ("domain", pa.string()),
+        ("source", pa.string()),
+        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+        ("num_tokens", pa.int32()),
+    ])
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
 
 
 def shard_paths(data_dir: Path) -> list[Path]:
@@ -43,6 +45,8 @@ def shard_paths(data_dir: Path) -> list[Path]:
 
 def iter_conversations(paths: list[Path]) -> Iterator[tuple[str, str]]:
     """(prompt, response) of every row, one record batch at a time."""
+    import pyarrow.parquet as pq
+
     for path in paths:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH, columns=["messages"]):
             for messages in batch.column("messages").to_pylist():

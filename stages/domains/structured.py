@@ -25,8 +25,6 @@ import random
 import re
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from cascade.stages.domains.base import Domain, Item
 
 KEYS = ("id", "n", "x", "age", "day", "city", "page", "line", "note", "word", "song", "star")  # 1-2 tokens each
@@ -97,4 +95,6 @@ class StructuredDomain(Domain):
         value = first_json(completion)
         if value is None:
             return 0.0
+        from jsonschema import Draft202012Validator  # on first grade: recipe validation loads every domain
+
         return float(Draft202012Validator(item.meta["schema"]).is_valid(value))

@@ -36,9 +36,12 @@ class RolloutEngine(Protocol):
     name: str  # "hf" | "vllm"; recorded in stage metrics
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
     ) -> list[list[Completion]]:
-        """n completions for each prompt; result[i][j] is sample j of prompt i."""
+        """n completions for each prompt; result[i][j] is sample j of prompt i. `seeds`: one per prompt, so a
+        prompt's draws follow its own seed wherever it sits in the call (an eval can give each held-out item one, to
+        compare checkpoints on common random numbers); None derives them from sampling.seed. Each engine's
+        docstring says how it honours them."""
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:

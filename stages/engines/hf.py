@@ -11,9 +11,18 @@ the batch once they are an eighth of it, so compute follows the live rows. Per s
 is its logit minus the row's logsumexp (no full log_softmax), and sampling draws one uniform per row against the
 cumulative distribution (what torch.multinomial does, without its argument checks).
 
+Sampling stays on the model's device: logits, tokens and logprobs never leave it until the batch is done, and a
+step syncs with the host once (how many rows have finished). Each expanded row (prompt i, sample j) draws from
+its own counter-based stream, splitmix64 computed with int64 tensor ops (`uniform`, `row_keys`): its draw at a
+step is a pure function of (prompt seed, j, step), so a row's tokens do not depend on which prompts share its
+batch, on batch_size, on which rows were compacted away, or on the device (int64 wraps alike on CPU and CUDA).
+Prompt seeds come from the caller (`seeds`: an eval can give each held-out item its own, so two checkpoints are
+compared on common random numbers), else from sampling.seed and the prompt's index in the call, else from the
+engine's seed, continued across unseeded calls so that each draws afresh. The global RNG, which dropout and data
+order use, is never touched.
+
 It samples from the trainer's own module, so weight sync is free and pi_inf differs from pi_train only by
-batch numerics (and bf16 autocast, when training uses it). Its own torch.Generator keeps sampling
-reproducible without touching the global RNG that dropout and data order use.
+batch numerics (and bf16 autocast, when training uses it).
 """
 
 from __future__ import annotations
@@ -27,6 +36,45 @@ from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's state increment, 2**64 / golden ratio
+MIX1, MIX2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's output multipliers
+
+
+def as_int64(x: int) -> int:
+    """x mod 2**64 as a signed int64: the value int64 tensor arithmetic wraps to."""
+    return (x + 2**63) % 2**64 - 2**63
+
+
+def shr(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> on int64 is arithmetic: it copies the sign bit)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's output function, mod 2**64: z = (z ^ z>>>30) * MIX1; z = (z ^ z>>>27) * MIX2; z ^ z>>>31."""
+    z = (z ^ shr(z, 30)) * as_int64(MIX1)
+    z = (z ^ shr(z, 27)) * as_int64(MIX2)
+    return z ^ shr(z, 31)
+
+
+def splitmix64(seed: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Output `index` (0-based) of splitmix64 seeded with `seed`, elementwise on int64:
+    mix64(seed + (index + 1) * GOLDEN)."""
+    return mix64(seed + (index + 1) * as_int64(GOLDEN))
+
+
+def row_keys(prompt_seeds: torch.Tensor, n: int) -> torch.Tensor:
+    """prompt_seeds: [P] int64 -> [P * n] int64, row i * n + j: key(i, j) = splitmix64(prompt_seeds[i], j)."""
+    sample = torch.arange(n, device=prompt_seeds.device).repeat(len(prompt_seeds))  # [P * n]
+    return splitmix64(prompt_seeds.repeat_interleave(n), sample)
+
+
+def uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """keys: [B] int64 -> [B] float32 in [0, 1), one draw per row at this step:
+    u = (mix64(key + (step + 1) * GOLDEN) mod 2**64 >>> 40) / 2**24, the top 24 bits of output `step` of splitmix64
+    seeded with the key. 24 bits: every u is exact in float32, so u < 1 and CPU and CUDA give the same draw."""
+    z = mix64(keys + as_int64((step + 1) * GOLDEN))  # the step folded in on the host: no tensor per step
+    return shr(z, 40).float() * 2.0**-24
 
 
 def left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,8 +88,11 @@ def left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tup
     return ids.to(device), mask.to(device)
 
 
-def sample_next(logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
-    """One token per row. logits: [B, V] float32; lse: [B] their logsumexp -> [B] long. Greedy when temperature == 0."""
+def sample_next(
+    logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParams, draw: torch.Tensor | None
+) -> torch.Tensor:
+    """One token per row. logits: [B, V] float32; lse: [B] their logsumexp; draw: [B] uniforms in [0, 1), unused
+    (None) when greedy -> [B] long. Greedy when temperature == 0."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
     if sampling.temperature == 1.0:
@@ -55,8 +106,8 @@ def sample_next(logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParam
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     # inverse CDF: the first token whose cumulative mass exceeds a uniform draw (zero-mass tokens never win)
     cdf = probs.cumsum(-1)
-    draw = torch.rand(len(cdf), 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
+    target = draw[:, None].to(cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
 class HFEngine:
@@ -66,17 +117,20 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.unseeded = 0  # prompts drawn so far without a seed: where the engine's own seed stream continues
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        if sampling.seed is not None:
-            self.generator.manual_seed(sampling.seed)
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        keys = row_keys(self._prompt_seeds(len(prompts), sampling, seeds), n)  # [P * n]
         owner = [i for i in range(len(prompts)) for _ in range(n)]  # expanded row -> prompt index
         flat: list[Completion] = []
         for start in range(0, len(owner), self.batch_size):
             rows = owner[start : start + self.batch_size]
             repeat = torch.tensor(rows) - rows[0]  # [B] -> row of the shared prefill (rows are consecutive)
-            flat += self._generate_batch(prompts[rows[0] : rows[-1] + 1], repeat, sampling)
+            batch_keys = keys[start : start + len(rows)]  # [B]
+            flat += self._generate_batch(prompts[rows[0] : rows[-1] + 1], repeat, batch_keys, sampling)
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -85,14 +139,31 @@ class HFEngine:
     def close(self) -> None:
         pass
 
+    def _prompt_seeds(self, count: int, sampling: SamplingParams, seeds: list[int] | None) -> torch.Tensor:
+        """[count] int64 on the model's device: the caller's seeds, else outputs 0..count-1 of splitmix64 seeded
+        with sampling.seed, else the next `count` outputs of the engine's own stream (each unseeded call is new)."""
+        device = next(self.model.parameters()).device
+        if seeds is not None:
+            if len(seeds) != count:
+                raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+            return torch.tensor([as_int64(s) for s in seeds], dtype=torch.long, device=device)
+        if sampling.seed is not None:
+            base, first = sampling.seed, 0
+        else:
+            base, first = self.seed, self.unseeded
+            self.unseeded += count
+        index = torch.arange(first, first + count, device=device)
+        return splitmix64(torch.full_like(index, as_int64(base)), index)
+
     @torch.no_grad()
     def _generate_batch(
-        self, prompts: list[list[int]], repeat: torch.Tensor, sampling: SamplingParams
+        self, prompts: list[list[int]], repeat: torch.Tensor, keys: torch.Tensor, sampling: SamplingParams
     ) -> list[Completion]:
-        """Prefill each of `prompts` once, then decode len(repeat) rows; row r continues prompts[repeat[r]]."""
+        """Prefill each of `prompts` once, then decode len(repeat) rows; row r continues prompts[repeat[r]] and
+        draws from stream keys[r]."""
         was_training = self.model.training
         self.model.eval()
-        device = next(self.model.parameters()).device  # the training device; sampling stays on this CPU generator
+        device = next(self.model.parameters()).device
         ids, mask = left_padded(prompts, self.tokenizer.pad_token_id, device)
         repeat = repeat.to(device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -102,39 +173,46 @@ class HFEngine:
                             **last_only).logits[:, -1]
         decoder = (LeanDecoder if lean_supported(self.model) else HFDecoder)(
             self.model, cache, repeat, mask, sampling.max_new_tokens)
-        tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], sampling)
+        tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], keys, sampling)
         self.model.train(was_training)
         return self._completions(tokens, logps, self.tokenizer.eos_token_id)
 
-    def _decode(self, decoder, logits: torch.Tensor, next_pos: torch.Tensor, sampling: SamplingParams):
-        """Sample up to max_new_tokens per row. logits: [B, V] after the prompt; next_pos: [B] its last position.
-        -> tokens, logps: [B, steps]; what follows a row's first eos is filler that _completions cuts."""
-        eos, steps = self.tokenizer.eos_token_id, sampling.max_new_tokens
-        tokens = torch.full((len(logits), steps), self.tokenizer.pad_token_id, dtype=torch.long)
-        logps = torch.zeros(len(logits), steps)
-        live = torch.arange(len(logits))  # decoder row -> batch row
-        done = torch.zeros(len(logits), dtype=torch.bool)
+    def _decode(
+        self, decoder, logits: torch.Tensor, next_pos: torch.Tensor, keys: torch.Tensor, sampling: SamplingParams
+    ):
+        """Sample up to max_new_tokens per row, on the logits' device. logits: [B, V] after the prompt; next_pos:
+        [B] its last position; keys: [B] the rows' streams. -> tokens, logps: [B, steps] on that device; what
+        follows a row's first eos is filler that _completions cuts."""
+        eos, steps, device = self.tokenizer.eos_token_id, sampling.max_new_tokens, logits.device
+        tokens = torch.full((len(logits), steps), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
+        logps = torch.zeros(len(logits), steps, device=device)
+        live = torch.arange(len(logits), device=device)  # decoder row -> batch row
+        done = torch.zeros(len(logits), dtype=torch.bool, device=device)
         for step in range(steps):
-            logits = logits.float().cpu()
-            lse = logits.logsumexp(-1)
-            tok = sample_next(logits, lse, sampling, self.generator)
+            logits = logits.float()
+            lse = logits.logsumexp(-1)  # [B]
+            draw = None if sampling.temperature == 0 else uniform(keys, step)  # [B]
+            tok = sample_next(logits, lse, sampling, draw)  # [B]
             tokens[live, step] = tok
             logps[live, step] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse
             done |= tok == eos
-            if step + 1 == steps or bool(done.all()):
+            if step + 1 == steps:
                 break
-            if int(done.sum()) * COMPACT_SHARE >= len(live):
-                rows = (~done).nonzero().squeeze(-1)
-                live, tok, next_pos, done = live[rows], tok[rows], next_pos[rows], done[rows]
-                decoder.keep(rows.to(next_pos.device))
+            finished = int(done.sum())  # the step's one host sync
+            if finished == len(live):
+                break
+            if finished * COMPACT_SHARE >= len(live):
+                rows = torch.nonzero_static(~done, size=len(live) - finished).squeeze(-1)  # size known: no sync
+                live, tok, next_pos, keys, done = live[rows], tok[rows], next_pos[rows], keys[rows], done[rows]
+                decoder.keep(rows)
             next_pos = next_pos + 1
-            logits = decoder.step(tok.to(next_pos.device), next_pos)
+            logits = decoder.step(tok, next_pos)
         return tokens[:, : step + 1], logps[:, : step + 1]
 
     def _completions(self, tokens: torch.Tensor, logps: torch.Tensor, eos: int) -> list[Completion]:
         """tokens, logps: [B, steps] -> one Completion per row, cut after the first eos."""
         result = []
-        for row_tokens, row_logps in zip(tokens.tolist(), logps.tolist()):
+        for row_tokens, row_logps in zip(tokens.cpu().tolist(), logps.cpu().tolist()):
             stop = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
             ids = row_tokens[:stop]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -47,6 +47,16 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
 
     model_dir = store.path("runs/e2e/04-math_rl/model")
     assert AutoModelForCausalLM.from_pretrained(model_dir).num_parameters() > 0
+    # the stage driver (no Prefect, no MLflow) makes the flow's SFT checkpoint, bit for bit
+    from cascade.stages.run import main as drive
+
+    assert drive(["micro", f"storage.root=file://{tmp_path}/driver", "--stage", "sft_data", "--stage", "sft"]) == 0
+    driven = Store.from_config(micro_recipe(tmp_path, f"storage.root=file://{tmp_path}/driver").storage)
+    flow_sft, driver_sft = (load_file(s.path(f"runs/{run}/01-sft/model/model.safetensors"))
+                            for s, run in ((store, "e2e"), (driven, "driver")))
+    assert flow_sft.keys() == driver_sft.keys() and all(torch.equal(flow_sft[k], driver_sft[k]) for k in flow_sft)
+    assert json.loads(store.read_bytes("runs/e2e/01-sft/MANIFEST.json"))["config_hash"] == \
+        json.loads(driven.read_bytes("runs/driver/01-sft/MANIFEST.json"))["config_hash"]
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])

@@ -1,5 +1,8 @@
-"""The HF engine's logprobs are the model's, greedy is deterministic, sampling is seeded; the lean decode step
-equals HF's forward, and any other architecture falls back to HF's."""
+"""The HF engine's logprobs are the model's, greedy is deterministic, sampling is seeded per row (a row's draws
+do not depend on its batch); the lean decode step equals HF's forward, and any other architecture falls back to
+HF's."""
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -7,7 +10,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
 
 from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
-from cascade.stages.engines.hf import HFEngine, sample_next
+from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, row_keys, sample_next, uniform
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.config import ModelConfig
 from cascade.stages.tokenizer import load_tokenizer
@@ -84,18 +87,21 @@ def test_stops_at_end_of_turn():
 
 
 def test_shared_prefill_matches_repeating_each_prompt():
-    """n samples of a prompt prefill it once, yet give the tokens and logprobs of n separate copies of it."""
+    """n samples of a prompt prefill it once, yet give the tokens and logprobs of n separate copies of it. Sample j
+    of seed s draws splitmix64's stream at s + (j + 1) * GOLDEN, so copy j seeded s + j * GOLDEN draws the same."""
     eng, tok = engine(batch_size=6)  # 3 prompts x 4 samples: batches split groups across a boundary
     prompts = [prompt_ids(tok, f"Compute {i}+{i}.") for i in range(3)]
     prefill_rows = []
     hook = eng.model.register_forward_hook(
         lambda module, args, kwargs, out: prefill_rows.append(kwargs["input_ids"].shape)
         if kwargs["input_ids"].shape[1] > 1 else None, with_kwargs=True)
-    for sampling in (SamplingParams(temperature=0.0, max_new_tokens=8), SamplingParams(max_new_tokens=8, seed=3)):
+    seeds = [3, 30, 300]
+    copy_seeds = [as_int64(s + j * GOLDEN) for s in seeds for j in range(4)]
+    for sampling in (SamplingParams(temperature=0.0, max_new_tokens=8), SamplingParams(max_new_tokens=8)):
         prefill_rows.clear()
-        shared = [c for g in eng.generate(prompts, 4, sampling) for c in g]
+        shared = [c for g in eng.generate(prompts, 4, sampling, seeds=seeds) for c in g]
         assert [rows for rows, _ in prefill_rows] == [2, 2]  # prompts {0, 1} then {1, 2}: one prefill each
-        repeated = [g[0] for g in eng.generate([p for p in prompts for _ in range(4)], 1, sampling)]
+        repeated = [g[0] for g in eng.generate([p for p in prompts for _ in range(4)], 1, sampling, seeds=copy_seeds)]
         assert [c.token_ids for c in shared] == [c.token_ids for c in repeated]
         for a, b in zip(shared, repeated):
             assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)
@@ -160,7 +166,7 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatc
     eng, tok = engine(batch_size=16)
     eos = tok.eos_token_id
     eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
-        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 3.0)))
+        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)))
     kept_rows = []
     real_keep = LeanDecoder.keep
     monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
@@ -177,9 +183,64 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_top_p():
     """sample_next draws token i with probability p_i (chi-square-tight at 20k draws) and never outside top_p."""
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20_000, 1)
     lse = logits.logsumexp(-1)
-    gen = torch.Generator().manual_seed(0)
-    counts = torch.bincount(sample_next(logits, lse, SamplingParams(max_new_tokens=1), gen), minlength=4)
+    draw = uniform(row_keys(torch.tensor([0]), 20_000), 0)  # the engine's own uniforms: 20k rows of one prompt
+    counts = torch.bincount(sample_next(logits, lse, SamplingParams(max_new_tokens=1), draw), minlength=4)
     assert torch.allclose(counts / 20_000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.012)
-    nucleus = sample_next(logits, lse, SamplingParams(max_new_tokens=1, top_p=0.7), gen)
+    nucleus = sample_next(logits, lse, SamplingParams(max_new_tokens=1, top_p=0.7), draw)
     assert set(nucleus.tolist()) == {0, 1}  # 0.5 alone < 0.7; 0.5 + 0.3 reaches it
-    assert (sample_next(logits[:3], lse[:3], SamplingParams(max_new_tokens=1, temperature=0.0), gen) == 0).all()
+    assert (sample_next(logits[:3], lse[:3], SamplingParams(max_new_tokens=1, temperature=0.0), None) == 0).all()
+
+
+def test_uniform_is_splitmix64_top_24_bits():
+    """u = (output `step` of splitmix64 seeded with the key) >>> 40, / 2**24; the expected values were computed once
+    with Python integers mod 2**64 (1234567's first outputs, 6457827717110365317 and 3203168211198807973, are
+    splitmix64's published ones). Keys at and past 2**63 check the int64 wraparound and the logical shifts."""
+    cases = [(0, 0, 14819496), (1234567, 0, 5873360), (1234567, 1, 2913264), (2**64 - 1, 2, 3682296),
+             (2**63, 7, 6443080)]
+    for key, step, top24 in cases:
+        u = uniform(torch.tensor([as_int64(key)]), step)
+        assert u.dtype == torch.float32 and u.item() == top24 / 2**24
+
+
+def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
+    """At temperature 1, a prompt with its own seed samples the same tokens and logprobs alone, among other prompts
+    at another position, with batch_size 1 or one batch for all, and with finished rows compacted away or not."""
+    eng, tok = engine()
+    eos = tok.eos_token_id
+    eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
+        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)))  # rows stop early: compaction happens
+    kept_rows = []
+    real_keep = LeanDecoder.keep
+    monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
+    target = prompt_ids(tok, "Compute 2+2.")
+    others = [prompt_ids(tok, "Write 3 words about rain, all in lowercase."), prompt_ids(tok, "Compute 10-7.")]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
+    runs = []
+    layouts = [(64, [target], [7]), (64, [*others, target], [1, 2, 7]), (1, [*others, target], [1, 2, 7]),
+               (5, [others[0], target, others[1]], [1, 7, 2])]  # (batch_size, prompts, their seeds)
+    for batch_size, prompts, seeds in layouts:
+        eng.batch_size = batch_size
+        groups = eng.generate(prompts, 6, sampling, seeds=seeds)
+        runs.append(groups[prompts.index(target)])
+    assert len({len(c.token_ids) for c in runs[0]}) > 1 and kept_rows  # rows finished at different steps
+    for run in runs[1:]:
+        assert [c.token_ids for c in run] == [c.token_ids for c in runs[0]]
+        for a, b in zip(run, runs[0]):
+            assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-6, rtol=0)
+
+
+def test_prompt_seeds_set_the_draws():
+    """Different per-prompt seeds draw differently, the same seed repeats; without seeds, a prompt repeated in one
+    call draws differently at each position, and unseeded calls draw afresh."""
+    eng, tok = engine()
+    p = prompt_ids(tok, "Compute 5-2.")
+    sampling = SamplingParams(max_new_tokens=8)
+    a, b, a_again = token_ids(eng.generate([p, p, p], 4, sampling, seeds=[1, 2, 1]))
+    assert a == a_again and a != b
+    same_prompt_twice = token_ids(eng.generate([p, p], 4, replace(sampling, seed=3)))
+    assert same_prompt_twice[0] != same_prompt_twice[1]
+    assert token_ids(eng.generate([p], 4, sampling)) != token_ids(eng.generate([p], 4, sampling))
+
+
+def token_ids(groups):
+    return [[c.token_ids for c in g] for g in groups]

@@ -11,7 +11,9 @@ Generation. Prompts are token-id lists; up to `prompts_per_request` go in one PO
 `logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `raw_logprobs` (log-softmax of
 the raw logits at temperature 1, before top-p): exactly pi_inf as `base.py` defines it. With a seed, each prompt
 is sent as its own request with a seed derived from (seed, prompt index): one seed per multi-prompt request would
-give every prompt the same random draws, i.e. correlated samples across the batch.
+give every prompt the same random draws, i.e. correlated samples across the batch. Per-prompt `seeds` map the same
+way: each prompt its own request, seeded with a hash of its seed (vLLM seeds sample j with `seed + j`, so raw
+consecutive seeds would share streams). Reproducible per seed, but not across engines: vLLM's draws are its own.
 
 Weight sync protocol (`sync_weights`, disk transfer; the server runs with VLLM_SERVER_DEV_MODE=1):
 1. `model.save_pretrained` (safetensors + config) into `<workdir>/weights/vNNNNNN`, written under a temporary
@@ -80,9 +82,18 @@ def trainer_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float
     return logp.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu().tolist()
 
 
-def _derive_seed(seed: int, index: int) -> int:
+def _derive_seed(*parts: int) -> int:
     # 56 bits leave room for vLLM's per-sample `seed + j` without overflowing int64.
-    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:7], "big")
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:7], "big")
+
+
+def _request_seeds(count: int, sampling: SamplingParams, seeds: list[int] | None) -> list[int] | None:
+    """One vLLM seed per prompt (from its own seed, else from (sampling.seed, index)), or None when unseeded."""
+    if seeds is not None:
+        if len(seeds) != count:
+            raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+        return [_derive_seed(s) for s in seeds]
+    return None if sampling.seed is None else [_derive_seed(sampling.seed, i) for i in range(count)]
 
 
 def _release(server: ManagedServer | None, workdir: Path, owned: bool, model_copy: Path | None) -> None:
@@ -260,19 +271,25 @@ class VLLMEngine:
 
     # ---- generation ------------------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        """`seeds` (one per prompt) become vLLM per-request seeds; see the module docstring."""
         if not prompts:
             return []
         if self._server is not None and not self._server.ready:  # wait here, not in each worker thread
             self._server.wait_ready()
-        return self._with_restart(lambda: self._generate(prompts, n, sampling))
+        return self._with_restart(lambda: self._generate(prompts, n, sampling, seeds))
 
-    def _generate(self, prompts: list[list[int]], n: int, sampling: SamplingParams) -> list[list[Completion]]:
-        if sampling.seed is None:
+    def _generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None
+    ) -> list[list[Completion]]:
+        request_seeds = _request_seeds(len(prompts), sampling, seeds)
+        if request_seeds is None:
             size = self.prompts_per_request
             chunks = [(prompts[i : i + size], None) for i in range(0, len(prompts), size)]
         else:
-            chunks = [([p], _derive_seed(sampling.seed, i)) for i, p in enumerate(prompts)]
+            chunks = [([p], seed) for p, seed in zip(prompts, request_seeds)]
         workers = max(1, min(self.max_concurrency, len(chunks)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             parts = list(pool.map(lambda c: self._complete(c[0], n, sampling, c[1]), chunks))

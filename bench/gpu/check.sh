@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The GPU check: our stage code on one CUDA GPU, through the stage driver (python -m cascade.stages.run), no
+# Prefect or MLflow. One prepared script, so a lent GPU machine's minutes go to measuring, not to debugging.
+#
+#   bash bench/gpu/check.sh --prepare     # here, on the CPU: the wheels to carry (.whl) and the SFT data (.gpu-store)
+#   bash bench/gpu/check.sh --dry-run     # here: every CPU-side part, small, on the CPU (tests/test_gpu_check.py)
+#                                         # SHAPES="smollm2-135m" limits the model shapes (default: both)
+#   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
+#
+# It runs tests/gpu, bench/bench_gpu.py (plain torch: the ceiling), then through the driver: tiny's SFT and math
+# GRPO on cuda and on the CPU (loss curves), an SFT and a GRPO stage of the smollm2-135m and ~0.5B Qwen2 shapes
+# (random weights), and tiny's SFT as a one-rank FSDP2 torchrun job on NCCL. DIR gets few files (a device run
+# returns at most 8): steps.log (each part's exit and seconds), logs.tgz (each part's log and the driver's metrics
+# JSON, re-packed after every part, so a run cut off by its time limit still returns what it measured), and
+# check.json and check.md, the summary.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MODE=gpu
+OUT=bench/gpu/out
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) MODE=prepare ;;
+    --dry-run) MODE=dry ;;
+    --out) OUT="$2"; shift ;;
+    *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+PY=${PYTHON:-python3}  # the GPU machine's: the one that holds CUDA torch
+if [ "$MODE" != gpu ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
+RECIPE=bench/gpu/tiny-gpu.yaml
+STORE="${GPU_CHECK_STORE:-.gpu-store}"  # carried: the prepared SFT data (run `prep`); the check's runs go to a copy under WORK
+# what the GPU machine lacks (it has torch, transformers 5.17, numpy, pyyaml, fsspec, sympy); math-verify grades math
+WHEELS="transformers==5.23.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
+typing_extensions==4.16.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2"
+
+if [ "$MODE" = prepare ]; then
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $WHEELS
+  "$PY" -m cascade.stages.run "$RECIPE" "storage.root=file://$(realpath -m "$STORE")" --run-id prep --stage sft_data
+  exit $?
+fi
+
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout itself: cascade/ finds its folders
+if [ "$MODE" = gpu ]; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH="/tmp/site:$PYTHONPATH"
+  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=3; SHAPE_BATCH=1024; SHAPE_NEW=128
+  SHAPE_PROMPTS=16; SHAPE_GROUP=8
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+else
+  DEVICE=cpu; SHAPE_LAYERS="--layers 1"; TINY_SFT=4; TINY_RL=2; SHAPE_SFT=2; SHAPE_RL=1; SHAPE_BATCH=8; SHAPE_NEW=4
+  SHAPE_PROMPTS=2; SHAPE_GROUP=2
+fi
+WORK=$(mktemp -d)
+STEP_LOG="$OUT/steps.log"
+: > "$STEP_LOG"
+
+part() {  # part NAME SECONDS COMMAND...: run one part with a time limit, log it, go on whatever it returns
+  local name=$1 limit=$2; shift 2
+  local started=$SECONDS
+  echo "== $name" | tee -a "$STEP_LOG"
+  timeout "$limit" bash -c '"$@"' "$name" "$@" >>"$WORK/$name.log" 2>&1  # bash -c: `drive` is a function
+  local rc=$?
+  echo "== $name: exit $rc in $((SECONDS - started)) s" | tee -a "$STEP_LOG"
+  tail -3 "$WORK/$name.log"
+  tar czf "$OUT/logs.tgz" --exclude=./store -C "$WORK" .
+}
+
+drive() {  # drive NAME OVERRIDES...: the recipe's SFT and GRPO stages on a fresh run that adopts the carried data
+  local name=$1; shift
+  mkdir -p "$STORE/runs/$name" && cp -r "$STORE/runs/prep/00-sft_data" "$STORE/runs/$name/"
+  "$PY" -m cascade.stages.run "$RECIPE" "storage.root=file://$STORE" --run-id "$name" \
+    --metrics-json "$WORK/$name.json" --log-every 5 "$@"
+}
+
+[ -d "$STORE/runs/prep/00-sft_data" ] || { echo "check.sh: no carried SFT data: run --prepare first" >&2; exit 2; }
+mkdir -p "$WORK/store/runs" && cp -r "$STORE/runs/prep" "$WORK/store/runs/"
+STORE="$WORK/store"
+export -f drive
+export PY RECIPE STORE WORK
+part gpu-tests 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu
+# tiny on the check's device (main) and on the CPU in fp32 (ref): the report compares their SFT loss curves
+part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
+part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" "stages.sft.steps=$TINY_SFT" \
+  "stages.math_rl.steps=$TINY_RL"
+for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
+  part "model-$arch" 120 "$PY" bench/gpu/stage_check.py model "$arch" "/tmp/cascade-gpu-models/$arch" $SHAPE_LAYERS
+  part "$arch" 240 drive "$arch" "compute.device=$DEVICE" "model.source=/tmp/cascade-gpu-models/$arch" \
+    "stages.sft.steps=$SHAPE_SFT" "stages.sft.batch_size=$SHAPE_BATCH" "stages.sft.micro_batch_size=8" \
+    "stages.sft.pack_length=2048" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1" \
+    "stages.math_rl.steps=$SHAPE_RL" "stages.math_rl.prompts_per_step=$SHAPE_PROMPTS" "stages.math_rl.group_size=$SHAPE_GROUP" \
+    "stages.math_rl.micro_batch_size=32" "stages.math_rl.drop_flat_groups=false" "domains.math.max_new_tokens=$SHAPE_NEW"
+  # gigabytes on the 0.5B shape; each checkpoint's config.json stays (the report counts the model's FLOPs from it)
+  rm -rf "/tmp/cascade-gpu-models/$arch"; find "$STORE/runs/$arch" -name "*.safetensors" -delete
+done
+part fsdp2-torchrun 150 drive "fsdp2-$DEVICE" "compute.device=$DEVICE" "compute.launcher=torchrun" \
+  "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
+[ "$MODE" = gpu ] && part bench-gpu 120 "$PY" bench/bench_gpu.py --steps 5 --out "$WORK/bench_gpu.result"
+part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"
+cp "$WORK"/check.json "$WORK"/check.md "$OUT"/ 2>/dev/null
+rm -rf "$WORK/store"
+cat "$OUT/check.md" 2>/dev/null
+grep -q "exit [^0]" "$STEP_LOG" && { echo "check.sh: a part failed (see $STEP_LOG)" >&2; exit 1; }
+exit 0

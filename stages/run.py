@@ -1,0 +1,138 @@
+"""The stage driver: a recipe's stages in order, or some of them, without Prefect or MLflow.
+
+    python -m cascade.stages.run RECIPE [key=value ...] [--stage NAME ...] [--run-id ID] [--metrics-json FILE]
+
+The same code path as the flow's stage task under a thinner caller: each stage runs through
+`run_stage_where_configured` (in this process, or torchrun ranks per `compute:`) with the inputs the registry
+names (`stage_inputs`), and writes the same checkpoint, step checkpoints and step log to the recipe's store. A
+stage whose committed checkpoint verifies and has the same config hash is adopted, as the flow adopts it. With
+`--stage`, only the named stages run; every earlier stage must already be committed in the run.
+
+What it leaves out is the flow's: evals, the regression gate, recoveries, the run report, MLflow and the Prefect
+UI (`cascade run` does all of that). It is for a machine with torch and transformers alone (a lent GPU) and for
+profiling one stage; its imports stay within the stage core's (tests/stages/test_light_imports.py).
+Bad input (an unknown recipe, a bad override, an unknown stage) is one line and exit 2, before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cascade.artifacts import layout
+from cascade.artifacts.checkpoint import CheckpointRef, adoptable
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.lease import hold_run
+from cascade.artifacts.steplog import StepLog
+from cascade.artifacts.store import Store
+from cascade.stages.context import StageContext, TeeSink, stage_workdir
+from cascade.stages.kinds import kind_of, stage_inputs
+from cascade.stages.launch import run_stage_where_configured
+from cascade.stages.recipe import Recipe, RecipeError, load_recipe
+
+RUN_ID = "driver"
+
+
+class DriverSink:
+    """Each step's metrics (the stage adds its wall seconds, `step_seconds`): kept for the metrics JSON, and every
+    `every`-th step shown as one line on stderr (the flow shows them in MLflow)."""
+
+    def __init__(self, stage: str, every: int):
+        self.stage, self.every = stage, every
+        self.rows: list[dict[str, float]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows.append({"step": step, **metrics})
+        if step % self.every == 0:
+            shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
+            print(f"[{self.stage}] step {step}: {shown}", file=sys.stderr, flush=True)
+
+
+def run_stages(recipe: Recipe, run_id: str, only: list[str] | None = None, log_every: int = 10) -> dict[str, Any]:
+    """The recipe's stages in order (or through the last of those named in `only`, running only those);
+    stage name -> {checkpoint, adopted | seconds, metrics and each step's metrics}."""
+    store = Store.from_config(recipe.storage)
+    with hold_run(store, run_id):
+        committed = committed_stages(recipe, store, run_id, only)
+        made: dict[str, CheckpointRef] = {}
+        policy: CheckpointRef | None = None
+        summary: dict[str, Any] = {}
+        for index, cfg in enumerate(recipe.stages[: len(committed)]):
+            if committed[index] is not None:
+                ref, outcome = committed[index], {"checkpoint": committed[index].uri, "adopted": True}
+            else:
+                ref, outcome = run_one(recipe, store, run_id, index, stage_inputs(cfg, policy, made), log_every)
+            made[cfg.name] = ref
+            policy = ref if kind_of(cfg.kind).makes == "policy" else policy
+            summary[cfg.name] = outcome
+    return summary
+
+
+def committed_stages(recipe: Recipe, store: Store, run_id: str, only: list[str] | None) -> list[CheckpointRef | None]:
+    """Per stage through the last one to run: its checkpoint when it is committed with this config (adopted),
+    else None (it runs). With `only`, a stage not named must be committed: refused before anything runs."""
+    last = max(i for i, s in enumerate(recipe.stages) if only is None or s.name in only)
+    found = []
+    for index, cfg in enumerate(recipe.stages[: last + 1]):
+        done, _ = adoptable(store, layout.stage_key(run_id, index, cfg.name))
+        found.append(done if done is not None and done.config_hash == config_hash(cfg) else None)
+        if found[-1] is None and only is not None and cfg.name not in only:
+            raise RecipeError(f"stage {cfg.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
+                              "run it first (name it with --stage, or drop --stage)")
+    return found
+
+
+def run_one(recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_every: int
+            ) -> tuple[CheckpointRef, dict[str, Any]]:
+    cfg = recipe.stages[index]
+    print(f"[{cfg.name}] {cfg.kind}: running", file=sys.stderr, flush=True)
+    steps, shown = StepLog(store, run_id, index, cfg.name), DriverSink(cfg.name, log_every)
+    started = time.time()
+    with stage_workdir() as workdir:
+        ctx = StageContext(recipe, store, run_id, layout.stage_key(run_id, index, cfg.name), TeeSink(shown, steps),
+                           workdir=workdir)
+        result = run_stage_where_configured(cfg, ctx, inputs)
+    steps.close()
+    seconds = round(time.time() - started, 2)
+    print(f"[{cfg.name}] committed {result.checkpoint.uri} in {seconds} s", file=sys.stderr, flush=True)
+    return result.checkpoint, {"checkpoint": result.checkpoint.uri, "seconds": seconds, "metrics": result.metrics,
+                               "steps": shown.rows}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m cascade.stages.run", description=__doc__.split("\n")[0])
+    parser.add_argument("recipe", help="a shipped recipe's name or a YAML file")
+    parser.add_argument("overrides", nargs="*", help="key=value, e.g. compute.device=cuda stages.sft.steps=20")
+    parser.add_argument("--stage", action="append", dest="stages", metavar="NAME",
+                        help="run only this stage (repeatable); earlier stages must be committed")
+    parser.add_argument("--run-id", default=RUN_ID)
+    parser.add_argument("--log-every", type=int, default=10, help="print every N-th step's metrics")
+    parser.add_argument("--metrics-json", type=Path, help="write each stage's checkpoint, seconds and metrics here")
+    return parser.parse_intermixed_args(argv)  # overrides may follow the options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        recipe = load_recipe(args.recipe, args.overrides)
+        unknown = sorted(set(args.stages or []) - {s.name for s in recipe.stages})
+        if unknown:
+            raise RecipeError(f"no stage named {unknown[0]!r} in recipe {recipe.name!r} "
+                              f"(stages: {', '.join(s.name for s in recipe.stages)})")
+        if args.log_every < 1:
+            raise RecipeError(f"--log-every must be at least 1, not {args.log_every}")
+        summary = run_stages(recipe, args.run_id, args.stages, args.log_every)
+    except RecipeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.metrics_json:
+        args.metrics_json.write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The stage driver (`python -m cascade.stages.run`): stages without Prefect or MLflow, adopting what is committed.
+
+Its checkpoint equals the flow's: tests/flows/test_cascade.py::test_micro_cascade_runs_end_to_end."""
+
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from cascade.artifacts.store import Store
+from cascade.stages.run import main
+from tests.conftest import micro_recipe
+
+
+def driver_args(tmp_path, *extra: str) -> list[str]:
+    return ["micro", f"storage.root=file://{tmp_path}/store", "stages.sft.steps=2", "stages.sft.checkpoint_every=0",
+            *extra]
+
+
+def sft_weights(tmp_path) -> dict[str, torch.Tensor]:
+    return load_file(tmp_path / "store/runs/driver/01-sft/model/model.safetensors")
+
+
+def test_one_stage_at_a_time_adopts_the_committed_ones_and_equals_both_at_once(tmp_path, capsys):
+    assert main(driver_args(tmp_path / "a", "--stage", "sft_data")) == 0
+    assert main(driver_args(tmp_path / "a", "--stage", "sft", "--metrics-json", str(tmp_path / "a.json"))) == 0
+    assert main(driver_args(tmp_path / "b", "--stage", "sft_data", "--stage", "sft")) == 0
+    one, both = sft_weights(tmp_path / "a"), sft_weights(tmp_path / "b")
+    assert one.keys() == both.keys() and all(torch.equal(one[k], both[k]) for k in one)
+    summary = (tmp_path / "a.json").read_text()
+    assert '"adopted": true' in summary and '"steps": 2' in summary  # sft_data adopted, sft ran its 2 steps
+    store = Store.from_config(micro_recipe(tmp_path / "a").storage)
+    assert store.exists("runs/driver/metrics/01-sft.jsonl")  # the step log the report's curves read
+
+
+def test_a_stage_whose_inputs_are_not_committed_is_refused_before_anything_is_written(tmp_path, capsys):
+    assert main(driver_args(tmp_path, "--stage", "sft")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: stage 'sft_data' of run 'driver' is not committed") and "\n" not in err
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    for args, message in [(driver_args(tmp_path, "--stage", "nope"), "no stage named 'nope' in recipe 'micro'"),
+                          (["no-such-recipe"], "unknown recipe 'no-such-recipe'"),
+                          (driver_args(tmp_path, "stages.sft.steps=-1"), "stages.1.sft.steps: Input should be greater than or equal to 1")]:
+        result = subprocess.run([sys.executable, "-m", "cascade.stages.run", *args], capture_output=True, text=True,
+                                cwd=tmp_path)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "store").exists()
