@@ -2,6 +2,7 @@
 ours imports a module under its bare folder name (one module under two names is two registries)."""
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,16 @@ FOLDERS = ("stages", "artifacts", "tasks", "flows", "infra", "sandbox")
 
 
 def test_the_wheel_installs_one_top_level_package_holding_every_module(tmp_path):
+    """Built from a copy of the checkout's files: setuptools' build/ in the checkout would keep deleted modules."""
+    source = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    for name in files:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+                    str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("cascade-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"cascade", wheel.name.split("-py")[0] + ".dist-info"}
