@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from cascade.stages.engines.base import Completion
 from cascade.stages.engines.hf import left_padded
-from cascade.stages.losses import token_logprobs
+from cascade.stages.losses import sampling_logits, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class CompletionBatch:
     ids: Tensor  # [N, C] the sampled tokens, right-padded
     mask: Tensor  # [N, C] 1.0 on sampled tokens, 0.0 on padding
     inf_logp: Tensor  # [N, C] log pi_inf of each sampled token, as the engine reported it
+    temperature: float = 1.0  # what the rows were sampled with: every logprob of them is of that distribution
+    top_p: float = 1.0
 
     def __len__(self) -> int:
         return len(self.owner)
@@ -52,8 +54,10 @@ class CompletionBatch:
                        inf_logp=self.inf_logp[rows])
 
 
-def completion_batch(pairs: list[tuple[list[int], Completion]], pad: int) -> CompletionBatch:
-    """(prompt, completion) rows -> a CompletionBatch; consecutive rows with the same prompt share its entry."""
+def completion_batch(pairs: list[tuple[list[int], Completion]], pad: int, temperature: float = 1.0,
+                     top_p: float = 1.0) -> CompletionBatch:
+    """(prompt, completion) rows sampled at `temperature` and `top_p` -> a CompletionBatch; consecutive rows with the
+    same prompt share its entry."""
     prompts: list[list[int]] = []
     owner = []
     for prompt, _ in pairs:
@@ -68,18 +72,20 @@ def completion_batch(pairs: list[tuple[list[int], Completion]], pad: int) -> Com
         ids[row, :n] = torch.tensor(comp.token_ids, dtype=torch.long)
         mask[row, :n] = 1.0
         inf_logp[row, :n] = torch.tensor(comp.logprobs)
-    return CompletionBatch(prompts, torch.tensor(owner, dtype=torch.long), ids, mask, inf_logp)
+    return CompletionBatch(prompts, torch.tensor(owner, dtype=torch.long), ids, mask, inf_logp, temperature, top_p)
 
 
 def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, part: slice, pad: int) -> tuple[Tensor, Tensor]:
-    """log pi(y_j | prompt, y_<j) for the rows `part` of batch: [n, C], and the logits they come from: [n, C, V]."""
+    """log pi_{T,p}(y_j | prompt, y_<j) for the rows `part` of batch: [n, C], under the distribution they were
+    sampled from (the batch's temperature and nucleus: losses.sampling_logits, as the engine reports pi_inf), and
+    the model's own logits: [n, C, V]."""
     used, repeat = torch.unique_consecutive(batch.owner[part], return_inverse=True)  # [u], [n] -> used
     prompts, ids = [batch.prompts[i] for i in used.tolist()], batch.ids[part]
     if getattr(model, "is_activation_checkpointing", False) or isinstance(model, FSDPModule):
         logits = full_row_logits(model, prompts, repeat, ids, pad)
     else:
         logits = shared_prefix_logits(model, prompts, repeat, ids, pad)
-    return token_logprobs(logits, ids), logits
+    return token_logprobs(sampling_logits(logits, batch.temperature, batch.top_p), ids), logits
 
 
 def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor, pad: int) -> Tensor:

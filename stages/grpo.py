@@ -138,7 +138,8 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     Each prompt goes through the model once for its group (stages/completions.py)."""
     world, pad = run.world, run.tokenizer.pad_token_id
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
-    batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad).to(world.device)
+    batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature,
+                             cfg.top_p).to(world.device)
     kept = torch.tensor([bool(keep[p]) for p, _ in rows], device=world.device)
     measured = batch.mask if cfg.mismatch_over_dropped else batch.mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)

@@ -21,6 +21,30 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def sampling_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """The logits of the distribution a sampler draws from, so that token_logprobs of them is log pi_{T,p}:
+
+        z' = z / T  on the nucleus N,  -inf off it;  pi_{T,p}(y) = softmax(z')[y] = softmax(z/T)[y] / sum_{v in N} softmax(z/T)[v]
+
+    N is the smallest set of most probable tokens whose mass under softmax(z/T) reaches top_p (a token is in N when
+    the mass of the tokens before it, in descending order, is at most top_p), chosen without gradient. T = 1 and
+    top_p = 1 return the logits themselves; T = 0 (greedy) has no sampling distribution and is read as T = 1.
+    One function for the engine, the trainer, the reference and the teachers: their logprobs are of one objective.
+
+    logits: [..., V] -> [..., V], float32 when transformed.
+    """
+    if temperature not in (0.0, 1.0):
+        logits = logits.float() / temperature
+    if top_p >= 1.0:
+        return logits
+    logits = logits.float()
+    with torch.no_grad():
+        sorted_p, order = torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+        inside = (sorted_p.cumsum(-1) - sorted_p) <= top_p  # [..., V] in descending order
+        nucleus = torch.zeros_like(inside).scatter(-1, order, inside)
+    return logits.masked_fill(~nucleus, float("-inf"))
+
+
 def token_entropy(logits: Tensor) -> Tensor:
     """Entropy of the predictive distribution per position. logits: [B, T, V] -> [B, T]."""
     logp = torch.log_softmax(logits.float(), dim=-1)

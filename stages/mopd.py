@@ -56,7 +56,8 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
             mine = run.world.shard(len(pairs))  # this rank's rows (all of them in one process)
-            batch = completion_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id).to(run.world.device)
+            batch = completion_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id, cfg.temperature,
+                                     cfg.top_p).to(run.world.device)
 
             # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
             teacher_logp = teacher_pool.logprobs(batch, row_domains[mine.start : mine.stop], cfg.micro_batch_size,

@@ -2,8 +2,10 @@
 
 Prompts go in as token ids that already carry the chat template, so the trainer and the engine can never
 disagree on tokenization. Each completion comes back with the engine's own per-token logprob of the sampled
-token (pi_inf): the raw model's log-softmax at temperature 1, before top-p truncation, which is what MOPD's
-importance weight and the `logprob_mismatch` metric compare against the trainer's forward pass.
+token (pi_inf): its log-probability under the distribution it was drawn from, the temperature and the top-p
+nucleus applied and renormalized (`losses.sampling_logits`; greedy: at temperature 1). The trainer, the KL
+reference and MOPD's teachers take their logprobs of the same distribution, so MOPD's importance weight and the
+`logprob_mismatch` metric compare one objective's probabilities.
 """
 
 from __future__ import annotations

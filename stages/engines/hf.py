@@ -8,8 +8,9 @@ as if each prompt were repeated n times, so the sampled tokens and their logprob
 Decoding (stages/engines/decode.py) runs a lean static-cache step over the module's own weights for the
 Llama/Qwen2 family and HF's forward for any other causal LM. Rows that reached the end of turn are dropped from
 the batch once they are an eighth of it, so compute follows the live rows. Per step, the sampled token's logprob
-is its logit minus the row's logsumexp (no full log_softmax), and sampling draws one uniform per row against the
-cumulative distribution (what torch.multinomial does, without its argument checks).
+is its logit minus the row's logsumexp (no full log_softmax), both of the distribution it samples from (temperature
+and nucleus applied: `losses.sampling_logits`, the same function the trainer's logprobs use), and sampling draws
+one uniform per row against the cumulative distribution (what torch.multinomial does, without its argument checks).
 
 Sampling stays on the model's device: logits, tokens and logprobs never leave it until the batch is done, and a
 step syncs with the host once (how many rows have finished). Each expanded row (prompt i, sample j) draws from
@@ -34,6 +35,7 @@ from transformers import DynamicCache, PreTrainedTokenizerFast
 
 from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+from cascade.stages.losses import sampling_logits
 
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's state increment, 2**64 / golden ratio
@@ -88,24 +90,13 @@ def left_padded(prompts: list[list[int]], pad: int, device: torch.device) -> tup
     return ids.to(device), mask.to(device)
 
 
-def sample_next(
-    logits: torch.Tensor, lse: torch.Tensor, sampling: SamplingParams, draw: torch.Tensor | None
-) -> torch.Tensor:
-    """One token per row. logits: [B, V] float32; lse: [B] their logsumexp; draw: [B] uniforms in [0, 1), unused
-    (None) when greedy -> [B] long. Greedy when temperature == 0."""
-    if sampling.temperature == 0:
+def sample_next(logits: torch.Tensor, lse: torch.Tensor, draw: torch.Tensor | None) -> torch.Tensor:
+    """One token per row by inverse CDF. logits: [B, V] float32 of the sampling distribution (sampling_logits);
+    lse: [B] their logsumexp; draw: [B] uniforms in [0, 1), None for greedy (argmax) -> [B] long."""
+    if draw is None:
         return logits.argmax(-1)
-    if sampling.temperature == 1.0:
-        probs = torch.exp(logits - lse[:, None])
-    else:
-        probs = torch.softmax(logits / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p  # keep the smallest set reaching top_p
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # inverse CDF: the first token whose cumulative mass exceeds a uniform draw (zero-mass tokens never win)
-    cdf = probs.cumsum(-1)
+    # the first token whose cumulative mass exceeds a uniform draw (zero-mass tokens, off the nucleus, never win)
+    cdf = torch.exp(logits - lse[:, None]).cumsum(-1)
     target = draw[:, None].to(cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
@@ -189,12 +180,12 @@ class HFEngine:
         live = torch.arange(len(logits), device=device)  # decoder row -> batch row
         done = torch.zeros(len(logits), dtype=torch.bool, device=device)
         for step in range(steps):
-            logits = logits.float()
+            logits = sampling_logits(logits.float(), sampling.temperature, sampling.top_p)  # [B, V]
             lse = logits.logsumexp(-1)  # [B]
             draw = None if sampling.temperature == 0 else uniform(keys, step)  # [B]
-            tok = sample_next(logits, lse, sampling, draw)  # [B]
+            tok = sample_next(logits, lse, draw)  # [B]
             tokens[live, step] = tok
-            logps[live, step] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse
+            logps[live, step] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse  # log pi_{T,p}: what was sampled
             done |= tok == eos
             if step + 1 == steps:
                 break

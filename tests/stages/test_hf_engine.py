@@ -11,6 +11,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
 from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, row_keys, sample_next, uniform
+from cascade.stages.losses import sampling_logits
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.config import ModelConfig
 from cascade.stages.tokenizer import load_tokenizer
@@ -184,11 +185,13 @@ def test_inverse_cdf_sampling_follows_the_distribution_and_top_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(20_000, 1)
     lse = logits.logsumexp(-1)
     draw = uniform(row_keys(torch.tensor([0]), 20_000), 0)  # the engine's own uniforms: 20k rows of one prompt
-    counts = torch.bincount(sample_next(logits, lse, SamplingParams(max_new_tokens=1), draw), minlength=4)
+    counts = torch.bincount(sample_next(logits, lse, draw), minlength=4)
     assert torch.allclose(counts / 20_000, torch.tensor([0.5, 0.3, 0.15, 0.05]), atol=0.012)
-    nucleus = sample_next(logits, lse, SamplingParams(max_new_tokens=1, top_p=0.7), draw)
+    cut = sampling_logits(logits, 1.0, 0.7)
+    nucleus = sample_next(cut, cut.logsumexp(-1), draw)
     assert set(nucleus.tolist()) == {0, 1}  # 0.5 alone < 0.7; 0.5 + 0.3 reaches it
-    assert (sample_next(logits[:3], lse[:3], SamplingParams(max_new_tokens=1, temperature=0.0), None) == 0).all()
+    assert torch.allclose(torch.bincount(nucleus, minlength=4) / 20_000, torch.tensor([0.625, 0.375, 0, 0]), atol=0.012)
+    assert (sample_next(logits[:3], lse[:3], None) == 0).all()
 
 
 def test_uniform_is_splitmix64_top_24_bits():

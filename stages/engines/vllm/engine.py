@@ -8,8 +8,8 @@ Composed of a `VLLMClient` (client.py) and, in managed mode, a `ManagedServer` (
 - external, `VLLMEngine(url=...)`: an already running server; never started, stopped or restarted here.
 
 Generation. Prompts are token-id lists; up to `prompts_per_request` go in one POST /v1/completions with `n`,
-`logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `raw_logprobs` (log-softmax of
-the raw logits at temperature 1, before top-p): exactly pi_inf as `base.py` defines it. With a seed, each prompt
+`logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `processed_logprobs` (after
+temperature and top-p, renormalized over the nucleus it sampled from): exactly pi_inf as `base.py` defines it. With a seed, each prompt
 is sent as its own request with a seed derived from (seed, prompt index): one seed per multi-prompt request would
 give every prompt the same random draws, i.e. correlated samples across the batch. Per-prompt `seeds` map the same
 way: each prompt its own request, seeded with a hash of its seed (vLLM seeds sample j with `seed + j`, so raw

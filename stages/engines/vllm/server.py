@@ -306,7 +306,8 @@ class ManagedServer:
             # The model dir's generation_config.json would silently add its own sampling defaults
             # (top_k, repetition_penalty) and skew pi_inf away from the trainer's distribution.
             "--generation-config", "vllm",
-            "--logprobs-mode", "raw_logprobs",
+            # after temperature and top-p: the distribution a token was drawn from, as the trainer's logprobs are
+            "--logprobs-mode", "processed_logprobs",
             "--disable-uvicorn-access-log",
         ]
         if opts.enforce_eager:
