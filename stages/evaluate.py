@@ -6,6 +6,7 @@ The grader is the same function that gives the RL reward, so a training gain and
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -30,18 +31,25 @@ def evaluate_domains(
         spec, domain = recipe.domains[name], recipe.domain(name)
         items = domain.generate("heldout", spec.heldout_size, recipe.seed)
         prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-        # A fixed seed makes a sampled eval a function of the checkpoint alone, and every stage's eval draws the
-        # same random numbers, so stage-to-stage differences are not sampling noise of the eval itself.
-        sampling = SamplingParams(temperature=spec.eval_temperature, max_new_tokens=spec.max_new_tokens,
-                                  seed=recipe.seed if spec.eval_temperature > 0 else None)
+        # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
+        # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
+        # so their paired difference is not sampling noise of the eval itself.
+        sampling = SamplingParams(temperature=spec.eval_temperature, max_new_tokens=spec.max_new_tokens)
         k = spec.eval_samples
-        groups = [[c.text for c in group] for group in engine.generate(prompts, k, sampling)]
+        groups = [[c.text for c in group]
+                  for group in engine.generate(prompts, k, sampling, seeds=item_seeds(recipe.seed, name, items))]
         flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
         grades = [sum(flat[i * k:(i + 1) * k]) / k for i in range(len(items))]  # an item's score: its samples' mean
         scores[name] = sum(grades) / len(grades)
         rows += [{"domain": name, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
                  for it, g, s in zip(items, groups, grades)]
     return scores, rows
+
+
+def item_seeds(seed: int, domain: str, items) -> list[int]:
+    """One 63-bit seed per item, a hash of (recipe seed, domain, item id): stable across runs and processes."""
+    return [int.from_bytes(hashlib.sha256(f"{seed}:{domain}:{it.id}".encode()).digest()[:8], "big") >> 1
+            for it in items]
 
 
 def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
