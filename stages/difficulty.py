@@ -43,7 +43,7 @@ from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Item
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
-from cascade.stages.model import load_hf, prompt_ids, resolve_model_dir
+from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids, resolve_model_dir
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
 from cascade.stages.config import DifficultyConfig, reference_kind
@@ -114,7 +114,7 @@ def open_reference(cfg: DifficultyConfig, ctx: StageContext, checkpoint: Checkpo
         from cascade.stages.engines.vllm import VLLMEngine  # HTTP only; the server is someone else's
 
         tokenizer = load_tokenizer(resolve_model_dir(cfg.reference_tokenizer or "tiny", ctx.workdir) or ASSET_DIR)
-        engine = VLLMEngine(url=cfg.reference, stop_token_ids=[tokenizer.eos_token_id])
+        engine = VLLMEngine(url=cfg.reference, stop_token_ids=end_of_turn_ids(tokenizer))
         return Reference(engine, tokenizer, f"endpoint:{engine.url}:{engine.model_name}")
     if kind == "stage":
         if checkpoint is None:

@@ -206,8 +206,32 @@ def prompt_ids(tokenizer: PreTrainedTokenizerFast, user_text: str) -> list[int]:
 
 
 def completion_ids(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
-    """An assistant answer as the model should emit it: the text, then the end-of-turn token."""
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    """An assistant answer as the model should emit it: the text, then the chat template's end-of-turn token."""
+    return tokenizer.encode(text, add_special_tokens=False) + [turn_end_id(tokenizer)]
+
+
+TURN_PROBE = "turn-end-probe"
+
+
+def turn_end_id(tokenizer: PreTrainedTokenizerFast) -> int:
+    """The token the chat template closes an assistant turn with (Qwen's <|im_end|>, Llama 3's <|eot_id|>): the
+    first special token after the answer's text in a rendered conversation. A template that puts none there (a
+    plain-text turn separator) ends turns with the tokenizer's eos."""
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "q"},
+                                              {"role": "assistant", "content": TURN_PROBE}], tokenize=False)
+    after = rendered[rendered.rfind(TURN_PROBE) + len(TURN_PROBE):] if TURN_PROBE in rendered else ""
+    special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+    return next((i for i in tokenizer.encode(after, add_special_tokens=False) if i in special), tokenizer.eos_token_id)
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerFast, generation_config=None) -> list[int]:
+    """Every id that ends an answer: the template's end of turn, the tokenizer's eos, and the generation config's
+    eos ids (an int or a list). Sampling stops at any of them; the HF engine, the vLLM engine and SFT's targets
+    (completion_ids) read them from here, so where an answer ends is one fact."""
+    configured = getattr(generation_config, "eos_token_id", None)
+    ids = [turn_end_id(tokenizer), tokenizer.eos_token_id,
+           *(configured if isinstance(configured, list) else [configured])]
+    return list(dict.fromkeys(i for i in ids if i is not None))
 
 
 def num_parameters(model: torch.nn.Module) -> int:

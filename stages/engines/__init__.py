@@ -23,9 +23,9 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
     from pathlib import Path
 
     from cascade.stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
-    from cascade.stages.model import save_hf
+    from cascade.stages.model import end_of_turn_ids, save_hf
 
-    stop = [tokenizer.eos_token_id]
+    stop = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
     if cfg.url:
         engine = VLLMEngine(url=cfg.url, stop_token_ids=stop)
         engine.sync_weights(model)

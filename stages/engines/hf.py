@@ -36,6 +36,7 @@ from transformers import DynamicCache, PreTrainedTokenizerFast
 from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 from cascade.stages.losses import sampling_logits
+from cascade.stages.model import end_of_turn_ids
 
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's state increment, 2**64 / golden ratio
@@ -107,6 +108,7 @@ class HFEngine:
     def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, batch_size: int = 128, seed: int = 0):
         self.model = model
         self.tokenizer = tokenizer
+        self.stop_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.batch_size = batch_size
         self.seed = seed
         self.unseeded = 0  # prompts drawn so far without a seed: where the engine's own seed stream continues
@@ -166,7 +168,7 @@ class HFEngine:
             self.model, cache, repeat, mask, sampling.max_new_tokens)
         tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], keys, sampling)
         self.model.train(was_training)
-        return self._completions(tokens, logps, self.tokenizer.eos_token_id)
+        return self._completions(tokens, logps)
 
     def _decode(
         self, decoder, logits: torch.Tensor, next_pos: torch.Tensor, keys: torch.Tensor, sampling: SamplingParams
@@ -174,7 +176,8 @@ class HFEngine:
         """Sample up to max_new_tokens per row, on the logits' device. logits: [B, V] after the prompt; next_pos:
         [B] its last position; keys: [B] the rows' streams. -> tokens, logps: [B, steps] on that device; what
         follows a row's first eos is filler that _completions cuts."""
-        eos, steps, device = self.tokenizer.eos_token_id, sampling.max_new_tokens, logits.device
+        steps, device = sampling.max_new_tokens, logits.device
+        stop = torch.tensor(self.stop_ids, device=device)
         tokens = torch.full((len(logits), steps), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
         logps = torch.zeros(len(logits), steps, device=device)
         live = torch.arange(len(logits), device=device)  # decoder row -> batch row
@@ -186,7 +189,7 @@ class HFEngine:
             tok = sample_next(logits, lse, draw)  # [B]
             tokens[live, step] = tok
             logps[live, step] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse  # log pi_{T,p}: what was sampled
-            done |= tok == eos
+            done |= torch.isin(tok, stop)
             if step + 1 == steps:
                 break
             finished = int(done.sum())  # the step's one host sync
@@ -200,13 +203,14 @@ class HFEngine:
             logits = decoder.step(tok, next_pos)
         return tokens[:, : step + 1], logps[:, : step + 1]
 
-    def _completions(self, tokens: torch.Tensor, logps: torch.Tensor, eos: int) -> list[Completion]:
-        """tokens, logps: [B, steps] -> one Completion per row, cut after the first eos."""
+    def _completions(self, tokens: torch.Tensor, logps: torch.Tensor) -> list[Completion]:
+        """tokens, logps: [B, steps] -> one Completion per row, cut after its first end-of-turn id."""
+        stops = set(self.stop_ids)
         result = []
         for row_tokens, row_logps in zip(tokens.cpu().tolist(), logps.cpu().tolist()):
-            stop = row_tokens.index(eos) + 1 if eos in row_tokens else len(row_tokens)
-            ids = row_tokens[:stop]
+            end = next((i + 1 for i, t in enumerate(row_tokens) if t in stops), len(row_tokens))
+            ids = row_tokens[:end]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            reason = "stop" if ids and ids[-1] == eos else "length"
-            result.append(Completion(ids, row_logps[:stop], text, reason))
+            reason = "stop" if ids and ids[-1] in stops else "length"
+            result.append(Completion(ids, row_logps[:end], text, reason))
         return result
