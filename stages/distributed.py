@@ -19,11 +19,13 @@ Step state is saved with torch.distributed.checkpoint (DCP), one file per rank p
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -176,12 +178,23 @@ def save_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, p
     """Model and optimizer state, sharded as they are: each rank writes its own file into path (a directory
     every rank sees), rank 0 the metadata last."""
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with one_process_dcp():
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path),
+                 no_dist=not dist.is_initialized())
 
 
 def load_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
     """Read what save_train_state wrote, resharded to this world's layout (any world size)."""
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optim": optim_state}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+    with one_process_dcp():
+        dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+@contextlib.contextmanager
+def one_process_dcp() -> Iterator[None]:
+    """DCP in one process warns on every call that it assumes one process: that is what we ask of it (no_dist)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
