@@ -36,13 +36,21 @@ Every program runs under a small launcher: this very file executed as a script
     with sendto); asyncio and multiprocessing's pipes need nothing more;
   - memfd_create, memfd_secret and SysV shmget/semget/msgget: their memory is
     in no address space, so RLIMIT_AS does not count it;
+  - setsockopt SO_SNDBUF/SO_RCVBUF (and their FORCE forms): a socket keeps the
+    kernel's default buffer size, so socket pairs cannot hoard kernel memory;
   - namespace/mount syscalls, ptrace, bpf, io_uring, keyrings, perf and
     userfaultfd.
   Survives exec, so it covers subprocesses too.
+* ``cgroup``  - where a cgroup memory controller is writable (cgroup.py): the
+  program's processes together, kernel memory (socket buffers, pipes) included,
+  may hold at most memory_mb; passing it kills a process of the program and
+  the verdict is "fail" with a "memory limit ... exceeded" note.  A pids
+  controller, where writable too, bounds the tree to max_processes.  The init
+  is not in the group.  Where no memory controller is writable, the sandbox
+  logs one warning when it starts.
 * ``rlimits`` - CPU seconds, address space, processes, file size, open files,
-  no core dumps.  Always on.  RLIMIT_AS is the only memory limit (there is no
-  cgroup layer, see below): the mode string says which guards ran, ``rlimits``
-  always and, with ``seccomp``, the denial of memory outside the address space.
+  no core dumps.  Always on.  Without ``cgroup``, RLIMIT_AS is the only memory
+  limit, per process (see below).
 * ``socket-preamble`` - last resort when neither netns nor seccomp can run:
   socket.socket is replaced before the program starts so that no new socket
   of any family can be made (socketpair() still works).  Python-level only:
@@ -62,13 +70,13 @@ orphan survives a verdict.
 What it does NOT provide
 ------------------------
 * No kernel isolation: a kernel exploit escapes (use a VM/gVisor for that).
-* No cgroup limits: total memory is per-process RLIMIT_AS times max_processes
-  (plus the tmpfs sizes); kernel memory held in pipes and socket buffers is
-  bounded only through the open-file and process limits.  Without ``seccomp``
-  (an architecture other than x86_64/aarch64) memfd and SysV shared memory
-  escape RLIMIT_AS.  A cgroup (v2 memory.max/pids.max) would bound all of it,
-  but needs a writable v2 hierarchy with those controllers, which the machines
-  this was built on lack (memory and pids are on cgroup v1 there).
+* Without ``cgroup``: total memory is per-process RLIMIT_AS times
+  max_processes (plus the tmpfs sizes); kernel memory held in pipes and socket
+  buffers is bounded only through the open-file and process limits (with
+  ``seccomp`` sockets keep the default buffer: about 13 MiB per process at 64
+  open files).  Without ``seccomp`` (an architecture other than x86_64/aarch64)
+  memfd and SysV shared memory escape RLIMIT_AS and socket buffers may grow to
+  the kernel's wmem_max/rmem_max.
   CPU contention with the host is not throttled, only bounded in time.
 * Without mntns the host's world-writable directories (/tmp, /var/tmp, /dev/shm)
   stay writable and world-readable files stay readable, and the working
@@ -119,6 +127,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+try:
+    from cascade.sandbox import cgroup
+except ImportError:  # run as the bootstrap script, or loaded as a bare file: no cgroup layer
+    cgroup = None
+
 __all__ = ["SandboxLimits", "Verdict", "isolation_mode", "run_python", "run_many"]
 
 
@@ -126,8 +139,8 @@ __all__ = ["SandboxLimits", "Verdict", "isolation_mode", "run_python", "run_many
 class SandboxLimits:
     cpu_seconds: int = 5  # RLIMIT_CPU
     wall_seconds: float = 10.0  # killed (whole process group) after this
-    memory_mb: int = 1024  # RLIMIT_AS
-    max_processes: int = 32  # RLIMIT_NPROC (enforced through the uid drop)
+    memory_mb: int = 1024  # RLIMIT_AS per process; with the cgroup layer, all its processes together too
+    max_processes: int = 32  # RLIMIT_NPROC (enforced through the uid drop); pids.max with the cgroup layer
     file_size_mb: int = 16  # RLIMIT_FSIZE
     open_files: int = 64  # RLIMIT_NOFILE
     output_bytes: int = 65536  # stdout/stderr each truncated to this
@@ -151,7 +164,7 @@ class Verdict:
 _log = logging.getLogger(__name__)
 _HERE = os.path.abspath(__file__)
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(_HERE))
-_LAYER_ORDER = ("userns", "netns", "pidns", "mntns", "setuid", "seccomp", "rlimits", "socket-preamble")
+_LAYER_ORDER = ("userns", "netns", "pidns", "mntns", "setuid", "seccomp", "cgroup", "rlimits", "socket-preamble")
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _BACKSTOP_GRACE = 5.0  # seconds the caller waits beyond wall_seconds before killing the group itself
 _STATUS_MAX = 1 << 16
@@ -224,14 +237,16 @@ def _candidate_layer_sets() -> list[tuple[str, ...]]:
     namespaces = [user + ("netns", "pidns", "mntns"), user + ("netns",), ()]
     privilege = [("setuid",), ()] if root else [()]
     filters = [("seccomp",), ()] if _seccomp_arch() else [()]
+    groups = [("cgroup",), ()] if cgroup is not None and cgroup.available() else [()]
     out = []
     for ns in namespaces:
         for priv in privilege:
             for filt in filters:
-                layers = set(ns + priv + filt + ("rlimits",))
-                if "netns" not in layers and "seccomp" not in layers:
-                    layers.add("socket-preamble")
-                out.append(tuple(name for name in _LAYER_ORDER if name in layers))
+                for group in groups:
+                    layers = set(ns + priv + filt + group + ("rlimits",))
+                    if "netns" not in layers and "seccomp" not in layers:
+                        layers.add("socket-preamble")
+                    out.append(tuple(name for name in _LAYER_ORDER if name in layers))
     return out
 
 
@@ -315,7 +330,9 @@ def _execute(code: str, limits: SandboxLimits, layers: tuple[str, ...]) -> Verdi
         return Verdict("error", None, "", msg, 0.0, mode)
     uid = _uids.acquire() if "setuid" in layers else None
     workdir = tempfile.mkdtemp(prefix="cascade-sbx-")
+    group = None
     try:
+        group = cgroup.create(limits.memory_mb, limits.max_processes) if "cgroup" in layers else None
         _write_program(workdir, code, uid, "mntns" in layers)
         inner = os.path.join("/tmp", os.path.basename(workdir)) if "mntns" in layers else workdir
         config = {
@@ -326,11 +343,14 @@ def _execute(code: str, limits: SandboxLimits, layers: tuple[str, ...]) -> Verdi
             "workdir": inner,
             "hide": _paths_to_hide(python) if "mntns" in layers else [],
             "env": _sandbox_env(inner),
+            "cgroup_procs": group.procs_files() if group else [],
         }
-        return _supervise(config, workdir, limits, start, mode)
+        return _supervise(config, workdir, limits, start, mode, group)
     finally:
         if uid is not None:
             _uids.release(uid)
+        if group is not None:
+            group.remove()
         _remove_tree(workdir)
 
 
@@ -412,7 +432,9 @@ def _bootstrap_env() -> dict[str, str]:
     return {"PATH": _SAFE_PATH, "LANG": "C.UTF-8"}
 
 
-def _supervise(config: dict, workdir: str, limits: SandboxLimits, start: float, mode: str) -> Verdict:
+def _supervise(
+    config: dict, workdir: str, limits: SandboxLimits, start: float, mode: str, group: cgroup.Group | None
+) -> Verdict:
     status_r, status_w = os.pipe()
     config["status_fd"] = status_w
     argv = [sys.executable, "-I", "-S", "-B", _HERE, json.dumps(config)]
@@ -442,13 +464,16 @@ def _supervise(config: dict, workdir: str, limits: SandboxLimits, start: float, 
     report = _read_status(status_r)
     stdout, stderr = (reader.result(timeout=5.0) for reader in readers)
     seconds = time.monotonic() - start
-    status, returncode, note = _judge(report, exited, proc.returncode, limits)
+    memory_exceeded = group is not None and group.memory_exceeded()
+    status, returncode, note = _judge(report, exited, proc.returncode, limits, memory_exceeded)
     if note:
         stderr = (stderr + ("\n" if stderr else "") + f"[sandbox] {note}")
     return Verdict(status, returncode, stdout, stderr, seconds, mode)
 
 
-def _judge(report: dict | None, exited: bool, boot_rc: int, limits: SandboxLimits) -> tuple[str, int | None, str]:
+def _judge(
+    report: dict | None, exited: bool, boot_rc: int, limits: SandboxLimits, memory_exceeded: bool
+) -> tuple[str, int | None, str]:
     """Map the init's report to (status, returncode, note for stderr)."""
     if not exited:
         return "timeout", None, f"killed by the caller after {limits.wall_seconds}s wall time"
@@ -459,6 +484,10 @@ def _judge(report: dict | None, exited: bool, boot_rc: int, limits: SandboxLimit
         return "error", None, str(report.get("message"))
     if kind == "timeout":
         return "timeout", None, f"wall time limit of {limits.wall_seconds}s exceeded"
+    if memory_exceeded:  # even if the program survived the kernel killing one of its children
+        code = -int(report["signal"]) if kind == "signal" else int(report.get("code", 1))
+        note = f"memory limit of {limits.memory_mb} MB exceeded (all its processes, kernel memory included)"
+        return "fail", code, note
     if kind == "signal":
         sig = int(report["signal"])
         cpu = float(report.get("cpu", 0.0))
@@ -683,6 +712,11 @@ def _init_main(config: dict, layers: set[str], code: bytes, report: _Reporter) -
         libc = _libc()
         # Orphans of the program re-parent to us (also without a pid namespace).
         _check(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "prctl(CHILD_SUBREAPER)")
+        # The program exists before the mounts: it must be moved into its cgroup while /sys is still
+        # writable, and only it (not this init) may be charged, so that running out of memory kills a
+        # process of the program, never the init.
+        program, release = _fork_held_program(config, layers, report)
+        _move_into_cgroup(program, config["cgroup_procs"])
         if "mntns" in layers:
             _setup_mounts(libc, config, layers, code)
         if "pidns" in layers:  # comes with its own UTS namespace
@@ -690,10 +724,9 @@ def _init_main(config: dict, layers: set[str], code: bytes, report: _Reporter) -
         os.chdir("/")  # do not keep the host directory reachable via /proc/1/cwd
     except Exception as exc:  # noqa: BLE001
         report(kind="error", message=f"sandbox setup failed: {exc!r}")
-        os._exit(70)
-    program = os.fork()
-    if program == 0:
-        _exec_program(config, layers, report)
+        os._exit(70)  # the held program reads end of file and exits too
+    os.write(release, b"go")
+    os.close(release)
     event = _wait_program(program, float(config["limits"]["wall_seconds"]))
     if "pidns" not in layers:
         if config["uid"] is not None:
@@ -702,6 +735,29 @@ def _init_main(config: dict, layers: set[str], code: bytes, report: _Reporter) -
     # As pid 1 our exit makes the kernel kill and reap the whole namespace.
     report(**event)
     os._exit(0)
+
+
+def _fork_held_program(config: dict, layers: set[str], report: _Reporter) -> tuple[int, int]:
+    """Fork the program, held until the init writes b"go" to ``release``; returns (pid, release)."""
+    held, release = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(release)
+            if os.read(held, 2) != b"go":  # end of file: the init's setup failed
+                os._exit(70)
+            os.close(held)
+        except BaseException:  # noqa: BLE001 - must never return into the init's code
+            os._exit(70)
+        _exec_program(config, layers, report)
+    os.close(held)
+    return pid, release
+
+
+def _move_into_cgroup(pid: int, procs_files: list[str]) -> None:
+    for path in procs_files:
+        with open(path, "w") as fh:
+            fh.write(str(pid))
 
 
 def _wait_program(pid: int, wall: float) -> dict:
@@ -962,13 +1018,13 @@ def _drop_capabilities() -> None:
 # aarch64: asm-generic/unistd.h).  audit arch: AUDIT_ARCH_X86_64 / _AARCH64.
 _SECCOMP_ARCHES = {
     "x86_64": {
-        "audit": 0xC000003E, "socket": 41, "socketpair": 53, "clone": 56, "clone3": 435,
+        "audit": 0xC000003E, "socket": 41, "socketpair": 53, "setsockopt": 54, "clone": 56, "clone3": 435,
         "deny": [101, 155, 161, 165, 166, 175, 246, 248, 249, 250, 272, 298, 308, 313, 321, 323,
                  425, 428, 429, 430, 431, 432, 442],
         "unaccounted": [29, 64, 68, 319, 447],
     },
     "aarch64": {
-        "audit": 0xC00000B7, "socket": 198, "socketpair": 199, "clone": 220, "clone3": 435,
+        "audit": 0xC00000B7, "socket": 198, "socketpair": 199, "setsockopt": 208, "clone": 220, "clone3": 435,
         "deny": [39, 40, 41, 51, 97, 104, 105, 117, 217, 218, 219, 241, 268, 273, 280, 282,
                  425, 428, 429, 430, 431, 432, 442],
         "unaccounted": [194, 190, 186, 279, 447],
@@ -982,6 +1038,9 @@ _SECCOMP_ARCHES = {
 # is in no address space, so RLIMIT_AS does not see it (40 memfds of 16 MB held
 # 640 MiB under a 128 MB limit); SysV objects would even outlive the run where
 # there is no IPC namespace.  Nothing in the standard library needs them.
+
+
+_SOL_SOCKET, _SO_SNDBUF, _SO_RCVBUF, _SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 1, 7, 8, 32, 33  # asm-generic/socket.h
 
 
 def _seccomp_arch() -> dict | None:
@@ -1013,6 +1072,12 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     # args[0] (family) and args[1] (type, flags masked off) at offsets 16, 24.
     prog += [(jeq, 0, 7, arch["socketpair"]), (ld_abs, 0, 0, 16), (jeq, 0, 4, 1), (ld_abs, 0, 0, 24),
              (and_k, 0, 0, 0xF), (jeq, 0, 1, 1), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    # setsockopt(): no SO_SNDBUF/SO_RCVBUF(FORCE) at SOL_SOCKET (args[1], args[2]): a socket keeps the
+    # kernel's default buffer (about 208 KiB), where a program raising it to wmem_max held 470 MiB of
+    # kernel memory in 30 socket pairs, outside RLIMIT_AS (a memory cgroup counts it where there is one).
+    prog += [(jeq, 0, 9, arch["setsockopt"]), (ld_abs, 0, 0, 24), (jeq, 0, 6, _SOL_SOCKET), (ld_abs, 0, 0, 32)]
+    prog += [(jeq, 3, 0, _SO_SNDBUF), (jeq, 2, 0, _SO_RCVBUF), (jeq, 1, 0, _SO_SNDBUFFORCE),
+             (jeq, 0, 1, _SO_RCVBUFFORCE), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
     # clone(): no new namespaces (flags are args[0]).
     prog += [(jeq, 0, 4, arch["clone"]), (ld_abs, 0, 0, 16), (jset, 0, 1, clone_new_mask), (ret, 0, 0, eperm),
              (ret, 0, 0, allow)]

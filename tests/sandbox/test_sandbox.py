@@ -508,6 +508,146 @@ def test_inode_flood_stops_at_the_tmpfs_bound(where):
     assert int(made) <= SandboxLimits().max_inodes and reason.strip() == "No space left on device", verdict
 
 
+# A program holding kernel memory in socket buffers: exits 0 if it held ``target_mib`` MiB, which RLIMIT_AS never sees.
+SOCKET_HOARD = """
+import socket, sys
+target = {target_mib} * 2**20
+held, pairs, refused = 0, [], False
+try:
+    while held < target:
+        pairs.append(socket.socketpair())
+        for end in pairs[-1]:
+            for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                try:
+                    end.setsockopt(socket.SOL_SOCKET, option, 2**30)
+                except PermissionError:
+                    refused = True  # the default buffer still holds some
+            end.setblocking(False)
+            try:
+                while held < target:
+                    held += end.send(b"x" * 65536)
+            except BlockingIOError:
+                pass
+except OSError as exc:
+    print("stopped:", exc.strerror)
+print("buffer size refused" if refused else "buffer size raised")
+print(held >> 20, "MiB held in socket buffers")
+sys.exit(0 if held >= target else 1)
+"""
+
+# 16 children, each holding 24 MiB at the same time: exits 0 if all 16 did.
+CHILDREN_HOARD = """
+import os, sys, time
+r, w = os.pipe()
+for _ in range(16):
+    if os.fork() == 0:
+        os.close(r)
+        held = b"x" * (24 * 2**20)  # written, so every page is resident
+        os.write(w, b"+")
+        time.sleep(2)
+        os._exit(0)
+os.close(w)
+got = b""
+while chunk := os.read(r, 16):
+    got += chunk
+print(len(got) * 24, "MiB held at once by", len(got), "children")
+sys.exit(0 if len(got) == 16 else 1)
+"""
+
+NEEDS_CGROUP = pytest.mark.skipif(
+    "cgroup" not in LAYERS, reason="no writable cgroup memory controller: memory is limited per process (documented)"
+)
+
+
+def _memory_cgroup_writable() -> bool:
+    """Whether root may create memory cgroups here (a v1 mount, as on the machines this was built on)."""
+    path = "/sys/fs/cgroup/memory"
+    return os.geteuid() == 0 and os.path.isdir(path) and not os.statvfs(path).f_flag & os.ST_RDONLY
+
+
+def test_the_cgroup_layer_runs_where_a_memory_controller_is_writable():
+    if _memory_cgroup_writable():
+        assert "cgroup" in LAYERS, MODE
+
+
+@NEEDS_CGROUP
+@pytest.mark.timeout(60)
+def test_socket_buffers_count_against_memory_mb():
+    # Enough descriptors that even default-size buffers reach twice memory_mb.
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=10.0, memory_mb=128, open_files=4096)
+    verdict = hostile(SOCKET_HOARD.format(target_mib=256), limits)
+    assert verdict.status == "fail" and "memory limit of 128 MB exceeded" in verdict.stderr, verdict
+
+
+@NEEDS_CGROUP
+@pytest.mark.timeout(60)
+def test_children_together_are_held_to_memory_mb():
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=10.0, memory_mb=64)
+    verdict = hostile(CHILDREN_HOARD, limits)
+    assert verdict.status == "fail" and "memory limit of 64 MB exceeded" in verdict.stderr, verdict
+
+
+@NEEDS_CGROUP
+@pytest.mark.timeout(60)
+def test_run_cgroups_are_removed_and_a_dead_callers_are_cleaned_at_start(monkeypatch):
+    from cascade.sandbox import cgroup
+
+    parents = [h.parent for h in cgroup._hierarchies()]
+    ours = lambda: [n for p in parents for n in os.listdir(p) if n.startswith(f"{os.getpid()}-")]  # noqa: E731
+    assert run_python("pass\n", FAST).passed
+    assert ours() == []
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for parent in parents:  # what a caller killed mid-run leaves behind
+        os.mkdir(os.path.join(parent, f"{dead.pid}-0"))
+    monkeypatch.setattr(cgroup, "_found", None)
+    assert cgroup.available()
+    assert not any(os.path.exists(os.path.join(p, f"{dead.pid}-0")) for p in parents)
+
+
+@pytest.mark.parametrize("handed_down, expected", [("cpu io memory pids", {"memory", "pids"}), ("cpu io", set())])
+def test_a_cgroup_v2_hierarchy_is_used_where_the_callers_cgroup_hands_memory_down(tmp_path, monkeypatch,
+                                                                                   handed_down, expected):
+    """No v2 memory controller on the machines this was built on: the discovery is checked on a fake hierarchy."""
+    from cascade.sandbox import cgroup
+
+    own = tmp_path / "unified" / "user.slice" / "caller.scope"
+    own.mkdir(parents=True)
+    (own / "cgroup.subtree_control").write_text(handed_down + "\n")
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(f"30 25 0:26 / {tmp_path / 'unified'} rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n")
+    own_cgroups = tmp_path / "cgroup"
+    own_cgroups.write_text("0::/user.slice/caller.scope\n")
+    monkeypatch.setattr(cgroup, "_MOUNTINFO", str(mountinfo))
+    monkeypatch.setattr(cgroup, "_OWN_CGROUPS", str(own_cgroups))
+    found = cgroup._candidates()
+    assert {c for h in found for c in h.controllers} == expected
+    assert all(h.version == 2 and h.parent == str(own / "cascade-sandbox") for h in found)
+
+
+@pytest.mark.timeout(90)
+def test_without_a_writable_cgroup_one_warning_and_socket_buffers_stay_small(tmp_path, monkeypatch, caplog):
+    if "seccomp" not in LAYERS:
+        pytest.skip("the socket-buffer cap is part of the seccomp filter")
+    from cascade.sandbox import cgroup, runner
+
+    no_cgroup_mounts = tmp_path / "mountinfo"
+    no_cgroup_mounts.write_text("")
+    monkeypatch.setattr(cgroup, "_MOUNTINFO", str(no_cgroup_mounts))
+    monkeypatch.setattr(cgroup, "_found", None)
+    monkeypatch.setattr(runner, "_mode_layers", None)
+    caplog.set_level("WARNING", logger="cascade.sandbox")
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=8.0, memory_mb=128)
+    verdicts = [run_python(SOCKET_HOARD.format(target_mib=128), limits) for _ in range(2)]
+    warnings = [r.getMessage() for r in caplog.records if "cgroup" in r.getMessage()]
+    assert len(warnings) == 1 and "no writable cgroup memory controller" in warnings[0], warnings
+    for verdict in verdicts:
+        assert "cgroup" not in verdict.isolation and verdict.status == "fail", verdict
+        refused, held = verdict.stdout.splitlines()[-2:]
+        assert refused == "buffer size refused" and int(held.split()[0]) < 32, verdict.stdout
+    assert_host_clean()
+
+
 # ---------------------------------------------------------------- filesystem
 
 
