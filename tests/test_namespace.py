@@ -30,6 +30,8 @@ def test_the_wheel_installs_one_top_level_package_holding_every_module(tmp_path)
     ours = {f"cascade/{p.relative_to(ROOT).as_posix()}" for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")}
     assert ours | {"cascade/__init__.py"} == shipped  # a subpackage missing from pyproject's list fails here
     assert "cascade/stages/assets/tokenizer/tokenizer.json" in names
+    assert {"cascade/stages/assets/nltk_data/LICENSE", "cascade/stages/assets/nltk_data/corpora/stopwords.zip",
+            "cascade/stages/assets/nltk_data/taggers/averaged_perceptron_tagger_eng.zip"} <= set(names)  # IFBench offline
     top_level = next(n for n in names if n.endswith("entry_points.txt"))
     assert "cascade = cascade.flows.cli:main" in zipfile.ZipFile(wheel).read(top_level).decode()
 

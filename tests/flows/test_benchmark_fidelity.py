@@ -295,6 +295,41 @@ def test_ifbench_unknown_instruction_id_is_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2 and "unknown IFBench instruction id 'nope:nope'" in result.stderr
 
 
+# The two IFBench types that read NLTK data beyond punkt: (instruction id, kwargs, a response that follows it, one
+# that does not). The tagger tags "Consider" as a verb and "The" as a determiner; 0% and 60% are stop words.
+IFBENCH_NLTK_DATA_CASES = [
+    ("ratio:stop_words", {"percentage": 30}, "Cats chase mice quickly.", "I am in the house and it is mine."),
+    ("words:start_verb", {}, "Consider the facts.", "The facts are clear."),
+]
+# kwargs without which a checker cannot be built; every other type draws its arguments from its seeded RNG
+IFBENCH_REQUIRED_KWARGS = {"repeat:repeat_change": {"prompt_to_repeat": "Write a story."},
+                           "repeat:repeat_span": {"prompt_to_repeat": "Write a story.", "n_start": 0, "n_end": 5}}
+
+
+def test_every_ifbench_instruction_grades_with_only_the_project_nltk_data(tmp_path):
+    """IFBench grades offline: every instruction type, ratio:stop_words (NLTK's stopwords) and words:start_verb (its
+    perceptron tagger) included, gets a verdict in a fresh `cascade grade` whose NLTK sees no data but what the
+    project writes under CASCADE_HOME, rather than an error that stops the whole benchmark."""
+    from cascade.stages.domains.instruct import checker_classes
+
+    ids = sorted(checker_classes("ifbench"))
+    rows = [{"key": i, "prompt": "Write a story.", "instruction_id_list": [i], "kwargs": [IFBENCH_REQUIRED_KWARGS.get(i, {})],
+             "completion": "Consider the cat. It sat on the mat, and it was happy! Why? It liked the sun."} for i in ids]
+    rows += [{"key": f"{case[0]}-{n}", "prompt": "Write.", "instruction_id_list": [case[0]], "kwargs": [case[1]],
+              "completion": case[n]} for case in IFBENCH_NLTK_DATA_CASES for n in (2, 3)]
+    path = tmp_path / "ifbench.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache_only = "import nltk, runpy; nltk.data.path[:] = []; runpy.run_module('cascade.flows.cli', run_name='__main__')"
+    env = {k: v for k, v in os.environ.items() if k != "NLTK_DATA"} | {"CASCADE_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-c", cache_only, "grade", "--benchmark", "ifbench", "--data", str(path),
+                             "--json"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    verdicts = {row["id"]: row["verdict"] for row in json.loads(result.stdout)["rows"]}
+    assert {"ratio:stop_words", "words:start_verb"} <= set(ids) and len(ids) >= 58
+    assert all(verdicts[f"ifbench-{i}"] in ("pass", "fail") for i in ids), verdicts
+    assert [verdicts[f"ifbench-{case[0]}-{n}"] for case in IFBENCH_NLTK_DATA_CASES for n in (2, 3)] == ["pass", "fail"] * 2
+
+
 def livecodebench_row(key, tests, difficulty="easy", compress_private=True):
     public, private = tests[:1], tests[1:]
     private_text = json.dumps(private)
