@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from cascade.artifacts.urls import credential_error
+
 
 class Strict(BaseModel):
     """Every config model: unknown keys are errors, values are immutable once validated."""
@@ -24,6 +26,20 @@ def config_hash(cfg: BaseModel) -> str:
     exclude = set(getattr(cfg, "not_hashed", ()))  # fields a config declares irrelevant to its result
     blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class SettingError(ValueError):
+    """A storage or tracking setting that cannot be used as given (a URL holding credentials, a tracking server
+    that does not answer); the CLI prints it as one line, exit code 2."""
+
+
+def url_from_env(name: str) -> str | None:
+    """The URL in environment variable `name`, refused when it holds credentials, as in a recipe: from there it
+    would reach error messages, Prefect's database and MLflow. The error names the variable, never the value."""
+    value = os.environ.get(name) or None
+    if value and (message := credential_error(value, name)):
+        raise SettingError(message)
+    return value
 
 
 def cascade_home() -> Path:
@@ -43,18 +59,28 @@ class StorageConfig(Strict):
     @classmethod
     def _known_scheme(cls, root: str | None) -> str | None:
         """A store persists checkpoints: file:// (or a local path) and s3:// are what this project tests."""
-        if root is not None and "://" in root and not root.startswith(STORE_SCHEMES):
+        if root is None:
+            return root
+        if "://" in root and not root.startswith(STORE_SCHEMES):
             raise ValueError(f"unsupported store {root.split('://')[0]}://; use file:///path or s3://bucket/prefix")
+        scheme, _, location = root.rpartition("://")
+        if scheme == "s3" and not location.split("/")[0]:
+            raise ValueError(f"store {root!r} names no bucket; use s3://bucket/prefix")
+        if scheme != "s3" and not location:  # file:// alone would be the working directory
+            raise ValueError(f"store {root!r} names no directory; use file:///path")
+        if scheme != "s3" and Path(location).exists() and not Path(location).is_dir():
+            raise ValueError(f"store {root!r} is not a directory")
         return root
 
     def resolved_root(self) -> str:
-        return self.root or os.environ.get("CASCADE_STORE") or f"file://{cascade_home()}"
+        return self.root or url_from_env("CASCADE_STORE") or f"file://{cascade_home()}"
 
 
 class TrackingConfig(Strict):
     uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else a sqlite file under $CASCADE_HOME
     experiment: str = "cascade"
     enabled: bool = True
+    required: bool = True  # false: a tracking server that does not answer at start is a warning, the run untracked
 
     def resolved_uri(self) -> str:
-        return self.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{cascade_home() / 'mlflow.db'}"
+        return self.uri or url_from_env("MLFLOW_TRACKING_URI") or f"sqlite:///{cascade_home() / 'mlflow.db'}"

@@ -29,6 +29,11 @@ MANIFEST = "MANIFEST.json"
 LEASE = "LEASE.json"
 ROLLOUT_CACHE = "cache/rollouts"
 BASELINE_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,80}")
+RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,80}$"  # a key segment, and the run form's field pattern
+
+
+def valid_run_id(run_id: str) -> bool:
+    return re.fullmatch(RUN_ID_PATTERN, run_id) is not None  # fullmatch: "$" alone lets "id\n" through
 
 
 def run_dir(run_id: str) -> str:

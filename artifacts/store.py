@@ -11,7 +11,8 @@ jitter. Below it, each HTTP request has a connect timeout and a read timeout (pe
 to a slow but live server is not cut off), botocore tries it twice and s3fs once, so an outage reaches this
 layer within seconds; `RetryPolicy` bounds the attempts and the time spent retrying (see RETRY BUDGET below).
 A process's first request to an endpoint has a hard deadline (`PROBE_TIMEOUT_S`): an endpoint that refuses,
-never answers or does not resolve fails at once with `StoreUnreachable`, one line naming it. What arrives
+never answers or does not resolve fails at once with `StoreUnreachable`, one line naming it; one that answered
+and later fails every attempt of an operation on connection trouble gives `StoreFailed`, one line. What arrives
 on failure is not always an OSError: a stopped S3 server surfaces as botocore's EndpointConnectionError, and
 s3fs wraps ClientErrors in OSError with the ClientError as `__cause__`, so `is_transient` walks the whole
 exception chain.
@@ -41,14 +42,14 @@ import random
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import fsspec
 from fsspec.exceptions import FSTimeoutError
 
-from cascade.artifacts.config import StorageConfig
+from cascade.artifacts.config import StorageConfig, url_from_env
 from cascade.artifacts.urls import credential_error
 
 log = logging.getLogger("cascade.store")
@@ -69,11 +70,15 @@ TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, er
 # One operation: RetryPolicy's attempts, none started later than `budget` seconds after the first. So an
 # operation against an endpoint that goes silent mid-run ends within the budget plus one attempt (an attempt
 # may be two requests: s3fs's `exists` is a HEAD, then a LIST), about 1.5 minutes; a refused port in seconds.
+# An operation that moves no body (HEAD, LIST, DELETE, a small GET) also ends, every attempt included, within
+# OPERATION_DEADLINE_S: a server that answered the probe and then stalls, or trickles its reply a byte at a time
+# (which no per-read timeout ever catches), costs that long, not the read timeouts times every retry layer.
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 BOTO_ATTEMPTS = 2
 # First contact with an endpoint (per process): one HEAD of the bucket with this deadline, all tries included.
 PROBE_TIMEOUT_S = 10
+OPERATION_DEADLINE_S = 20
 # aiohttp starts a request's read timeout only once its body is sent, and botocore sends PUTs with
 # `Expect: 100-continue`, whose answer aiohttp awaits with no timeout: a PUT to a server that accepts and never
 # answers waited forever. So requests with a body get a deadline: every try, plus the body at MIN_UPLOAD_RATE.
@@ -91,6 +96,11 @@ class StoreError(RuntimeError):
 
 class StoreUnreachable(StoreError):
     """The S3 endpoint did not answer this process's first request to it."""
+
+
+class StoreFailed(StoreError):
+    """An S3 operation met connection trouble (no answer in time, a dropped connection, bytes that are not
+    HTTP) on every attempt; the endpoint answered before, so the cause is the endpoint's, not the recipe's."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +179,9 @@ def retrying(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
             if attempt == policy.attempts or spent + wait > policy.budget:
                 e.add_note(f"cascade: {what} failed after {attempt} attempts in {spent:.0f} s")
                 raise
-            log.warning("%s: transient %s (%s); retry %d/%d in %.1fs", what, type(e).__name__,
-                        str(e).splitlines()[0][:200] if str(e) else "", attempt, policy.attempts - 1, wait)
+            # info, not a warning: a failure says how often it was tried, and the CLI's error stays one line
+            log.info("%s: transient %s (%s); retry %d/%d in %.1fs", what, type(e).__name__,
+                     str(e).splitlines()[0][:200] if str(e) else "", attempt, policy.attempts - 1, wait)
             time.sleep(wait)
     raise AssertionError("unreachable")
 
@@ -180,7 +191,7 @@ def storage_options(cfg: StorageConfig) -> dict[str, Any]:
     if not cfg.resolved_root().startswith("s3://"):
         return {}
     opts: dict[str, Any] = {"use_listings_cache": False}
-    endpoint = cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = cfg.endpoint_url or url_from_env("AWS_ENDPOINT_URL_S3") or url_from_env("AWS_ENDPOINT_URL")
     if endpoint:
         opts["client_kwargs"] = {"endpoint_url": endpoint}
     config_kwargs: dict[str, Any] = {}
@@ -261,10 +272,29 @@ class Store:
     def from_config(cls, cfg: StorageConfig) -> Store:
         return cls(cfg.resolved_root(), storage_options(cfg))
 
-    def _do(self, what: str, key: str, fn: Callable[[], T]) -> T:
+    def _do(self, what: str, key: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
         if self.protocol == "s3":
             self._first_contact()
-        return retrying(self.retry, f"{what} {self.uri(key)}", fn)
+        try:
+            return retrying(policy or self.retry, f"{what} {self.uri(key)}", fn)
+        except Exception as e:
+            if self.protocol != "s3" or not is_transient(e):
+                raise
+            # One line for the CLI; the botocore/aiohttp error stays the cause, for a debugger.
+            tried = (getattr(e, "__notes__", None) or [f"{what} {self.uri(key)} failed"])[-1].removeprefix("cascade: ")
+            reason = str(e).splitlines()[0][:200] if str(e) else "no complete answer in time"
+            raise StoreFailed(f"S3 endpoint {self.endpoint or '(AWS default)'}: {tried} "
+                              f"({type(e).__name__}: {reason})") from e
+
+    def _ask(self, what: str, key: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """call(*args, **kwargs), an operation that moves no body; on s3 every attempt, retries included, ends
+        within OPERATION_DEADLINE_S of the first (s3fs's sync wrappers take `timeout` and cancel on expiry)."""
+        if self.protocol != "s3":
+            return self._do(what, key, lambda: call(*args, **kwargs))
+        end = time.monotonic() + OPERATION_DEADLINE_S
+        policy = replace(self.retry, budget=min(self.retry.budget, OPERATION_DEADLINE_S))
+        # timeout 0 would mean none to fsspec: a spent deadline still gets a millisecond, then expires
+        return self._do(what, key, lambda: call(*args, **kwargs, timeout=max(end - time.monotonic(), 1e-3)), policy)
 
     def _first_contact(self) -> None:
         """Before this process's first request to the endpoint: one HEAD of the bucket within PROBE_TIMEOUT_S.
@@ -302,10 +332,10 @@ class Store:
         return uri.removeprefix(root + "/").strip("/") if uri.startswith(root + "/") else None
 
     def exists(self, key: str) -> bool:
-        return self._do("exists", key, lambda: self.fs.exists(self.path(key)))
+        return self._ask("exists", key, self.fs.exists, self.path(key))
 
     def read_bytes(self, key: str) -> bytes:
-        return self._do("read", key, lambda: self.fs.cat_file(self.path(key)))
+        return self._ask("read", key, self.fs.cat_file, self.path(key))
 
     def write_bytes(self, key: str, data: bytes) -> None:
         if self.protocol == "file":
@@ -394,7 +424,7 @@ class Store:
         return None
 
     def size(self, key: str) -> int:
-        return int(self._do("stat", key, lambda: self.fs.info(self.path(key)))["size"])
+        return int(self._ask("stat", key, self.fs.info, self.path(key))["size"])
 
     def stat_checksum(self, key: str) -> tuple[int, str | None]:
         """(size, the server's ChecksumSHA256 as stored: base64, '-N' appended for a multipart composite) in one
@@ -402,8 +432,7 @@ class Store:
         if self.protocol != "s3":
             return self.size(key), None
         bucket, obj = self.path(key).split("/", 1)
-        head = self._do("head", key, lambda: self.fs.call_s3("head_object", Bucket=bucket, Key=obj,
-                                                             ChecksumMode="ENABLED"))
+        head = self._ask("head", key, self.fs.call_s3, "head_object", Bucket=bucket, Key=obj, ChecksumMode="ENABLED")
         return int(head["ContentLength"]), head.get("ChecksumSHA256")
 
     def stat_sha256(self, key: str) -> tuple[int, str | None]:
@@ -432,7 +461,7 @@ class Store:
         base = self.path(prefix)
         if not self.exists(prefix):
             return []
-        found = self._do("list", prefix, lambda: self.fs.find(base))
+        found = self._ask("list", prefix, self.fs.find, base)
         return sorted(p[len(self.root) + 1:] for p in found)
 
     def sizes(self, prefix: str) -> dict[str, int]:
@@ -440,19 +469,19 @@ class Store:
         if not self.exists(prefix):
             return {}
         base = self.path(prefix)
-        found = self._do("list", prefix, lambda: self.fs.find(base, detail=True))
+        found = self._ask("list", prefix, self.fs.find, base, detail=True)
         return {name[len(base) + 1:]: int(info["size"]) for name, info in found.items() if info["type"] == "file"}
 
     def list_dirs(self, prefix: str) -> list[str]:
         base = self.path(prefix)
         if not self.exists(prefix):
             return []
-        entries = self._do("list", prefix, lambda: self.fs.ls(base, detail=True))
+        entries = self._ask("list", prefix, self.fs.ls, base, detail=True)
         return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
 
     def delete(self, key: str) -> None:
         if self.exists(key):
-            self._do("delete", key, lambda: self.fs.rm(self.path(key), recursive=True))
+            self._ask("delete", key, self.fs.rm, self.path(key), recursive=True)
 
     def invalidate(self) -> None:
         """Forget cached listings (s3fs caches them) so another writer's objects become visible."""

@@ -19,17 +19,20 @@ carries the tag `cascade.checkpoint` (the store URI), which `registered_checkpoi
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
 import re
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
-from cascade.artifacts.config import TrackingConfig, cascade_home
+from cascade.artifacts.config import SettingError, TrackingConfig, cascade_home
 from cascade.artifacts.store import Store
 
 log = logging.getLogger("cascade.tracking")
@@ -39,6 +42,45 @@ CHECKPOINT_TAG = "cascade.checkpoint"  # on a model version: the store URI of th
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api_?key|access_?key)", re.I)
 URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 FLUSH_EVERY = 50
+# A tracking server's first answer (per process). MLflow's own client retries a dead server for minutes.
+PROBE_TIMEOUT_S = 10
+_ANSWERED: dict[str, bool] = {}  # tracking URI -> whether its server answered this process's check
+
+
+class TrackingUnavailable(SettingError):
+    """The tracking server did not answer the check at the start of a run, and tracking is required."""
+
+
+def tracking_on(cfg: TrackingConfig) -> bool:
+    """Whether to track: `cfg.enabled`, and its server answered this process's one check of it. A server that
+    does not answer is TrackingUnavailable (one line); with `tracking.required: false` a warning, once, and
+    the run goes on untracked."""
+    if not cfg.enabled:
+        return False
+    uri = cfg.resolved_uri()
+    if uri not in _ANSWERED:
+        _ANSWERED[uri] = server_answers(uri)
+        if not _ANSWERED[uri] and not cfg.required:
+            log.warning("MLflow tracking server %s did not answer within %d s; running without tracking "
+                        "(tracking.required: false)", uri, PROBE_TIMEOUT_S)
+    if not _ANSWERED[uri] and cfg.required:
+        raise TrackingUnavailable(f"MLflow tracking server {uri} did not answer within {PROBE_TIMEOUT_S} s; start "
+                                  "it, or set tracking.required=false to run without tracking")
+    return _ANSWERED[uri]
+
+
+def server_answers(uri: str) -> bool:
+    """True for a local tracking store (sqlite, a directory); for an http(s) server, whether it sends any HTTP
+    answer, an error status included (auth, a proxy), to GET /health within PROBE_TIMEOUT_S."""
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError, http.client.HTTPException):  # refused, timed out, unresolvable, not HTTP
+        return False
+    return True
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:

@@ -22,9 +22,9 @@ def has_credentials(text: str) -> bool:
 
 def where_credentials_go(field: str, text: str) -> str:
     """Where the credentials of a URL in `field` belong instead, in words."""
-    if field.split(".")[0] == "tracking":
+    if field.split(".")[0] == "tracking" or field.startswith("MLFLOW_"):
         return "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
-    if re.search(r"\bs3a?://", text) or field.startswith("storage"):
+    if re.search(r"\bs3a?://", text) or field.startswith(("storage", "AWS_", "CASCADE_STORE")):
         return ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS profile "
                 "(AWS_PROFILE, storage.profile; keys in ~/.aws/credentials)")
     return "an environment variable, named by the OpenAI teacher's api_key_env for endpoints"

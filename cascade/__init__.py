@@ -12,3 +12,11 @@ from pathlib import Path as _Path
 _CHECKOUT = _Path(__file__).resolve().parent.parent
 if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "stages" / "__init__.py").is_file():
     __path__.append(str(_CHECKOUT))
+
+# torch makes its compile cache directory when torch._dynamo is imported (transformers imports it), by default
+# `torchinductor_<user>` in the temp directory: every command left one there. It belongs with our other state.
+import os as _os
+
+from cascade.artifacts.config import cascade_home as _cascade_home
+
+_os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cascade_home() / "torchinductor"))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
+from cascade.artifacts.layout import RUN_ID_PATTERN
 from cascade.stages.config import LearningRate, Steps
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
@@ -32,7 +33,6 @@ from cascade.stages.recipe import (  # load_recipe: re-exported, the name every 
 
 RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
 DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]
-RUN_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,80}$"
 
 
 class StageOverride(Strict):

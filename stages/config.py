@@ -31,6 +31,10 @@ def _no_bool(value: object) -> object:
 Steps = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
 Count = Annotated[int, Field(strict=True, ge=1, le=100_000_000)]  # sizes, batch sizes, samples per prompt
 Every = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]  # a period in steps; 0: never
+# Sequences held in memory at once (a step's batch, a forward, a generate call): far above a real recipe's few
+# thousand, far below 1e8, whose rows alone would fill a host's memory before the first step.
+BATCH_LIMIT = 65_536
+BatchSize = Annotated[int, Field(strict=True, ge=1, le=BATCH_LIMIT)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 LearningRate = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Fraction = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1.0, allow_inf_nan=False)]
@@ -63,6 +67,13 @@ class ModelConfig(Strict):
     # model's own (tiny: 1024). With rope_scaling, positions past the trained window are interpolated.
     max_position_embeddings: Count | None = None
     rope_scaling: RopeScaling | None = None
+
+    @model_validator(mode="after")
+    def _heads_split_hidden(self) -> ModelConfig:
+        if self.hidden_size % (2 * self.num_heads):  # the model's first forward would fail on a shape mismatch
+            raise ValueError(f"hidden_size {self.hidden_size} must be num_heads ({self.num_heads}) times an even "
+                             "head size: RoPE rotates pairs of dimensions")
+        return self
 
     def context_overrides(self) -> dict:
         """The config keys a recipe sets on the model it starts from."""
@@ -122,7 +133,7 @@ class ComputeOverride(Strict):
 class EngineConfig(Strict):
     kind: Literal["hf", "vllm"] = "hf"
     url: str | None = None  # an external OpenAI-compatible vLLM server instead of a managed one
-    batch_size: Count = 128  # sequences per generate call of the HF engine (training rollouts and evals)
+    batch_size: BatchSize = 128  # sequences per generate call of the HF engine (training rollouts and evals)
     # The managed vLLM server's own options (`vllm serve` flags); an external server (`url`) has its own.
     tensor_parallel_size: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
     gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9
@@ -225,7 +236,7 @@ class OracleTeacher(Strict):
 class GenerationTeacher(Strict):
     temperature: Temperature = 0.0
     max_new_tokens: Count | None = None  # None: the domain's max_new_tokens
-    batch_size: Count = 64  # prompts per generate call (openai: requests in flight)
+    batch_size: BatchSize = 64  # prompts per generate call (openai: requests in flight)
 
 
 class ModelTeacher(GenerationTeacher):
@@ -306,6 +317,27 @@ class TrainingConfig(StageConfig):
     not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
 
 
+class MicroBatched(Strict):
+    """A stage whose step is `batch_size` rows in forwards of `micro_batch_size`, after `warmup_steps` of warm-up.
+
+    A value the recipe changes from its default must fit: a micro-batch larger than the batch, or a warm-up longer
+    than the stage (the learning rate never reaches its peak), is a mistake. A default is left alone where a recipe
+    shortens the stage or its batch (a smoke run's `steps: 2`, the run form's steps): micro-batches are cut to the
+    batch, and the warm-up ramps the whole stage, as before; and a stored recipe, which spells out every default,
+    must validate again on resume."""
+
+    @model_validator(mode="after")
+    def _fits_its_batch_and_steps(self) -> MicroBatched:
+        if self._changed("micro_batch_size") and self.micro_batch_size > self.batch_size:
+            raise ValueError(f"micro_batch_size {self.micro_batch_size} is larger than batch_size {self.batch_size}")
+        if self._changed("warmup_steps") and self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} is more than steps {self.steps}")
+        return self
+
+    def _changed(self, name: str) -> bool:
+        return getattr(self, name) != type(self).model_fields[name].default
+
+
 class ReadsDataFiles(Strict):
     """A stage that reads prompts from data files: `shared` sources resolve against its data root."""
 
@@ -343,13 +375,13 @@ class SFTDataConfig(StageConfig, ReadsDataFiles):
         return self.teachers.get(domain, self.teacher)
 
 
-class SFTConfig(TrainingConfig):
+class SFTConfig(TrainingConfig, MicroBatched):
     kind: Literal["sft"] = "sft"
     name: str = "sft"
     data: str = "sft_data"  # the sft_data stage whose dataset this trains on
     steps: Steps = 600
-    batch_size: Count = 32
-    micro_batch_size: Count = 32
+    batch_size: BatchSize = 32
+    micro_batch_size: BatchSize = 32
     lr: LearningRate = 3e-3
     min_lr_ratio: Fraction = 0.1
     warmup_steps: Every = 30
@@ -417,9 +449,9 @@ class OnPolicyConfig(TrainingConfig):
     """What every on-policy stage (GRPO, MOPD) shares: sample from the current policy, one update per batch."""
 
     steps: Steps = 60
-    prompts_per_step: Count = 16
-    group_size: Count = 8  # samples per prompt
-    micro_batch_size: Count = 64  # sequences per forward/backward; the loss is normalized globally
+    prompts_per_step: BatchSize = 16
+    group_size: BatchSize = 8  # samples per prompt
+    micro_batch_size: BatchSize = 64  # sequences per forward/backward; the loss is normalized globally
     lr: LearningRate = 5e-5
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
@@ -431,6 +463,13 @@ class OnPolicyConfig(TrainingConfig):
     def _weights_sum(self) -> OnPolicyConfig:
         if self.domain_weights is not None and sum(self.domain_weights.values()) <= 0:
             raise ValueError(f"stage {self.name!r}: domain_weights must not all be 0")
+        return self
+
+    @model_validator(mode="after")
+    def _rollouts_fit(self) -> OnPolicyConfig:
+        rollouts = self.prompts_per_step * self.group_size  # a step's samples are all held at once
+        if rollouts > BATCH_LIMIT:
+            raise ValueError(f"prompts_per_step * group_size is {rollouts} rollouts per step; at most {BATCH_LIMIT}")
         return self
 
 
@@ -447,7 +486,7 @@ class RewardModelReward(Strict):
     kind: Literal["reward_model"] = "reward_model"
     stage: str  # the reward_model stage whose checkpoint scores
     length_coef: NonNegative = 0.5
-    batch_size: Count = 64  # sequences per reward-model forward
+    batch_size: BatchSize = 64  # sequences per reward-model forward
 
 
 class JudgeReward(OpenAIEndpoint):
@@ -521,7 +560,7 @@ class PreferenceFile(Strict):
 PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
 
 
-class RewardModelConfig(StageConfig):
+class RewardModelConfig(StageConfig, MicroBatched):
     """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
 
     kind: Literal["reward_model"] = "reward_model"
@@ -529,8 +568,8 @@ class RewardModelConfig(StageConfig):
     init: str = "sft"  # an earlier policy stage, an HF model dir or "smollm2-135m": the backbone
     pairs: PairSource = DomainPairs()
     steps: Steps = 300
-    batch_size: Count = 32  # pairs per optimizer step
-    micro_batch_size: Count = 32
+    batch_size: BatchSize = 32  # pairs per optimizer step
+    micro_batch_size: BatchSize = 32
     lr: LearningRate = 3e-4
     warmup_steps: Every = 20
     min_lr_ratio: Fraction = 0.1

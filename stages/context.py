@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerFast
 from cascade.artifacts.checkpoint import CheckpointError, CheckpointRef, committed, materialize, write_checkpoint
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import step_key, steps_dir
+from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.model import initial_model, load_hf, save_hf
 from cascade.stages.recipe import Recipe
@@ -81,9 +82,10 @@ class StageContext:
 def stage_workdir() -> Iterator[Path]:
     """A stage's scratch directory (downloaded checkpoints, copies staged for a commit), removed when the stage
     ends, failed or not. A resume reads the store, never this directory; a model copy left behind per stage fills
-    a disk within a few runs."""
-    with tempfile.TemporaryDirectory(prefix="cascade-", ignore_cleanup_errors=True) as path:
-        yield Path(path)
+    a disk within a few runs. This process owns it while the stage runs: one that a kill -9 left behind is
+    `cascade gc --local`'s to remove."""
+    with owned_tempdir() as path:
+        yield path
 
 
 @dataclass

@@ -7,11 +7,10 @@ The grader is the same function that gives the RL reward, so a training gain and
 from __future__ import annotations
 
 import hashlib
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.config import BENCHMARK_COLUMN
 from cascade.stages.context import load_checkpoint
@@ -74,8 +73,8 @@ def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: 
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
     (any source `stages.model.resolve_model_dir` takes), with the recipe's engine settings."""
     store = store or Store.from_config(recipe.storage)
-    with tempfile.TemporaryDirectory(prefix="cascade-eval-", ignore_cleanup_errors=True) as download:
-        model, tokenizer = load_checkpoint(recipe, store, checkpoint, Path(download))  # in memory: the copy goes
+    with owned_tempdir(prefix="cascade-eval-") as download:
+        model, tokenizer = load_checkpoint(recipe, store, checkpoint, download)  # in memory: the copy goes
     engine_cfg = recipe.engine if batch_size is None else recipe.engine.model_copy(update={"batch_size": batch_size})
     return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
 

@@ -29,12 +29,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.config import ComputeConfig, TrainingConfig
 from cascade.stages.context import StageContext, StageResult, stage_workdir
 from cascade.stages.kinds import StageInputs, run_stage
@@ -68,26 +68,27 @@ def torchrun_command(compute: ComputeConfig, spec_dir: Path) -> list[str]:
 
 def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeConfig) -> StageResult:
     """The stage as a torchrun job; its events go to ctx.log and ctx.progress while it runs."""
-    spec_dir = Path(tempfile.mkdtemp(prefix="cascade-torchrun-"))  # outlives the stage's workdir: errors name its log
-    spec = {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}
-    (spec_dir / SPEC).write_bytes(pickle.dumps(spec))
-    (spec_dir / EVENTS).touch()
-    with open(spec_dir / TORCHRUN_LOG, "wb") as log:
-        proc = subprocess.Popen(torchrun_command(compute, spec_dir), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent(), cwd=_repo_root())
-    events = EventTail(spec_dir / EVENTS)
-    try:
-        while proc.poll() is None:
+    # kept when the job ends, since a failure line names its log; owned while the job runs (cascade gc --local)
+    with owned_tempdir("cascade-torchrun-", remove=False) as spec_dir:
+        spec = {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}
+        (spec_dir / SPEC).write_bytes(pickle.dumps(spec))
+        (spec_dir / EVENTS).touch()
+        with open(spec_dir / TORCHRUN_LOG, "wb") as log:
+            proc = subprocess.Popen(torchrun_command(compute, spec_dir), stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=_die_with_parent(), cwd=_repo_root())
+        events = EventTail(spec_dir / EVENTS)
+        try:
+            while proc.poll() is None:
+                events.forward(ctx)
+                time.sleep(POLL_S)
             events.forward(ctx)
-            time.sleep(POLL_S)
-        events.forward(ctx)
-    finally:
-        if proc.poll() is None:  # this process is failing (an error in a sink, an interrupt): take the job down
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    if proc.returncode != 0 or events.result is None:
-        raise DistributedStageError(failure_line(cfg.name, proc.returncode, spec_dir))
-    return events.result
+        finally:
+            if proc.poll() is None:  # this process is failing (an error in a sink, an interrupt): take the job down
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if proc.returncode != 0 or events.result is None:
+            raise DistributedStageError(failure_line(cfg.name, proc.returncode, spec_dir))
+        return events.result
 
 
 class EventTail:

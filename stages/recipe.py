@@ -29,6 +29,7 @@ from cascade.stages.config import (
     FileSource,
     GateConfig,
     ModelConfig,
+    OracleTeacher,
     ReadsDataFiles,
     Seed,
     SFTDataConfig,
@@ -39,6 +40,10 @@ from cascade.stages.kinds import KINDS, kind_of
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
+# A recipe nests a handful of levels and holds hundreds of values. An alias counts once per use: a 520-byte
+# "billion laughs" file expands to 10^9 values, and a recursive alias or 5,000 levels overflow Python's stack.
+MAX_YAML_DEPTH = 64
+MAX_YAML_VALUES = 100_000
 
 
 class RecipeError(ValueError):
@@ -194,6 +199,18 @@ def _check_sources(cfg: ReadsDataFiles) -> None:
                     raise ValueError(f"{where}: file not found: {src.path}")
                 if src.format is None and not src.path.endswith((".jsonl", ".jsonl.gz", ".parquet")):
                     raise ValueError(f"{where}: cannot tell the format of {src.path}: set format: jsonl or parquet")
+                if "://" not in local:  # a remote file's rows are read when the stage runs
+                    _check_first_row(cfg, domain, src, where)
+
+
+def _check_first_row(cfg: ReadsDataFiles, domain: str, src: FileSource, where: str) -> None:
+    from cascade.stages.datasets.sources import SourceError, check_file_source
+
+    oracle = isinstance(cfg, SFTDataConfig) and isinstance(cfg.domain_teacher(domain), OracleTeacher)
+    try:
+        check_file_source(src, domain, needs_reference=oracle)
+    except SourceError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def resolve_recipe_path(name_or_path: str) -> Path:
@@ -229,8 +246,10 @@ def read_recipe_file(path: Path) -> dict[str, Any]:
 
 
 def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
+    if len(text) > MAX_RECIPE_BYTES:  # a recipe given by URI is read whole before it comes here
+        raise RecipeError(f"recipe {source} is larger than {MAX_RECIPE_BYTES} bytes")
     try:
-        raw = yaml.safe_load(text)
+        raw = load_bounded_yaml(text, source)
     except yaml.YAMLError as e:
         raise RecipeError(f"{source}: not valid YAML: {str(e).splitlines()[0]}") from None
     if raw is None:
@@ -238,6 +257,65 @@ def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: a recipe is a mapping of sections, not a {type(raw).__name__}")
     return raw
+
+
+class _DepthBoundLoader(yaml.SafeLoader):
+    """SafeLoader that refuses nesting deeper than MAX_YAML_DEPTH while composing, which recurses per level."""
+
+    depth = 0
+    source = "recipe"
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self.depth += 1
+        try:
+            if self.depth > MAX_YAML_DEPTH:
+                raise RecipeError(f"{self.source}: nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def load_bounded_yaml(text: str, source: str) -> Any:
+    """yaml.safe_load, refusing in one line what would hang or overflow the stack: deep nesting, a recursive
+    alias, or aliases that expand past MAX_YAML_VALUES values. The node graph is checked before it is built."""
+    loader = _DepthBoundLoader(text)
+    loader.source = source
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, 1, {}, set(), source)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, depth: int, sizes: dict[int, tuple[int, int]], open_: set[int],
+                   source: str) -> tuple[int, int]:
+    """(values, height) of `node` with every alias expanded; an alias is the node it names, so sizes are memoized
+    per node and a node met again on its own path is a recursive alias."""
+    if depth > MAX_YAML_DEPTH:
+        raise RecipeError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded)")
+    if id(node) in open_:
+        raise RecipeError(f"{source}: an alias refers to a node that contains it (a recursive structure)")
+    if id(node) not in sizes:
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        open_.add(id(node))
+        values, height = 1, 1
+        for child in children:
+            child_values, child_height = _expanded_size(child, depth + 1, sizes, open_, source)
+            values, height = values + child_values, max(height, child_height + 1)
+            if values > MAX_YAML_VALUES:
+                raise RecipeError(f"{source}: aliases expand to more than {MAX_YAML_VALUES} values")
+        open_.discard(id(node))
+        sizes[id(node)] = values, height
+    values, height = sizes[id(node)]
+    if depth + height - 1 > MAX_YAML_DEPTH:
+        raise RecipeError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels (aliases expanded)")
+    return values, height
 
 
 def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
@@ -267,7 +345,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         raise RecipeError(f"bad override {item!r}: expected key=value")
     key, _, text = item.partition("=")
     try:
-        value = yaml.safe_load(text)
+        value = load_bounded_yaml(text, f"bad override {item!r}")
     except yaml.YAMLError:
         raise RecipeError(f"bad override {item!r}: value is not valid YAML") from None
     parts = key.strip().split(".")

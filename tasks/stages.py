@@ -38,7 +38,7 @@ from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, storage_options
-from cascade.artifacts.tracking import Tracker, redact, register_stage
+from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking_on
 from cascade.stages.config import MOPDConfig, StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.evaluate import evaluate_model
@@ -114,7 +114,7 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None
     if rebuilt:
         get_run_logger().warning(f"stage {cfg.name}: {rebuilt}; rebuilding it from its last valid step checkpoint")
-    tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
+    tracker = Tracker(recipe, run_id) if tracking_on(recipe.tracking) else None
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
     steps = StepLog(store, run_id, index, cfg.name)  # the report's curves; exact under resume (restore)
     progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
@@ -202,13 +202,13 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
         scores, rows = evaluate_model(recipe, model, store)
         record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
         store.write_bytes(key, record.to_json())
-        if recipe.tracking.enabled:
+        if tracking_on(recipe.tracking):
             tracker = Tracker(recipe, run_id)
             tracker.log_scores(len(report.evals), scores)
             tracker.log_eval(stage, index, scores, rows)
     report.record_eval(stage, scores)
     report.save(store)
-    if recipe.tracking.enabled and model is not None:
+    if tracking_on(recipe.tracking) and model is not None:
         best = [d for d, s in best_stages(report.evals_through(stage), list(recipe.domains)).items() if s == stage]
         try:
             register_stage(Tracker(recipe, run_id), stage, model.uri, best)
@@ -229,7 +229,7 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     if decisions:
         ui_artifacts.create_table_artifact(decisions, key=_artifact_key(run_id, "gate"),
                                            description=f"Regression gate after stage {stage}")
-        if recipe.tracking.enabled:
+        if tracking_on(recipe.tracking):
             Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d['domain']}": d["action"] for d in decisions})
     if decisions and policy == "fail":
         worst = max(decisions, key=lambda d: d["drop"])
@@ -260,7 +260,7 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
     fired = [g for g in report.gate if g["stage"] == stage]
     ui_artifacts.create_table_artifact(fired, key=_artifact_key(run_id, "gate"),
                                        description=f"Regression gate after {stage}, with MOPD recovery scores")
-    if recipe.tracking.enabled:
+    if tracking_on(recipe.tracking):
         Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"]
                                           for g in fired})
     return fired
@@ -281,7 +281,7 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     store = Store.from_config(recipe.storage)
     lines = [f"# {recipe.name}: run `{run_id}`", "", "| what | where |", "| --- | --- |"]
     links = {}
-    if recipe.tracking.enabled:
+    if tracking_on(recipe.tracking):
         links["mlflow"] = Tracker(recipe, run_id).run_url()
         lines.append(f"| MLflow run | {links['mlflow']} |")
     if flow_run.ui_url:
@@ -307,6 +307,7 @@ def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
     already), its recipe (the stored one when the run has one, else this one, stored now under the lease),
     and, when the block raises, a FAILED finish of the report and the MLflow run."""
     store = Store.from_config(recipe.storage)
+    tracking_on(recipe.tracking)  # a tracking server that does not answer fails here, before anything is written
     with hold_run(store, run_id):
         recipe = adopt_recipe(store, run_id, recipe)
         earlier = RunReport.load(store, run_id)
@@ -340,7 +341,7 @@ def finish_task(recipe: Recipe, run_id: str, status: str, stopped: str | None = 
     store, report = open_report(recipe, run_id)
     report.status, report.stopped = status, stopped
     report.save(store)
-    tracker = Tracker(recipe, run_id) if recipe.tracking.enabled else None
+    tracker = Tracker(recipe, run_id) if tracking_on(recipe.tracking) else None
     _report_page(recipe, run_id, store, tracker)
     domains, rows = report.forgetting_matrix()
     if rows:

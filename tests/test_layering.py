@@ -3,7 +3,8 @@
 flows -> tasks -> stages -> artifacts; stages never see Prefect or MLflow; artifacts never import stages; the
 sandbox imports nothing of ours. An edge is `module -> the module it names` (`from a.b import c` names a.b.c
 when that is a module of ours, else a.b); importing a submodule also runs its package's __init__, which is not
-counted as an edge, so a package may re-export its submodules.
+counted as an edge, so a package may re-export its submodules. Imports under `if TYPE_CHECKING:` are not edges: they
+never run.
 """
 
 import ast
@@ -33,7 +34,11 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     for mod, path in files.items():
         names: set[str] = set()
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        type_only = {id(n) for block in ast.walk(tree) if is_type_checking_block(block) for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue  # `if TYPE_CHECKING:` imports run for the type checker only: no edge at run time
             if isinstance(node, ast.Import):
                 names |= {a.name.removeprefix(f"{NAMESPACE}.") for a in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -46,6 +51,12 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                     names.add(full if full in files else base)
         graph[mod] = {n if n in files else n.split(".")[0] for n in names} - {mod}
     return graph
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
+                                         or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def layering_violations(graph: dict[str, set[str]]) -> list[str]:

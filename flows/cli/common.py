@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from typing import Any, Callable
 
 import typer
 from rich.console import Console
+
+from cascade.artifacts.layout import valid_run_id
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Cascade: multi-stage post-training on Prefect.")
 console = Console()
@@ -31,6 +32,7 @@ def fail(message: str, code: int = 2) -> None:
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
+    from cascade.artifacts.config import SettingError
     from cascade.artifacts.lease import LeaseHeld
     from cascade.artifacts.records import EvalRecordError
     from cascade.artifacts.store import StoreError
@@ -38,8 +40,8 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from cascade.stages.recipe import RecipeError
     from cascade.stages.regression import BaselineError
 
-    return (CLIError, RecipeError, LeaseHeld, StoreError, ModelSourceError, BaselineError, EvalRecordError,
-            LookupError)
+    return (CLIError, RecipeError, LeaseHeld, StoreError, SettingError, ModelSourceError, BaselineError,
+            EvalRecordError, LookupError)
 
 
 def stage_failures() -> tuple[type[BaseException], ...]:
@@ -89,12 +91,6 @@ def store_for(root: str | None):
         return Store.from_config(StorageConfig(root=root))
     except ValidationError as e:
         raise CLIError(f"--store: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-
-
-def valid_run_id(run_id: str) -> bool:
-    from cascade.flows.recipes import RUN_ID_PATTERN
-
-    return re.fullmatch(RUN_ID_PATTERN, run_id) is not None  # fullmatch: "$" alone lets "id\n" through
 
 
 def stored_recipe(store, run_id: str):

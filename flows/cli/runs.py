@@ -12,7 +12,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe, valid_run_id
+from cascade.artifacts.layout import valid_run_id
+from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -137,10 +138,11 @@ def run(
     from cascade.artifacts.layout import recipe_key, run_dir
     from cascade.artifacts.lease import hold_run
     from cascade.artifacts.store import Store
+    from cascade.artifacts.tracking import tracking_on
     from cascade.flows.recipes import load_recipe
 
     loaded = load_recipe(recipe, overrides or [])
-    run_id = run_id or new_run_id(loaded.name)
+    run_id = new_run_id(loaded.name) if run_id is None else run_id  # an empty --run-id is refused below
     if not valid_run_id(run_id):
         raise CLIError(f"bad run id {run_id!r}: use lowercase letters, digits, '.', '_' and '-'")
     # the stored recipe names its store, so `cascade resume` finds the run wherever the environment points
@@ -149,6 +151,7 @@ def run(
     store = Store.from_config(loaded.storage)
     if store.exists(recipe_key(run_id)):
         raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
+    tracking_on(loaded.tracking)  # before the lease: a tracking server that does not answer is one line
     quiet_services()
     with hold_run(store, run_id):  # before anything of the run is written: a racing writer is refused here
         if store.exists(recipe_key(run_id)):
@@ -166,8 +169,10 @@ def resume(
     """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint."""
     from cascade.artifacts.lease import hold_run
     from cascade.artifacts.store import Store
+    from cascade.artifacts.tracking import tracking_on
 
     loaded = stored_recipe(store_for(store), run_id)
+    tracking_on(loaded.tracking)
     quiet_services()
     with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up
         console.print(f"resuming [bold]{run_id}[/bold]")
@@ -297,10 +302,18 @@ def gc_cmd(
     keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
     delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
     store: Optional[str] = typer.Option(None, "--store"),
+    local: bool = typer.Option(False, "--local", help="Instead: the scratch directories in $TMPDIR no live "
+                               "process owns (left by a kill -9)."),
 ) -> None:
     """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
     from cascade.artifacts.gc import gc
+    from cascade.artifacts.scratch import gc_local
 
+    if local:
+        if run_ids or store is not None:
+            raise CLIError("gc --local cleans this machine's temp directory: it takes no run ids and no --store")
+        typer.echo(gc_local(delete).render())
+        return
     if keep < 1:
         raise CLIError(f"--keep must be >= 1, got {keep}")
     st = store_for(store)

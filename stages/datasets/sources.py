@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import fsspec
 
@@ -19,7 +19,9 @@ from cascade.artifacts.store import storage_options
 from cascade.stages.domains.base import Item
 from cascade.artifacts.config import StorageConfig
 from cascade.stages.config import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
-from cascade.stages.recipe import Recipe
+
+if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates
+    from cascade.stages.recipe import Recipe
 
 PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
 
@@ -79,6 +81,19 @@ def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
             raise SourceError(f"{path}:{number}: {describe(e)}") from None
 
 
+def check_file_source(src: FileSource, domain: str, needs_reference: bool) -> None:
+    """A local file's first row must map to an item. Read when the recipe is validated, so a file that is not
+    JSONL or Parquet, a binary file or an empty one is one line before anything of the run is written."""
+    try:
+        first = next(_file_items(src, domain, source_label(domain, src), needs_reference), None)
+    except SourceError:
+        raise
+    except (OSError, ValueError) as e:  # undecodable bytes, not gzip, not Parquet
+        raise SourceError(f"{src.path}: cannot read it as {_file_format(src)}: {e}") from None
+    if first is None:
+        raise SourceError(f"{src.path}: holds no rows")
+
+
 def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool) -> Iterator[Item]:
     """A user's JSONL or Parquet file, local or remote, read in a stream and mapped to items by field name."""
     for index, row in enumerate(_file_records(src)):
@@ -96,8 +111,7 @@ def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool)
 
 def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
     options = storage_options(StorageConfig(root=src.path)) if src.path.startswith("s3://") else {}
-    fmt = src.format or ("parquet" if src.path.endswith(".parquet") else "jsonl")
-    if fmt == "parquet":
+    if _file_format(src) == "parquet":
         import pyarrow.parquet as pq
 
         with fsspec.open(src.path, "rb", **options) as f:
@@ -111,3 +125,7 @@ def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
             if isinstance(row, Exception):
                 raise SourceError(f"{src.path}:{number}: {row}")
             yield row
+
+
+def _file_format(src: FileSource) -> str:
+    return src.format or ("parquet" if src.path.endswith(".parquet") else "jsonl")

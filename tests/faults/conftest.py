@@ -4,17 +4,23 @@ to run the `cascade` CLI and check a store."""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from cascade.artifacts.checkpoint import MANIFEST, verify
 from cascade.artifacts.store import Store
-from tests.artifacts.servers import FAKE_KEYS, ROOT, make_bucket, mlflow_server, moto_server
+from tests.artifacts.servers import FAKE_KEYS, ROOT, free_port, make_bucket, mlflow_server, moto_server
 
 KILL_RECIPE = Path(__file__).with_name("kill.yaml")
 # Subprocesses share 2 cores: one torch thread each keeps them from oversubscribing (and results bitwise stable).
@@ -67,6 +73,90 @@ def cli_env(home: Path, endpoint: str, prefect_api: str | None, **extra: str) ->
 def cascade(args: list[str], env: dict[str, str], module: str = "cascade.flows.cli") -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def run_cli(args: list[str], home: Path, **env: str) -> tuple[subprocess.CompletedProcess, float]:
+    """`cascade ARGS` to completion (at most 120 s) with only fake AWS keys of this environment's AWS_ and CASCADE_
+    settings; (result, seconds)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CASCADE_"))}
+    full.update(FAKE_KEYS, CASCADE_HOME=str(home), **env)
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True,
+                            env=full, cwd=ROOT, timeout=120)
+    return result, time.monotonic() - started
+
+
+Misbehaviour = Callable[[socket.socket, threading.Event], None]
+HTTP_OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+def read_request(conn: socket.socket) -> bool:
+    """Read one request's head (the store's requests here have no body); False when the client closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return False
+        data += chunk
+    return True
+
+
+def stall(conn: socket.socket, stop: threading.Event) -> None:
+    stop.wait()
+
+
+def not_http(conn: socket.socket, stop: threading.Event) -> None:
+    conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\x00\x01 not HTTP\r\n\r\n")
+    stop.wait()
+
+
+def trickle(conn: socket.socket, stop: threading.Event) -> None:
+    """A reply a byte every 0.2 s, without end: no socket read ever waits long enough to time out."""
+    for byte in itertools.chain(b"HTTP/1.1 200 OK\r\nx-amz-pad: ", itertools.repeat(ord("a"))):
+        if stop.wait(0.2):
+            return
+        conn.sendall(bytes([byte]))
+
+
+@contextlib.contextmanager
+def endpoint(after_first: Misbehaviour | None = None):
+    """http://127.0.0.1:PORT of a listener on a thread. Without after_first it accepts connections and never sends
+    a byte; with it, it answers the first request (a store's probe) with 200 and hands the connection of every
+    later request to after_first(conn, stop). Closed, and every connection with it, on exit."""
+    server = socket.create_server(("127.0.0.1", 0))
+    stop, held, requests = threading.Event(), [], itertools.count()
+
+    def serve(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # the client or the test closed it
+            while after_first is not None and read_request(conn):
+                if next(requests):
+                    return after_first(conn, stop)
+                conn.sendall(HTTP_OK)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed: done
+            while True:
+                held.append(server.accept()[0])
+                threading.Thread(target=serve, args=(held[-1],), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        stop.set()
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def silent_endpoint():
+    """A listener that accepts connections and never sends a byte."""
+    return endpoint()
+
+
+@contextlib.contextmanager
+def refusing_endpoint():
+    yield f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def manifests(store: Store, prefix: str) -> list[str]:

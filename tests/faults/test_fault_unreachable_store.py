@@ -1,59 +1,21 @@
 """An S3 endpoint that cannot be reached fails the CLI fast: within 30 s, one line naming the endpoint, exit code
 2, nothing written. Before, a listener that accepts and never answers held `cascade run` for about 20 minutes
 (every request waited out its read timeout, under three layers of retries), and a refused port took 16 s and
-printed a 400-line traceback.
+printed a 400-line traceback. An endpoint that answers the first request and then stalls, answers bytes that are
+not HTTP, or trickles its reply a byte at a time fails within 60 s, in one line, exit code 2.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.artifacts.servers import FAKE_KEYS, ROOT, free_port
+from tests.artifacts.servers import FAKE_KEYS
+from tests.faults.conftest import endpoint, not_http, refusing_endpoint, run_cli, silent_endpoint, stall, trickle
 
 BUDGET_S = 30
-
-
-@contextlib.contextmanager
-def silent_endpoint():
-    """http://127.0.0.1:PORT of a listener that accepts connections and never sends a byte."""
-    server = socket.create_server(("127.0.0.1", 0))
-    held: list[socket.socket] = []
-
-    def accept() -> None:
-        with contextlib.suppress(OSError):  # the listener closed: done
-            while True:
-                held.append(server.accept()[0])
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    finally:
-        server.close()
-        for conn in held:
-            conn.close()
-
-
-@contextlib.contextmanager
-def refusing_endpoint():
-    yield f"http://127.0.0.1:{free_port()}"  # nothing listens there
-
-
-def run_cli(args: list[str], home: Path, **env: str) -> tuple[subprocess.CompletedProcess, float]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CASCADE_"))}
-    full.update(FAKE_KEYS, CASCADE_HOME=str(home), **env)
-    started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True, env=full,
-                            cwd=ROOT, timeout=120)
-    return result, time.monotonic() - started
+MISBEHAVING_BUDGET_S = 60  # the probe answered, so an operation's deadline (20 s) runs, after CLI start-up
 
 
 @pytest.mark.parametrize("endpoint", [silent_endpoint, refusing_endpoint], ids=["never-answers", "refused"])
@@ -75,6 +37,20 @@ def test_unreachable_s3_endpoint_fails_fast_with_one_line(tmp_path, endpoint, co
     print(f"{command} against a {endpoint.__name__}: {elapsed:.1f} s: {lines[0]}")
 
 
+@pytest.mark.parametrize("misbehaviour", [stall, not_http, trickle])
+def test_an_endpoint_that_answers_the_probe_then_misbehaves_fails_in_one_line(tmp_path, misbehaviour):
+    """Before: a stall took 101 s and printed a 322-line traceback, bytes that are not HTTP a 375-line one, and a
+    reply trickled a byte at a time (every socket read gets its byte, so no read timeout fires) never ended."""
+    home = tmp_path / "home"
+    with endpoint(misbehaviour) as url:
+        result, elapsed = run_cli(["status", "--store", "s3://b/x"], home, AWS_ENDPOINT_URL=url)
+    lines = result.stderr.strip().splitlines()
+    assert elapsed < MISBEHAVING_BUDGET_S, f"{elapsed:.0f} s: {result.stderr[-2000:]}"
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(f"cascade: error: S3 endpoint {url}: ") and "Traceback" not in result.stdout
+    print(f"{misbehaviour.__name__}: {elapsed:.1f} s: {lines[0]}")
+
+
 def test_a_write_to_an_endpoint_gone_silent_mid_run_gives_up(monkeypatch):
     """Later in a run (the endpoint answered once), a PUT to a server that stopped answering ends within its
     deadline and the retry budget. Before, aiohttp awaited the answer to `Expect: 100-continue` forever."""
@@ -90,8 +66,9 @@ def test_a_write_to_an_endpoint_gone_silent_mid_run_gives_up(monkeypatch):
         store.retry = st.RetryPolicy(attempts=5, base=0.1, budget=3)
         monkeypatch.setattr(st, "_REACHED", {(url, "b")})  # as if it had answered at the start of the run
         started = time.monotonic()
-        with pytest.raises(TimeoutError) as info:
+        with pytest.raises(st.StoreFailed) as info:
             store.write_bytes("runs/r/LEASE.json", b"{}")
         elapsed = time.monotonic() - started
     assert elapsed < st.body_deadline(2) + 3 + 1, elapsed
-    assert "write s3://b/x/runs/r/LEASE.json failed after" in info.value.__notes__[0]
+    assert "write s3://b/x/runs/r/LEASE.json failed after" in str(info.value)
+    assert isinstance(info.value.__cause__, TimeoutError)  # the deadline's, kept as the cause

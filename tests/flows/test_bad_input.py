@@ -45,6 +45,16 @@ def assert_one_line(code: int, out: str, err: str, message: str) -> None:
     ("storage.root=bogus://x", "unsupported store bogus://"),
     ("storage.root=ftp://host/x", "unsupported store ftp://"),
     ("storage.root=memory://x", "unsupported store memory://"),
+    ("storage.root=file://", "storage.root: store 'file://' names no directory"),
+    ("seed=&a [*a]", "an alias refers to a node that contains it"),
+    # in range, but nonsense together, or more than memory holds
+    ("stages.sft.micro_batch_size=16", "stages.1.sft: Value error, micro_batch_size 16 is larger than batch_size 8"),
+    ("stages.sft.warmup_steps=7", "stages.1.sft: Value error, warmup_steps 7 is more than steps 6"),
+    ("model.num_heads=3", "model: hidden_size 64 must be num_heads (3) times an even head size"),
+    ("model.hidden_size=66", "model: hidden_size 66 must be num_heads (2) times an even head size"),
+    ("stages.sft.batch_size=100000000", "stages.1.sft.batch_size: Input should be less than or equal to 65536"),
+    ("engine.batch_size=100000000", "engine.batch_size: Input should be less than or equal to 65536"),
+    ("stages.if_rl.group_size=65536", "stages.3.grpo: Value error, prompts_per_step * group_size is 262144 rollouts"),
 ])
 def test_bad_numbers_and_overrides_write_nothing(cascade_home, override, message):
     assert_one_line(*cascade("run", "micro", override), message)
@@ -69,10 +79,55 @@ def test_recipe_files_that_are_not_recipes(cascade_home, tmp_path, make, message
     assert files_under(cascade_home) == []
 
 
-@pytest.mark.parametrize("run_id", ["nl\n", "a/../b", "UPPER"])
+@pytest.mark.parametrize("run_id", ["nl\n", "a/../b", "UPPER", ""])
 def test_run_ids_are_matched_whole(cascade_home, run_id):
     assert_one_line(*cascade("run", "micro", "--run-id", run_id), "bad run id")
     assert files_under(cascade_home) == []
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """Each level a list of ten aliases of the one before: 520 bytes that expand to 10**levels strings."""
+    lines = ["l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\nseed: *l8\n"
+
+
+@pytest.mark.timeout(60)  # the alias bomb hung the CLI
+@pytest.mark.parametrize("text, message", [
+    (billion_laughs(), "aliases expand to more than 100000 values"),
+    ("seed: &a [*a]\n", "an alias refers to a node that contains it (a recursive structure)"),
+    ("domains: {math: {}}\nloop: &l [*l]\n", "an alias refers to a node that contains it (a recursive structure)"),
+    ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64 levels"),
+    ("".join(f"c{i}: &c{i} [*c{i - 1}]\n" if i else "c0: &c0 [1]\n" for i in range(200)), "nested deeper than 64"),
+])
+def test_hostile_yaml_is_one_line(cascade_home, tmp_path, text, message):
+    path = tmp_path / "hostile.yaml"
+    path.write_text(text)
+    assert_one_line(*cascade("run", str(path)), message)
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"question,answer\n1+1,2\n", "data.jsonl:1: not valid JSON"),
+    (bytes(range(256)) * 8, "data.jsonl: cannot read it as jsonl: 'utf-8' codec can't decode byte"),
+    (b"", "data.jsonl: holds no rows"),
+    (b"\n\n", "data.jsonl: holds no rows"),
+])
+def test_a_data_file_without_rows_is_refused_before_anything_is_written(cascade_home, tmp_path, content, message):
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(content)
+    source = f"stages.sft_data.sources={{math: [{{kind: file, path: {data}}}]}}"
+    assert_one_line(*cascade("run", "micro", source), f"stage 'sft_data': sources.math.0: {tmp_path}/{message}")
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize("store, message", [
+    ("file://", "--store: store 'file://' names no directory"),
+    ("s3://", "--store: store 's3://' names no bucket"),
+    ("/dev/null", "--store: store '/dev/null' is not a directory"),
+])
+def test_a_store_that_names_no_place_is_one_line(cascade_home, store, message):
+    assert_one_line(*cascade("status", "--store", store), message)
 
 
 def test_a_corrupt_safetensors_file_is_one_line(tmp_path):

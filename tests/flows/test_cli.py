@@ -164,3 +164,50 @@ def test_a_matrix_wider_than_the_terminal_is_split_into_column_groups_never_cut(
     assert column_groups([10, 10, 10], 25) == [[0, 1], [2]]
     assert column_groups([30, 5, 5], 20) == [[0], [1, 2]]  # a column wider than the room still gets a table
     assert column_groups([5, 5], 80) == [[0, 1]]
+
+
+def test_a_command_leaves_nothing_in_the_temp_directory(tmp_path, monkeypatch):
+    """torch makes its compile cache directory on import: under the cascade home, not `torchinductor_<user>`."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # set in this process by importing cascade
+    result = cascade("run", "/no/such/recipe.yaml", home=tmp_path / "home")  # far enough to import torch
+    assert result.returncode == 2, result.stderr
+    assert list(temp.iterdir()) == []
+
+
+HOLD_A_SCRATCH_DIR = """
+import time
+from cascade.stages.context import stage_workdir
+with stage_workdir() as workdir:
+    (workdir / "model.safetensors").write_bytes(b"w" * 4096)
+    print(workdir, flush=True)
+    time.sleep(120)
+"""
+
+
+def test_gc_local_removes_only_the_scratch_directories_no_live_process_owns(tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD_A_SCRATCH_DIR], stdout=subprocess.PIPE, text=True,
+                                cwd=ROOT) for _ in range(2)]
+    killed, live = (Path(h.stdout.readline().strip()) for h in holders)
+    try:
+        holders[0].kill()  # kill -9: its stage_workdir is never removed
+        holders[0].wait()
+        foreign = temp / "cascade-made-elsewhere"  # no owner file: nothing says whether it is in use
+        foreign.mkdir()
+        listed = cascade("gc", "--local", home=tmp_path / "home")
+        assert listed.returncode == 0, listed.stderr
+        assert f"would delete  {killed}  (4.0 KB; process {holders[0].pid} is gone)" in listed.stdout
+        assert str(live) not in listed.stdout and f"kept  {foreign}" in listed.stdout
+        assert "1 in use" in listed.stdout and killed.exists()
+        deleted = cascade("gc", "--local", "--yes", home=tmp_path / "home")
+        assert deleted.returncode == 0 and f"deleted  {killed}" in deleted.stdout, deleted.stdout
+        assert sorted(temp.iterdir()) == sorted([live, foreign])
+        assert (live / "model.safetensors").exists()
+    finally:
+        holders[1].kill()
+        holders[1].wait()

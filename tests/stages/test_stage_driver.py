@@ -44,6 +44,7 @@ def test_a_stage_whose_inputs_are_not_committed_is_refused_before_anything_is_wr
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     for args, message in [(driver_args(tmp_path, "--stage", "nope"), "no stage named 'nope' in recipe 'micro'"),
                           (["no-such-recipe"], "unknown recipe 'no-such-recipe'"),
+                          (driver_args(tmp_path, "--run-id", ""), "bad --run-id ''"),
                           (driver_args(tmp_path, "stages.sft.steps=-1"), "stages.1.sft.steps: Input should be greater than or equal to 1")]:
         result = subprocess.run([sys.executable, "-m", "cascade.stages.run", *args], capture_output=True, text=True,
                                 cwd=tmp_path)
