@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from cascade.artifacts.layout import MANIFEST, step_key, steps_dir
+from cascade.artifacts.layout import MANIFEST, STAGE_DIR, run_dir, step_key, steps_dir
 from cascade.artifacts.store import Store, sha256_file
 
 UPLOAD_THREADS = 8
@@ -177,12 +177,8 @@ def adoptable(store: Store, key: str) -> tuple[CheckpointRef | None, list[str]]:
     """Whether the checkpoint at key may be adopted instead of rebuilt: (ref, []) when it is committed and every
     file verifies (list, sizes, sha256); (None, problems) when something is there that does not verify (a torn,
     deleted or rewritten manifest, a flipped byte); (None, []) when nothing of a final checkpoint is there."""
-    problems = verify(store, key)
-    if not problems:
-        return committed(store, key), []
-    if not store.exists(f"{key}/{MANIFEST}") and not any(not p.startswith("steps/") for p in store.sizes(key)):
-        return None, []  # never committed, at most step checkpoints: a stage to run (or resume), not to rebuild
-    return None, problems
+    problems = damaged(store, key)
+    return (None, problems) if problems else (committed(store, key), [])
 
 
 def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]:
@@ -197,8 +193,9 @@ def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]
     return doomed
 
 
-def verify(store: Store, key: str) -> list[str]:
-    """Problems with the checkpoint at key, hashing what the store holds (no download to disk); [] = valid."""
+def verify(store: Store, key: str, hashes: bool = True) -> list[str]:
+    """Problems with the checkpoint at key, hashing what the store holds (no download to disk); [] = valid.
+    hashes=False checks the manifest and every file's size only: one listing, for `cascade status`."""
     try:
         manifest = read_manifest(store, key)
     except CheckpointError as e:
@@ -210,9 +207,32 @@ def verify(store: Store, key: str) -> list[str]:
     for f in manifest["files"]:
         if sizes.get(f["path"]) != f["size"]:
             problems.append(f"{f['path']}: size {sizes.get(f['path'])} != {f['size']}")
-        elif store.sha256(f"{key}/{f['path']}") != f["sha256"]:
+        elif hashes and store.sha256(f"{key}/{f['path']}") != f["sha256"]:
             problems.append(f"{f['path']}: sha256 does not match {MANIFEST}")
     return problems
+
+
+def damaged(store: Store, key: str, hashes: bool = True) -> list[str]:
+    """What is wrong with a stage's checkpoint at key: [] when it verifies or was never committed (nothing but
+    step checkpoints there: a stage to run or resume, not a damaged one)."""
+    if not store.exists(f"{key}/{MANIFEST}") and not any(not p.startswith("steps/") for p in store.sizes(key)):
+        return []
+    return verify(store, key, hashes)
+
+
+def verify_run(store: Store, run_id: str) -> dict[str, list[str]]:
+    """Every checkpoint of a run, every file hashed against its manifest: checkpoint key -> its problems, for
+    each stage directory and each of its committed step checkpoints that does not verify."""
+    found: dict[str, list[str]] = {}
+    for stage in store.list_dirs(run_dir(run_id)):
+        key = f"{run_dir(run_id)}/{stage}"
+        if not STAGE_DIR.fullmatch(stage):
+            continue  # metrics/, prefect-results/: no checkpoint
+        keys = [key] + [step_key(key, int(n)) for n in store.list_dirs(steps_dir(key)) if n.isdigit()]
+        for checkpoint in keys:
+            if problems := damaged(store, checkpoint):
+                found[checkpoint] = problems
+    return found
 
 
 def materialize(store: Store, ref: CheckpointRef, dest: Path) -> Path:

@@ -72,6 +72,9 @@ def stage_key(run_id: str, index: int, name: str) -> str:
     return f"{run_dir(run_id)}/{index:02d}-{name}"
 
 
+STAGE_DIR = re.compile(r"\d{2,}-[^/]+")  # the last segment of a stage_key
+
+
 def steps_dir(stage: str) -> str:
     return f"{stage}/steps"
 

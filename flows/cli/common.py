@@ -32,6 +32,7 @@ def fail(message: str, code: int = 2) -> None:
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
+    from cascade.artifacts.checkpoint import CheckpointError
     from cascade.artifacts.config import SettingError
     from cascade.artifacts.lease import LeaseHeld
     from cascade.artifacts.records import EvalRecordError
@@ -41,7 +42,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from cascade.stages.regression import BaselineError
 
     return (CLIError, RecipeError, LeaseHeld, StoreError, SettingError, ModelSourceError, BaselineError,
-            EvalRecordError, LookupError)
+            EvalRecordError, CheckpointError, LookupError)
 
 
 def stage_failures() -> tuple[type[BaseException], ...]:

@@ -1,4 +1,4 @@
-"""`cascade run | resume | status | report | gc`: start, continue, inspect and clean up runs."""
+"""`cascade run | resume | status | verify | report | gc`: start, continue, inspect, check and clean up runs."""
 
 from __future__ import annotations
 
@@ -228,11 +228,44 @@ def status(
         return
     table = Table("stage", "kind", "status", "seconds", "checkpoint", title=f"run {run_id}")
     done = {s["name"]: s for s in report.stages}
-    for cfg in recipe.stages:
+    for index, cfg in enumerate(recipe.stages):
         s = done.get(cfg.name, {})
-        table.add_row(cfg.name, cfg.kind, s.get("status", "pending"), str(s.get("seconds", "")), s.get("checkpoint") or "")
+        table.add_row(cfg.name, cfg.kind, stage_status(st, run_id, index, cfg.name, s.get("status", "pending")),
+                      str(s.get("seconds", "")), s.get("checkpoint") or "")
     console.print(table)
     print_matrix(report, st, rl_targets(recipe))
+
+
+def stage_status(store, run_id: str, index: int, name: str, recorded: str) -> str:
+    """The report's status, unless the checkpoint in the store says otherwise: a torn manifest or a file of the
+    wrong size is `damaged` (sizes only, one listing; `cascade verify` hashes every file)."""
+    from cascade.artifacts.checkpoint import damaged
+    from cascade.artifacts.layout import stage_key
+
+    problems = damaged(store, stage_key(run_id, index, name), hashes=False)
+    return f"damaged: {problems[0]}" if problems else recorded
+
+
+@app.command()
+@guarded
+def verify(
+    run_id: str = typer.Argument(..., help="The run whose checkpoints to check."),
+    store: Optional[str] = typer.Option(None, "--store"),
+) -> None:
+    """Hash every file of every checkpoint of a run (stages and their step checkpoints) against its manifest;
+    a line per damaged checkpoint, exit code 1 if any."""
+    from cascade.artifacts.checkpoint import verify_run
+    from cascade.artifacts.layout import run_dir
+
+    st = store_for(store)
+    if not valid_run_id(run_id) or not st.list_dirs(run_dir(run_id)):
+        raise CLIError(f"unknown run id {run_id!r} in {st.uri('runs')}")
+    found = verify_run(st, run_id)
+    for key, problems in found.items():
+        typer.echo(f"damaged {st.uri(key)}: {'; '.join(problems)}", err=True)
+    if found:
+        raise typer.Exit(1)
+    console.print(f"run {run_id}: every checkpoint verifies")
 
 
 @app.command()
