@@ -299,8 +299,6 @@ class Rendered:
 
 def render(runs: list[RunData]) -> Rendered:
     """The page of one run, or of two side by side (a comparison of recipes)."""
-    import jinja2
-
     images: dict[str, bytes] = {}
     views = []
     for run in runs:
@@ -322,14 +320,21 @@ def render(runs: list[RunData]) -> Rendered:
                            "runs": [run.run_id for run in runs if run.steps.get(stage)]})
             if len(runs) == 1:
                 images[f"curves-{stage}.png"] = png
-    env = jinja2.Environment(loader=jinja2.PackageLoader("artifacts", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]))
-    env.filters["num"] = _num
-    html = env.get_template("report.html.j2").render(
+    html = template_env().get_template("report.html.j2").render(
         views=views, curves=curves, sections=SECTIONS, compare=len(runs) > 1,
         title=" vs ".join(r.run_id for r in runs),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
     return Rendered(html, images)
+
+
+def template_env():
+    """The report's jinja2 templates, from this package's templates/ (installed or in a checkout)."""
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env.filters["num"] = _num
+    return env
 
 
 def _num(value: Any, digits: int = 3) -> str:
