@@ -57,14 +57,17 @@ class RunData:
     steps: dict[str, list[dict[str, Any]]]  # stage -> step rows
     store_uri: str
     pass_rates: dict[str, str] = field(default_factory=dict)  # difficulty stage -> PNG data URI
+    targets: dict[str, list[str]] = field(default_factory=dict)  # RL stage -> the domains its gains are on
 
     @property
     def run_id(self) -> str:
         return self.report.run_id
 
 
-def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunData:
-    """Read one run from the store. Raises LookupError when the run has no report."""
+def collect(store: Store, run_id: str, planned: list[str] | None = None,
+            targets: dict[str, list[str]] | None = None) -> RunData:
+    """Read one run from the store; targets: stage -> the domains its gains table shows (stages.kinds.gain_targets).
+    Raises LookupError when the run has no report."""
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
@@ -76,7 +79,7 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None) -> RunD
         if key and store.exists(key):
             pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
     return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
-                   pass_rates)
+                   pass_rates, dict(targets or {}))
 
 
 def item_scores(store: Store, run_id: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -114,6 +117,37 @@ def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[floa
     score's own, and it is the one that says whether a stage moved a domain."""
     diffs = [after[i] - before[i] for i in after if i in before]
     return (sum(diffs) / len(diffs), standard_error(diffs)) if diffs else None
+
+
+@dataclass(frozen=True)
+class Gain:
+    """What an RL stage did to one of its own domains: the held-out means before and after it, and the paired
+    difference over the items both evals scored, with its standard error (None: no item moved)."""
+
+    stage: str
+    domain: str
+    before: float
+    after: float
+    gain: float
+    se: float | None
+
+    @property
+    def in_se(self) -> float | None:
+        return self.gain / self.se if self.se else None
+
+
+def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float]]],
+                targets: dict[str, list[str]]) -> list[Gain]:
+    """Each trained domain of each evaluated stage in `targets` (stage -> its domains), against the eval just
+    before that stage."""
+    gains = []
+    for before, stage in zip(evaluated, evaluated[1:]):
+        for domain in targets.get(stage, []):
+            old, new = items.get(before, {}).get(domain), items.get(stage, {}).get(domain)
+            paired = paired_gain(old, new) if old and new else None
+            if paired is not None:
+                gains.append(Gain(stage, domain, sum(old.values()) / len(old), sum(new.values()) / len(new), *paired))
+    return gains
 
 
 def where_stopped(run: RunData) -> str | None:
@@ -308,7 +342,8 @@ def render(runs: list[RunData]) -> Rendered:
             images["forgetting_matrix.png"] = png
         views.append({"run": run, "report": run.report, "domains": domains, "matrix": matrix,
                       "heatmap": _data_uri(png) if png else None, "stopped": where_stopped(run),
-                      "cost": cost_rows(run), "cards": data_cards(run), "difficulty": difficulty_rows(run)})
+                      "cost": cost_rows(run), "cards": data_cards(run), "difficulty": difficulty_rows(run),
+                      "gains": stage_gains([row["stage"] for row in matrix], run.items, run.targets)})
     stages = []
     for run in runs:  # training stages in run order, the first run's first
         stages += [name for name, rows in run.steps.items() if rows and name not in stages]
@@ -350,8 +385,9 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def write_run_report(store: Store, run_id: str, planned: list[str] | None = None) -> Rendered:
+def write_run_report(store: Store, run_id: str, planned: list[str] | None = None,
+                     targets: dict[str, list[str]] | None = None) -> Rendered:
     """Render one run's page and write it beside report.json (`runs/<run_id>/report.html`)."""
-    rendered = render([collect(store, run_id, planned)])
+    rendered = render([collect(store, run_id, planned, targets)])
     store.write_bytes(layout.html_report_key(run_id), rendered.html.encode())
     return rendered

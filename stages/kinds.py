@@ -61,6 +61,7 @@ class StageKind:
     takes_policy: bool  # starts from the newest policy of the run
     holds_compute: bool  # holds a slot of the compute limit while it runs
     check: StageCheck | None = None
+    gains_on: Callable[[Any], list[str]] | None = None  # the domains its paired gain is measured on (RL: its own)
 
     @property
     def trains(self) -> bool:
@@ -91,6 +92,11 @@ def stage_inputs(stage: StageConfig, policy: CheckpointRef | None,
     """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
     return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
                        stages={read.stage: made[read.stage] for read in stage.reads()})
+
+
+def gain_targets(stages: list[StageConfig]) -> dict[str, list[str]]:
+    """Stage name -> the domains its gain is measured on, for every stage whose kind says (`gains_on`)."""
+    return {cfg.name: kind_of(cfg.kind).gains_on(cfg) for cfg in stages if kind_of(cfg.kind).gains_on}
 
 
 def run_stage(cfg: StageConfig, ctx: Any, inputs: StageInputs) -> Any:
@@ -182,7 +188,7 @@ for _row in (
     StageKind("difficulty", DifficultyConfig, _lazy("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
               takes_policy=False, holds_compute=False),
     StageKind("grpo", GRPOConfig, _lazy("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
-              holds_compute=True, check=_check_grpo),
+              holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains)),
     StageKind("reward_model", RewardModelConfig, _lazy("cascade.stages.reward_model", "run_reward_model"),
               makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model),
     StageKind("mopd", MOPDConfig, _lazy("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,

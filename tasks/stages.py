@@ -43,7 +43,7 @@ from cascade.stages.config import MOPDConfig, StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages, decide
-from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.kinds import StageInputs, gain_targets, kind_of
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.recipe import Recipe, validate_recipe
 from cascade.tasks.progress import stage_progress
@@ -359,7 +359,7 @@ def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | N
     that cannot be drawn is a warning: it must never fail (or hide the failure of) the run."""
     logger = get_run_logger()
     try:
-        rendered = write_run_report(store, run_id, [s.name for s in recipe.stages])
+        rendered = write_run_report(store, run_id, [s.name for s in recipe.stages], gain_targets(recipe.stages))
     except Exception as e:
         logger.warning(f"run report of {run_id} not written ({type(e).__name__}: {e})")
         return

@@ -28,6 +28,7 @@ def execute(recipe, run_id: str) -> None:
     from cascade.artifacts.layout import report_key
     from cascade.artifacts.store import Store
     from cascade.flows.cascade import cascade_flow
+    from cascade.stages.kinds import gain_targets
     from cascade.tasks.progress import set_progress_factory
 
     with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -47,7 +48,7 @@ def execute(recipe, run_id: str) -> None:
             report = cascade_flow(recipe, run_id)
         finally:
             set_progress_factory(None)
-    print_matrix(report, Store.from_config(recipe.storage), rl_targets(recipe))
+    print_matrix(report, Store.from_config(recipe.storage), gain_targets(recipe.stages))
     console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
 
 
@@ -55,7 +56,7 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     """The matrix; with the run's store, each cell also gets its standard error (± over the held-out items), and
     each RL stage in `targets` (stage -> the domains it trains) its gains table. Wider than the terminal (a
     recipe with many domains), the matrix's columns go into several tables, never cut."""
-    from cascade.artifacts.html_report import item_scores, standard_error
+    from cascade.artifacts.html_report import item_scores, stage_gains, standard_error
 
     domains, rows = report.forgetting_matrix()
     items = item_scores(store, report.run_id) if store is not None else {}
@@ -84,34 +85,11 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     if gains:
         table = Table("stage", "domain", "before", "after", "paired gain", "in SE",
                       title="Gains of each RL stage on its own domains")
-        for row in gains:
-            table.add_row(*row)
+        for g in gains:
+            table.add_row(g.stage, g.domain, f"{g.before:.3f}", f"{g.after:.3f}",
+                          f"{g.gain:+.3f} ± {g.se:.3f}" if g.se else f"{g.gain:+.3f}",
+                          f"{g.in_se:+.1f}" if g.in_se is not None else "-")
         console.print(table)
-
-
-def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float]]],
-                targets: dict[str, list[str]]) -> list[list[str]]:
-    """Rows (stage, domain, before, after, gain ± SE, gain / SE) for each trained domain of each evaluated stage
-    in `targets`, against the eval just before it; "-" in SE where the difference has no spread (none moved)."""
-    from cascade.artifacts.html_report import paired_gain
-
-    rows = []
-    for before, stage in zip(evaluated, evaluated[1:]):
-        for domain in targets.get(stage, []):
-            old, new = items.get(before, {}).get(domain), items.get(stage, {}).get(domain)
-            paired = paired_gain(old, new) if old and new else None
-            if paired is None:
-                continue
-            gain, se = paired
-            rows.append([stage, domain, f"{sum(old.values()) / len(old):.3f}", f"{sum(new.values()) / len(new):.3f}",
-                         f"{gain:+.3f} ± {se:.3f}" if se else f"{gain:+.3f}",
-                         f"{gain / se:+.1f}" if se else "-"])
-    return rows
-
-
-def rl_targets(recipe) -> dict[str, list[str]]:
-    """Stage name -> the domains it trains on, for the recipe's GRPO stages."""
-    return {cfg.name: list(cfg.domains) for cfg in recipe.stages if cfg.kind == "grpo"}
 
 
 def column_groups(widths: list[int], room: int) -> list[list[int]]:
@@ -202,6 +180,7 @@ def status(
     """Show runs, or one run's stages, evals and gate decisions."""
     from cascade.artifacts.layout import RUNS, recipe_key
     from cascade.artifacts.report import RunReport
+    from cascade.stages.kinds import gain_targets
 
     st = store_for(store)
     if run_id is None:
@@ -233,7 +212,7 @@ def status(
         table.add_row(cfg.name, cfg.kind, stage_status(st, run_id, index, cfg.name, s.get("status", "pending")),
                       str(s.get("seconds", "")), s.get("checkpoint") or "")
     console.print(table)
-    print_matrix(report, st, rl_targets(recipe))
+    print_matrix(report, st, gain_targets(recipe.stages))
 
 
 def stage_status(store, run_id: str, index: int, name: str, recorded: str) -> str:
@@ -278,6 +257,8 @@ def report(
     store: Optional[str] = typer.Option(None, "--store"),
 ) -> None:
     """Print a run's forgetting matrix and gate decisions; with --html, write the HTML run report."""
+    from cascade.stages.kinds import gain_targets
+
     if len(run_ids) > 2:
         raise CLIError(f"report takes one run id, or two to compare; got {len(run_ids)}")
     target = Path(html) if html else None
@@ -292,13 +273,14 @@ def report(
             raise CLIError(f"run {r!r} has no report yet")
         reports.append(rep)
     for rep, rec in zip(reports, recipes):
-        print_matrix(rep, st, rl_targets(rec))
+        print_matrix(rep, st, gain_targets(rec.stages))
     if html is None:
         return
     from cascade.artifacts.html_report import collect, render
     from cascade.artifacts.layout import html_report_key, run_dir
 
-    rendered = render([collect(st, r, [s.name for s in rec.stages]) for r, rec in zip(run_ids, recipes)])
+    rendered = render([collect(st, r, [s.name for s in rec.stages], gain_targets(rec.stages))
+                       for r, rec in zip(run_ids, recipes)])
     if target is None:
         key = html_report_key(run_ids[0]) if len(run_ids) == 1 else f"{run_dir(run_ids[0])}/compare-{run_ids[1]}.html"
         st.write_bytes(key, rendered.html.encode())

@@ -3,6 +3,7 @@ run (every section, escaping, a stopped run), and a comparison of two runs."""
 
 import json
 import math
+from pathlib import Path
 
 from cascade.artifacts import layout
 from cascade.artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
@@ -174,3 +175,23 @@ def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_p
     with console.capture() as out:
         print_matrix(RunReport.load(store, "r"), store)  # no targets (a recipe without RL stages): no table
     assert "Gains of each RL stage" not in out.get()
+
+
+def test_the_html_report_has_the_gains_table_of_each_rl_stage(tmp_path):
+    """The same hand-computed gain as the printed report's: instruct 0.500 -> 0.750, +0.250 ± 0.250, +1.0 SE."""
+    store = Store(f"file://{tmp_path}/store")
+    synthetic_run(store, "r")
+    html = render([collect(store, "r", ["sft_data", "sft", "if_rl"], {"if_rl": ["instruct"]})]).html
+    table = html[html.index('<table class="gains">'):]
+    table = table[:table.index("</table>")]
+    rows = [r for r in table.split("<tr>")[2:]]
+    assert len(rows) == 1 and "<td>if_rl</td><td>instruct</td><td>0.500</td><td>0.750</td>" in rows[0]
+    assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]
+    assert '<table class="gains">' not in render([collect(store, "r")]).html  # no RL stage named: no table
+
+
+def test_gain_targets_come_from_the_stage_kind_registry():
+    from cascade.stages.kinds import gain_targets
+    from tests.conftest import micro_recipe
+
+    assert gain_targets(micro_recipe(Path("/tmp/unused")).stages) == {"if_rl": ["instruct"], "math_rl": ["math"]}
