@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from cascade.stages.engines.base import SamplingParams
+from cascade.stages.losses import sampling_logits
 from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
     ServerOptions,
@@ -142,10 +143,12 @@ def hf_greedy(model, prompt: list[int], steps: int, eos: int) -> tuple[list[int]
 
 
 @torch.no_grad()
-def hf_score(model, prompt: list[int], completion: list[int]) -> list[float]:
-    """log p(completion[t] | prompt + completion[:t]) by one teacher-forced forward."""
+def hf_score(model, prompt: list[int], completion: list[int], temperature: float = 1.0,
+             top_p: float = 1.0) -> list[float]:
+    """log p(completion[t] | prompt + completion[:t]) by one teacher-forced forward, under the distribution of
+    `temperature` and `top_p` (losses.sampling_logits, as the trainer takes it)."""
     ids = torch.tensor([prompt + completion])
-    logp = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    logp = torch.log_softmax(sampling_logits(model(ids).logits[0].float(), temperature, top_p), dim=-1)
     rows = torch.arange(len(prompt) - 1, len(prompt) + len(completion) - 1)
     return logp[rows, torch.tensor(completion)].tolist()
 
@@ -182,7 +185,7 @@ def test_greedy_matches_hf_reference(engine, tiny, prompts):
         assert first.text == tokenizer.decode(first.token_ids, skip_special_tokens=True)
 
 
-def test_sampled_logprobs_are_raw_pi_inf_and_seeded(engine, tiny, prompts):
+def test_sampled_logprobs_are_of_the_sampling_distribution_and_seeded(engine, tiny, prompts):
     model = tiny[1]
     sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=123)
     out = engine.generate(prompts, n=3, sampling=sampling)
@@ -190,8 +193,9 @@ def test_sampled_logprobs_are_raw_pi_inf_and_seeded(engine, tiny, prompts):
     for prompt, row in zip(prompts, out, strict=True):
         for c in row:
             assert len(c.token_ids) == len(c.logprobs) > 0
-            # pi_inf is the temperature-1 log-softmax before top-p, whatever the sampling settings were.
-            assert c.logprobs == pytest.approx(hf_score(model, prompt, c.token_ids), abs=LOGPROB_ATOL)
+            # pi_inf is of the distribution the token was drawn from (T = 0.7 over the top-p nucleus), as the
+            # trainer's logprobs are: the server's processed logprobs
+            assert c.logprobs == pytest.approx(hf_score(model, prompt, c.token_ids, 0.7, 0.9), abs=LOGPROB_ATOL)
     again = engine.generate(prompts, n=3, sampling=sampling)
     assert [[c.token_ids for c in row] for row in again] == [[c.token_ids for c in row] for row in out]
     # A seed shared by every prompt of a batch would draw the same noise for each; derived seeds must not.
