@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from cascade.artifacts import layout
-from cascade.artifacts.layout import valid_run_id
 from cascade.artifacts.checkpoint import CheckpointRef, adoptable
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.lease import hold_run
@@ -124,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             raise RecipeError(f"no stage named {unknown[0]!r} in recipe {recipe.name!r} "
                               f"(stages: {', '.join(s.name for s in recipe.stages)})")
-        if not valid_run_id(args.run_id):
+        if not layout.valid_run_id(args.run_id):
             raise RecipeError(f"bad --run-id {args.run_id!r}: lowercase letters, digits, '.', '_' and '-', "
                               "starting with a letter or digit")
         if args.log_every < 1:
