@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from cascade.artifacts.home import cascade_home
 from cascade.artifacts.urls import credential_error
 
 
@@ -40,10 +41,6 @@ def url_from_env(name: str) -> str | None:
     if value and (message := credential_error(value, name)):
         raise SettingError(message)
     return value
-
-
-def cascade_home() -> Path:
-    return Path(os.environ.get("CASCADE_HOME", "~/.cascade")).expanduser()
 
 
 STORE_SCHEMES = ("file://", "s3://")

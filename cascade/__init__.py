@@ -17,6 +17,6 @@ if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / "stages" / "__init_
 # `torchinductor_<user>` in the temp directory: every command left one there. It belongs with our other state.
 import os as _os
 
-from cascade.artifacts.config import cascade_home as _cascade_home
+from cascade.artifacts.home import cascade_home as _cascade_home
 
 _os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_cascade_home() / "torchinductor"))
