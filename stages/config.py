@@ -393,6 +393,14 @@ class SFTConfig(TrainingConfig, MicroBatched):
     # A batch in which no two rows fit together is left exactly as padding lays it out (docs/LOG.md).
     packing: bool = True
     pack_length: Count | None = None  # tokens per packed row; None: the step's longest row (never less than it)
+    # How the forward runs, not what it computes (so neither is hashed). flex_attention: torch's block-sparse
+    # attention, which skips the blocks a packed row's mask shuts (rows of ~50 tokens in 2,048: most of them);
+    # sdpa builds a dense mask and attends over all of it. compile_layers: torch.compile each decoder layer (fused
+    # norms, rotary and activations; a compile of about a minute at the first steps). One process only for now.
+    # Figures per device: bench/RESULTS.md.
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    compile_layers: bool = False
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"attention", "compile_layers"}
 
     def reads(self) -> list[Read]:
         return [Read("data", self.data, "dataset")]

@@ -133,10 +133,7 @@ def prepare_model(model: torch.nn.Module, world: World) -> torch.nn.Module:
         return model
     from torch.distributed.fsdp import fully_shard
 
-    layer_classes = set(getattr(model, "_no_split_modules", None) or ())  # HF names its decoder layer class
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
-    if not layers:
-        raise ValueError(f"{type(model).__name__}: no decoder layers to shard (its _no_split_modules is empty)")
+    layers = decoder_layers(model)
     for layer in layers:
         fully_shard(layer)
     fully_shard(model)
@@ -144,6 +141,15 @@ def prepare_model(model: torch.nn.Module, world: World) -> torch.nn.Module:
         sharded.set_gradient_divide_factor(1.0)  # sum, not mean: losses are normalized by the global count
         sharded.set_force_sum_reduction_for_comms(True)  # a plain SUM collective (gloo has no PREMUL_SUM)
     return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers: the modules of the class HF names in _no_split_modules."""
+    layer_classes = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    if not layers:
+        raise ValueError(f"{type(model).__name__}: no decoder layers (its _no_split_modules is empty)")
+    return layers
 
 
 def rank_micro_batches(world: World, n: int, size: int) -> list[slice]:

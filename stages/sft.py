@@ -28,6 +28,7 @@ from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.config import SFTConfig
 from cascade.stages.kinds import StageInputs
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
+from cascade.stages.distributed import World, decoder_layers
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
@@ -37,6 +38,9 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     """Trains inputs.policy on the dataset of the sft_data stage cfg.data names."""
     started = time.time()
     run = TrainRun(ctx, cfg, inputs.policy)
+    if cfg.attention == "flex_attention" and run.world.device.type != "cuda":
+        raise ValueError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
+                         "backward for it); use sdpa")
     examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
     if not examples:  # e.g. every row dropped by the filters: its data card says why
         raise ValueError(f"stage {cfg.name!r}: the dataset of stage {cfg.data!r} has no rows to train on")
@@ -44,8 +48,11 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     world, device = run.world, run.world.device
     if cfg.batch_size < world.size:
         raise ValueError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
+    run.model.set_attn_implementation(cfg.attention)
     if cfg.packing:
         check_packing_isolates_rows(run.model, device)
+    if cfg.compile_layers:
+        compile_layers(run.model, world, cfg.name)
     tokens_seen = 0
     loss = 0.0
     while run.step < cfg.steps:
@@ -102,6 +109,15 @@ def packing_leak(alone: torch.Tensor, packed: torch.Tensor) -> float:
     """max|alone - packed| / max|alone|: the probe row's logits [1, T, V] alone and packed."""
     scale = alone.abs().max().clamp_min(torch.finfo(alone.dtype).tiny)
     return float((alone - packed).abs().max() / scale)
+
+
+def compile_layers(model: torch.nn.Module, world: World, stage: str) -> None:
+    """torch.compile each decoder layer in place (its parameters keep their names); after the packing probe, whose
+    6-token shape would be a compile of its own."""
+    if world.distributed:
+        raise ValueError(f"stage {stage!r}: compile_layers runs in one process only (one rank, compute.launcher: auto)")
+    for layer in decoder_layers(model):
+        layer.compile()
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:

@@ -5,6 +5,8 @@
 #   bash bench/gpu/check.sh --prepare     # here, on the CPU: the wheels to carry (.whl) and the SFT data (.gpu-store)
 #   bash bench/gpu/check.sh --dry-run     # here: every CPU-side part, small, on the CPU (tests/test_gpu_check.py)
 #                                         # SHAPES="smollm2-135m" limits the model shapes (default: both)
+#   bash bench/gpu/check.sh --mfu [--out DIR]  # there: only the ~0.5B shape's SFT, once per way of running its
+#                                         # forward (attention sdpa | flex_attention, compile_layers, micro-batch)
 #   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
 #
 # It runs tests/gpu, bench/bench_gpu.py (plain torch: the ceiling), then through the driver: tiny's SFT and math
@@ -21,6 +23,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) MODE=prepare ;;
     --dry-run) MODE=dry ;;
+    --mfu) MODE=mfu ;;
     --out) OUT="$2"; shift ;;
     *) echo "check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -43,7 +46,7 @@ fi
 
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the checkout itself: cascade/ finds its folders
-if [ "$MODE" = gpu ]; then
+if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
@@ -81,7 +84,24 @@ mkdir -p "$WORK/store/runs" && cp -r "$STORE/runs/prep" "$WORK/store/runs/"
 STORE="$WORK/store"
 export -f drive
 export PY RECIPE STORE WORK
-part gpu-tests 90 "$PY" -m pytest -q -p no:cacheprovider tests/gpu
+
+if [ "$MODE" = mfu ]; then  # the SFT MFU goal: which way of running the same step is fastest
+  part model-qwen2-0.5b 120 "$PY" bench/gpu/stage_check.py model qwen2-0.5b /tmp/cascade-gpu-models/qwen2-0.5b
+  base=("compute.device=cuda" "model.source=/tmp/cascade-gpu-models/qwen2-0.5b" "stages.sft.steps=8"
+        "stages.sft.batch_size=1024" "stages.sft.pack_length=2048" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1")
+  for variant in "sdpa 8 false" "flex_attention 8 false" "flex_attention 8 true" "flex_attention 16 true"; do
+    read -r attention micro compiled <<<"$variant"
+    name="mfu-$attention-mb$micro-$([ "$compiled" = true ] && echo compiled || echo eager)"
+    part "$name" 120 drive "$name" "${base[@]}" "stages.sft.attention=$attention" \
+      "stages.sft.micro_batch_size=$micro" "stages.sft.compile_layers=$compiled" --stage sft
+    find "$STORE/runs/$name" -name "*.safetensors" -delete
+  done
+  part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"
+  cp "$WORK"/check.json "$WORK"/check.md "$OUT"/ 2>/dev/null
+  cat "$OUT/check.md" 2>/dev/null
+  exit 0
+fi
+part gpu-tests 150 "$PY" -m pytest -q -p no:cacheprovider tests/gpu
 # tiny on the check's device (main) and on the CPU in fp32 (ref): the report compares their SFT loss curves
 part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
 part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" "stages.sft.steps=$TINY_SFT" \

@@ -10,7 +10,9 @@ share of the FLOPs); the tokenizer's 1,024 ids are a subset of it, and ids it la
 Report, per driver run (`<name>.json`, written by `python -m cascade.stages.run ... --metrics-json`):
 - SFT: trained tokens per second (the rows' own tokens, padding excluded) over the steps after the first (the first
   pays for kernel selection and the allocator), and MFU = tokens/s x FLOPs per token / the GPU's bf16 peak, FLOPs per
-  token = 6 x matmul parameters + 12 x layers x hidden x sequence (the PaLM count, as bench_gpu.py counts).
+  token = 6 x matmul parameters + 12 x layers x hidden x sequence (the PaLM count, as bench_gpu.py counts), with the
+  packed row's length as the sequence; mfu_6n counts the matmuls alone (6 x matmul parameters): packed rows of ~50
+  tokens need little of the attention the PaLM count credits, and a block-sparse attention skips most of it.
 - GRPO: sampled tokens/s over the rollout seconds, and the update's tokens/s and MFU over its seconds. The update's
   FLOPs count the completion tokens only (each prompt is forwarded once per group), so its MFU is a lower bound.
 - Loss curves: `<name>-main.json` (the check's device) against `<name>-ref.json` (the CPU, fp32), the largest
@@ -72,8 +74,9 @@ def sft_row(name: str, stage: dict[str, Any], shape: dict[str, Any] | None, peak
     steps = stage.get("steps", [])
     tokens_per_s = steady(steps, "tokens_trained") / steady(steps, "step_seconds")
     mfu = tokens_per_s * flops_per_token(shape, seq_len) / (peak * 1e12) if shape and peak else None
+    mfu_6n = tokens_per_s * flops_per_token(shape, 0) / (peak * 1e12) if shape and peak else None
     return {"run": name, "stage": "sft", "steps": len(steps), "step_s": steady(steps, "step_seconds"),
-            "tokens_per_s": tokens_per_s, "mfu": mfu, "final_loss": stage["metrics"].get("final_loss")}
+            "tokens_per_s": tokens_per_s, "mfu": mfu, "mfu_6n": mfu_6n, "final_loss": stage["metrics"].get("final_loss")}
 
 
 def grpo_row(name: str, stage_name: str, stage: dict[str, Any], shape: dict[str, Any] | None,
@@ -122,7 +125,7 @@ def markdown(result: dict[str, Any]) -> str:
     def cell(value: Any) -> str:
         return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
-    keys = ["run", "stage", "steps", "step_s", "tokens_per_s", "mfu", "sampled_tokens_per_s", "update_tokens_per_s",
+    keys = ["run", "stage", "steps", "step_s", "tokens_per_s", "mfu", "mfu_6n", "sampled_tokens_per_s", "update_tokens_per_s",
             "update_mfu", "final_loss", "logprob_mismatch"]
     lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
     lines += ["| " + " | ".join(cell(row.get(k)) for k in keys) + " |" for row in result["rows"]]

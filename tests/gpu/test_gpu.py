@@ -85,3 +85,37 @@ def test_sft_and_grpo_steps_on_cuda_report_throughput(arch):
     assert sft["tokens_per_s"] > 0 and (sft["mfu"] is None or 0 < sft["mfu"] < 1), sft
     grpo = bench.bench_grpo(arch, steps=2, prompts=4, group=4, prompt_len=32, new_tokens=32)
     assert grpo["sampled_tokens_per_s"] > 0 and grpo["update_tokens_per_s"] > 0, grpo
+
+
+@needs_cuda
+def test_flex_attention_gives_the_padded_loss_and_gradients_on_cuda():
+    """Our SFT's packed rows under flex_attention (block-sparse, SFTConfig.attention) on cuda, fp32: the loss and
+    gradients of the same rows padded under sdpa. (flex has no CPU backward: this runs only here.)"""
+    from cascade.stages.config import ModelConfig
+    from cascade.stages.losses import sft_loss, token_logprobs
+    from cascade.stages.model import build_tiny_model
+    from cascade.stages.sft import model_rows
+    from cascade.stages.training import backward_micro_batches
+
+    rng = torch.Generator().manual_seed(0)
+    lengths = [40, 9, 6, 12, 33, 5, 7, 14, 4, 11]
+    rows = [(torch.randint(3, 1000, (n,), generator=rng).tolist(), n // 2) for n in lengths]
+    small = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
+
+    def loss_and_grads(attention: str, packing: bool):
+        model = build_tiny_model(small, 1024, seed=0).cuda()
+        model.set_attn_implementation(attention)
+        ids, mask, positions = (t.cuda() for t in model_rows(rows, pad=0, packing=packing, pack_length=64))
+        num_tokens = int(mask[:, 1:].sum())
+
+        def loss_of(part):
+            logits = model(input_ids=ids[part], position_ids=positions[part], use_cache=False).logits
+            return sft_loss(token_logprobs(logits[:, :-1], ids[part, 1:]), mask[part, 1:], num_tokens)
+
+        return backward_micro_batches(len(ids), len(ids), loss_of), [p.grad for p in model.parameters()]
+
+    want_loss, want_grads = loss_and_grads("sdpa", packing=False)
+    loss, grads = loss_and_grads("flex_attention", packing=True)
+    assert loss == pytest.approx(want_loss, abs=1e-4)
+    for g, want in zip(grads, want_grads):
+        torch.testing.assert_close(g, want, atol=1e-4, rtol=0)

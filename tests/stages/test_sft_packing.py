@@ -5,6 +5,7 @@ import random
 import pytest
 import torch
 
+from cascade.artifacts.config import config_hash
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
@@ -96,22 +97,57 @@ def test_packed_and_padded_batches_give_the_same_loss_and_gradients(make_model):
     assert max(float((g - want).abs().max()) for g, want in zip(grads, want_grads)) > 1e-2
 
 
+def sft_losses_and_weights(tmp_path, *overrides: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The micro recipe's SFT stage for 3 steps under overrides: its loss per step and its final weights."""
+    tmp_path.mkdir(parents=True)
+    recipe = micro_recipe(tmp_path, *overrides, "stages.sft.steps=3", "stages.sft.checkpoint_every=0")
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
+    sink = ListSink()
+    ctx = stage_ctx(recipe, tmp_path, "sft", sink)
+    result = run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
+    assert result.metrics["steps"] == 3
+    return sink.series("loss"), weights(ctx)
+
+
+def assert_same_training(a, b, tol: float) -> None:
+    assert a[0] == pytest.approx(b[0], abs=tol)
+    for name in a[1]:
+        torch.testing.assert_close(a[1][name], b[1][name], atol=tol, rtol=0)
+
+
 def test_sft_stage_packed_equals_padded(tmp_path):
     """The micro recipe's SFT stage, packed and padded: the same loss every step and the same weights."""
-    losses, finals = [], []
-    for packing in (True, False):
-        recipe = micro_recipe(tmp_path / str(packing), f"stages.sft.packing={str(packing).lower()}",
-                              "stages.sft.steps=3", "stages.sft.checkpoint_every=0")
-        data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
-        sink = ListSink()
-        ctx = stage_ctx(recipe, tmp_path, "sft", sink)
-        result = run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
-        losses.append(sink.series("loss"))
-        finals.append(weights(ctx))
-        assert result.metrics["steps"] == 3
-    assert losses[0] == pytest.approx(losses[1], abs=1e-5)
-    for name in finals[0]:
-        torch.testing.assert_close(finals[0][name], finals[1][name], atol=1e-5, rtol=0)
+    packed = sft_losses_and_weights(tmp_path / "packed", "stages.sft.packing=true")
+    padded = sft_losses_and_weights(tmp_path / "padded", "stages.sft.packing=false")
+    assert_same_training(packed, padded, 1e-5)
+
+
+def test_compiled_layers_train_the_same_model(tmp_path):
+    """compile_layers changes how the forward runs, not what it computes: the same losses and weights as eager,
+    up to the rounding of a fused kernel's other summation order; and the config hash does not see it."""
+    eager = sft_losses_and_weights(tmp_path / "eager")
+    compiled = sft_losses_and_weights(tmp_path / "compiled", "stages.sft.compile_layers=true")
+    assert_same_training(eager, compiled, 1e-4)
+    recipe = micro_recipe(tmp_path / "hash")
+    fast = micro_recipe(tmp_path / "hash", "stages.sft.attention=flex_attention", "stages.sft.compile_layers=true")
+    assert config_hash(recipe.stage("sft")) == config_hash(fast.stage("sft"))
+
+
+def test_flex_attention_on_the_cpu_is_refused_before_it_trains(tmp_path):
+    recipe = micro_recipe(tmp_path, "stages.sft.attention=flex_attention")
+    ctx = stage_ctx(recipe, tmp_path, "sft")
+    with pytest.raises(ValueError, match="flex_attention trains on cuda only"):
+        run_sft(recipe.stage("sft"), ctx, StageInputs(stages={}))
+
+
+def test_flex_attention_keeps_packed_rows_apart():
+    """The packing probe under flex_attention (forward only: what the CPU has): the row packed behind another
+    equals the row alone."""
+    from cascade.stages.sft import check_packing_isolates_rows
+
+    model = tiny_qwen2(300)
+    model.set_attn_implementation("flex_attention")
+    check_packing_isolates_rows(model, torch.device("cpu"))
 
 
 def test_a_model_that_attends_across_packed_rows_is_refused():
