@@ -395,12 +395,13 @@ class SFTConfig(TrainingConfig, MicroBatched):
     pack_length: Count | None = None  # tokens per packed row; None: the step's longest row (never less than it)
     # How the forward runs, not what it computes (so neither is hashed). flex_attention: torch's block-sparse
     # attention, which skips the blocks a packed row's mask shuts (rows of ~50 tokens in 2,048: most of them);
-    # sdpa builds a dense mask and attends over all of it. compile_layers: torch.compile each decoder layer (fused
-    # norms, rotary and activations; a compile of about a minute at the first steps). One process only for now.
+    # sdpa builds a dense mask and attends over all of it. compile: torch.compile each decoder layer (fused norms,
+    # rotary and activations) and the loss's log-softmax (read from the bf16 logits, no fp32 copy of [T, V]); a
+    # compile of under a minute at the first steps. One process only for now.
     # Figures per device: bench/RESULTS.md.
     attention: Literal["sdpa", "flex_attention"] = "sdpa"
-    compile_layers: bool = False
-    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"attention", "compile_layers"}
+    compile: bool = False
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"attention", "compile"}
 
     def reads(self) -> list[Read]:
         return [Read("data", self.data, "dataset")]

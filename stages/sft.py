@@ -51,8 +51,9 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     run.model.set_attn_implementation(cfg.attention)
     if cfg.packing:
         check_packing_isolates_rows(run.model, device)
-    if cfg.compile_layers:
+    if cfg.compile:
         compile_layers(run.model, world, cfg.name)
+    logprobs = torch.compile(token_logprobs) if cfg.compile else token_logprobs
     tokens_seen = 0
     loss = 0.0
     while run.step < cfg.steps:
@@ -66,7 +67,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
         def micro_loss(part: slice) -> torch.Tensor:
             with world.autocast():  # no KV cache: HF skips the packed-sequence mask when it is given one
                 logits = run.model(input_ids=ids[part], position_ids=positions[part], use_cache=False).logits[:, :-1]
-            return sft_loss(token_logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
+            return sft_loss(logprobs(logits, ids[part, 1:]), mask[part, 1:], num_tokens)
 
         loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
@@ -115,7 +116,7 @@ def compile_layers(model: torch.nn.Module, world: World, stage: str) -> None:
     """torch.compile each decoder layer in place (its parameters keep their names); after the packing probe, whose
     6-token shape would be a compile of its own."""
     if world.distributed:
-        raise ValueError(f"stage {stage!r}: compile_layers runs in one process only (one rank, compute.launcher: auto)")
+        raise ValueError(f"stage {stage!r}: compile runs in one process only (one rank, compute.launcher: auto)")
     for layer in decoder_layers(model):
         layer.compile()
 

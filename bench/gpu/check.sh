@@ -6,7 +6,7 @@
 #   bash bench/gpu/check.sh --dry-run     # here: every CPU-side part, small, on the CPU (tests/test_gpu_check.py)
 #                                         # SHAPES="smollm2-135m" limits the model shapes (default: both)
 #   bash bench/gpu/check.sh --mfu [--out DIR]  # there: only the ~0.5B shape's SFT, once per way of running its
-#                                         # forward (attention sdpa | flex_attention, compile_layers, micro-batch)
+#                                         # forward (attention sdpa | flex_attention, compile, micro-batch)
 #   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
 #
 # It runs tests/gpu, bench/bench_gpu.py (plain torch: the ceiling), then through the driver: tiny's SFT and math
@@ -89,11 +89,13 @@ if [ "$MODE" = mfu ]; then  # the SFT MFU goal: which way of running the same st
   part model-qwen2-0.5b 120 "$PY" bench/gpu/stage_check.py model qwen2-0.5b /tmp/cascade-gpu-models/qwen2-0.5b
   base=("compute.device=cuda" "model.source=/tmp/cascade-gpu-models/qwen2-0.5b" "stages.sft.steps=8"
         "stages.sft.batch_size=1024" "stages.sft.pack_length=2048" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1")
-  for variant in "sdpa 8 false" "flex_attention 8 false" "flex_attention 8 true" "flex_attention 16 true"; do
+  # attention, micro-batch rows, compile; MFU_VARIANTS="sdpa 8 true,flex_attention 16 true" picks some
+  IFS=, read -ra variants <<<"${MFU_VARIANTS:-sdpa 8 false,flex_attention 8 false,sdpa 8 true,flex_attention 8 true,flex_attention 16 true}"
+  for variant in "${variants[@]}"; do
     read -r attention micro compiled <<<"$variant"
     name="mfu-$attention-mb$micro-$([ "$compiled" = true ] && echo compiled || echo eager)"
     part "$name" 120 drive "$name" "${base[@]}" "stages.sft.attention=$attention" \
-      "stages.sft.micro_batch_size=$micro" "stages.sft.compile_layers=$compiled" --stage sft
+      "stages.sft.micro_batch_size=$micro" "stages.sft.compile=$compiled" --stage sft
     find "$STORE/runs/$name" -name "*.safetensors" -delete
   done
   part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"

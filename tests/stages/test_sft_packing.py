@@ -123,13 +123,13 @@ def test_sft_stage_packed_equals_padded(tmp_path):
 
 
 def test_compiled_layers_train_the_same_model(tmp_path):
-    """compile_layers changes how the forward runs, not what it computes: the same losses and weights as eager,
+    """compile (the decoder layers and the loss) changes how the forward runs, not what it computes: the same losses and weights as eager,
     up to the rounding of a fused kernel's other summation order; and the config hash does not see it."""
     eager = sft_losses_and_weights(tmp_path / "eager")
-    compiled = sft_losses_and_weights(tmp_path / "compiled", "stages.sft.compile_layers=true")
+    compiled = sft_losses_and_weights(tmp_path / "compiled", "stages.sft.compile=true")
     assert_same_training(eager, compiled, 1e-4)
     recipe = micro_recipe(tmp_path / "hash")
-    fast = micro_recipe(tmp_path / "hash", "stages.sft.attention=flex_attention", "stages.sft.compile_layers=true")
+    fast = micro_recipe(tmp_path / "hash", "stages.sft.attention=flex_attention", "stages.sft.compile=true")
     assert config_hash(recipe.stage("sft")) == config_hash(fast.stage("sft"))
 
 
