@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import RunReport
+from cascade.artifacts.report import GREEDY_COLUMN, RunReport
 from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
 
@@ -139,14 +139,14 @@ class Gain:
 def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float]]],
                 targets: dict[str, list[str]]) -> list[Gain]:
     """Each trained domain of each evaluated stage in `targets` (stage -> its domains), against the eval just
-    before that stage."""
+    before that stage: its primary metric, then its greedy column where it has one."""
     gains = []
     for before, stage in zip(evaluated, evaluated[1:]):
-        for domain in targets.get(stage, []):
-            old, new = items.get(before, {}).get(domain), items.get(stage, {}).get(domain)
+        for column in (c for domain in targets.get(stage, []) for c in (domain, GREEDY_COLUMN + domain)):
+            old, new = items.get(before, {}).get(column), items.get(stage, {}).get(column)
             paired = paired_gain(old, new) if old and new else None
             if paired is not None:
-                gains.append(Gain(stage, domain, sum(old.values()) / len(old), sum(new.values()) / len(new), *paired))
+                gains.append(Gain(stage, column, sum(old.values()) / len(old), sum(new.values()) / len(new), *paired))
     return gains
 
 

@@ -44,9 +44,18 @@ class RunReport(BaseModel):
         return self.evals[: names.index(stage) + 1] if stage in names else list(self.evals)
 
     def forgetting_matrix(self) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
-        """Domains, and one row per eval: (after_stage, score per domain)."""
-        domains = sorted({d for e in self.evals for d in e["scores"]})
+        """Score columns (each domain's primary metric with its greedy column after it), and one row per eval:
+        (after_stage, score per column)."""
+        domains = sorted({d for e in self.evals for d in e["scores"]}, key=column_order)
         return domains, [(e["after_stage"], [e["scores"].get(d) for d in domains]) for e in self.evals]
+
+
+GREEDY_COLUMN = "greedy/"  # greedy pass@1 beside a domain's sampled primary metric, e.g. "greedy/math"
+
+
+def column_order(column: str) -> tuple[str, bool]:
+    """A domain's greedy column sorts right after its primary one."""
+    return column.removeprefix(GREEDY_COLUMN), column.startswith(GREEDY_COLUMN)
 
 
 def _upsert(rows: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:

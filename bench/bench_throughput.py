@@ -25,7 +25,7 @@ from cascade.stages.engines.hf import HFEngine
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
 from cascade.stages.sft import model_rows
-from cascade.stages.config import ModelConfig
+from cascade.stages.config import OptimizerConfig, ModelConfig
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import make_optimizer
 
@@ -53,7 +53,7 @@ def sft_step_tps(model, rows: list[tuple[list[int], int]], steps: int, bf16: boo
     """Trained tokens/s (the rows' own tokens, never padding) of SFT steps on one batch of rows. layout: "packed"
     or "padded" (ours: model_rows, token-normalized loss, fused AdamW) or "naive" (padded, HF `labels=` with -100
     on prompt and padding, an attention mask, the same fused AdamW as ours)."""
-    opt = make_optimizer(model, 1e-4, 0.0)
+    opt = make_optimizer(model, 1e-4, OptimizerConfig())
     ids, mask, positions = model_rows(rows, PAD, packing=layout == "packed", pack_length=None)
     num_tokens = int(mask[:, 1:].sum())
     labels = ids.masked_fill(mask == 0, -100)  # HF shifts labels by one itself

@@ -40,6 +40,7 @@ LearningRate = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0,
 Fraction = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1e6, allow_inf_nan=False)]
 Positive = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1e6, allow_inf_nan=False)]
+AdamBeta = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
 Temperature = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=10.0, allow_inf_nan=False)]
 TopP = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -143,24 +144,27 @@ class EngineConfig(Strict):
 
 class DomainSpec(Strict):
     train_size: Count = 4000
-    heldout_size: Count = 500  # 500+ items resolve a ~4-point gain (docs/LOG.md)
+    heldout_size: Count = 800  # items in the eval split (held-out or dev); 800 resolve a ~3-point gain (docs/LOG.md)
     max_new_tokens: Count = 64
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
-    # Held-out decoding: greedy (0) by default. An open-ended domain (chat) may be scored on samples instead, as
-    # chat benchmarks are: each item's score is the mean grade of `eval_samples` answers at this temperature.
-    eval_temperature: Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=2.0, allow_inf_nan=False)] = 0.0
-    eval_samples: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
+    # The eval's primary metric: each item's mean grade over `eval_samples` answers sampled at `eval_temperature`,
+    # the distribution RL trains (a greedy eval of a weak model churns items between checkpoints and misses what RL
+    # moves); greedy pass@1 is scored beside it as column `greedy/<domain>`. None: the temperature of the first RL
+    # stage that trains the domain (1.0 without one), and 4 samples. eval_temperature 0: greedy only.
+    eval_temperature: Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    eval_samples: Annotated[int, Field(strict=True, ge=1, le=64)] | None = None
     # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
     # haystack; every item of the domain (train, held-out, SFT data) is generated with them
     options: dict[str, int | float | str | bool] = {}
 
     @model_validator(mode="after")
     def _samples_need_temperature(self) -> DomainSpec:
-        if self.eval_samples > 1 and self.eval_temperature == 0:
+        if (self.eval_samples or 1) > 1 and self.eval_temperature == 0:
             raise ValueError("eval_samples > 1 needs eval_temperature > 0 (greedy answers are all the same)")
         return self
 
 
+DEFAULT_EVAL_SAMPLES = 4  # a sampled eval's answers per item (DomainSpec.eval_samples unset)
 BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
 
 
@@ -174,6 +178,9 @@ class BenchmarkEval(Strict):
 
 class EvalConfig(Strict):
     enabled: bool = True
+    # dev: tune settings here (recipes, learning rates, RL knobs); heldout: the recorded result, read once a
+    # setting is chosen. Both are disjoint from train and from each other (stages/domains/base.py).
+    split: Literal["heldout", "dev"] = "heldout"
     benchmarks: dict[str, BenchmarkEval] = {}  # name (as `cascade eval --benchmark` takes it) -> settings
     data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
 
@@ -302,13 +309,22 @@ class StageConfig(Strict):
         return []
 
 
-class TrainingConfig(StageConfig):
-    """What every training stage has: a step budget, a peak learning rate, step checkpoints."""
+class OptimizerConfig(Strict):
+    """The optimizer every training stage uses: AdamW, weight decay on matrices only (norm gains and biases are
+    not pulled to 0; with tied embeddings the embedding matrix is decayed once)."""
+
+    weight_decay: NonNegative = 0.0
+    # beta2 0.95 rather than torch's 0.999: the second moment forgets a gradient spike within ~20 steps, as in
+    # small-model pretraining practice (docs/LOG.md)
+    adam_betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.95)
+    grad_clip: Positive = 1.0
+
+
+class TrainingConfig(StageConfig, OptimizerConfig):
+    """What every training stage has: a step budget, a peak learning rate, its optimizer, step checkpoints."""
 
     steps: Steps
     lr: LearningRate
-    weight_decay: NonNegative = 0.0
-    grad_clip: Positive = 1.0
     checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
     keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
     compute: ComputeOverride | None = None  # replaces keys of the recipe's `compute` for this stage
@@ -569,7 +585,7 @@ class PreferenceFile(Strict):
 PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
 
 
-class RewardModelConfig(StageConfig, MicroBatched):
+class RewardModelConfig(StageConfig, OptimizerConfig, MicroBatched):
     """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
 
     kind: Literal["reward_model"] = "reward_model"
@@ -582,8 +598,6 @@ class RewardModelConfig(StageConfig, MicroBatched):
     lr: LearningRate = 3e-4
     warmup_steps: Every = 20
     min_lr_ratio: Fraction = 0.1
-    weight_decay: NonNegative = 0.0
-    grad_clip: Positive = 1.0
     margin: NonNegative = 0.0  # Bradley-Terry margin: chosen must beat rejected by this much
 
     def reads(self) -> list[Read]:

@@ -1,7 +1,11 @@
-"""Evaluate a policy on every recipe domain's held-out split with the domain's own grader: greedy pass@1, or
-for a domain with `eval_temperature` > 0 the mean grade of `eval_samples` sampled answers per item.
+"""Evaluate a policy on every recipe domain's eval split (`eval.split`: held-out, or dev while tuning) with the
+domain's own grader.
 
-The grader is the same function that gives the RL reward, so a training gain and an eval gain measure one thing.
+The primary metric of a domain is each item's mean grade over k answers sampled at the temperature RL trains at
+(`Recipe.eval_sampling`), averaged over items: RL moves the sampled distribution, and a sampled mean over k answers
+churns less between checkpoints than one greedy answer. Greedy pass@1 is scored beside it, in column
+`greedy/<domain>`; a domain set to eval_temperature 0 is greedy only. The grader is the same function that gives
+the RL reward, so a training gain and an eval gain measure one thing.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Any
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
+from cascade.artifacts.report import GREEDY_COLUMN
 from cascade.stages.config import BENCHMARK_COLUMN
 from cascade.stages.context import load_checkpoint
 from cascade.stages.engines import make_engine
@@ -23,26 +28,35 @@ from cascade.stages.recipe import Recipe
 def evaluate_domains(
     engine: RolloutEngine, tokenizer, recipe: Recipe, domains: list[str] | None = None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Scores per domain in [0, 1] and one row per item (prompt, completion, score)."""
+    """Scores per column in [0, 1] (each domain's primary metric, and `greedy/<domain>` beside a sampled one) and
+    one row per item and column (prompt, first completion, score)."""
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
         spec, domain = recipe.domains[name], recipe.domain(name)
-        items = domain.generate("heldout", spec.heldout_size, recipe.seed)
+        items = domain.generate(recipe.eval.split, spec.heldout_size, recipe.seed)
         prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
         # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
         # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
         # so their paired difference is not sampling noise of the eval itself.
-        sampling = SamplingParams(temperature=spec.eval_temperature, max_new_tokens=spec.max_new_tokens)
-        k = spec.eval_samples
-        groups = [[c.text for c in group]
-                  for group in engine.generate(prompts, k, sampling, seeds=item_seeds(recipe.seed, name, items))]
-        flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
-        grades = [sum(flat[i * k:(i + 1) * k]) / k for i in range(len(items))]  # an item's score: its samples' mean
-        scores[name] = sum(grades) / len(grades)
-        rows += [{"domain": name, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
-                 for it, g, s in zip(items, groups, grades)]
+        seeds = item_seeds(recipe.seed, name, items)
+        temperature, k = recipe.eval_sampling(name)
+        columns = [(name, temperature, k)] + ([(GREEDY_COLUMN + name, 0.0, 1)] if temperature > 0 else [])
+        for column, t, samples in columns:
+            sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
+            groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
+            grades = item_grades(domain, items, groups)
+            scores[column] = sum(grades) / len(grades)
+            rows += [{"domain": column, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
+                     for it, g, s in zip(items, groups, grades)]
     return scores, rows
+
+
+def item_grades(domain, items, groups: list[list[str]]) -> list[float]:
+    """Each item's score: the mean grade of its answers (groups[i]: item i's k answers)."""
+    k = len(groups[0]) if groups else 1
+    flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
+    return [sum(flat[i * k:(i + 1) * k]) / k for i in range(len(items))]
 
 
 def item_seeds(seed: int, domain: str, items) -> list[int]:

@@ -25,7 +25,7 @@ def decide(
     decisions = []
     for domain, score in sorted(now.items()):
         best = best_so_far(evals, domain)
-        if best is None:
+        if best is None or domain not in tolerances:  # greedy/<domain>: shown beside the primary metric, not gated
             continue
         drop = best[0] - score
         if drop > tolerances[domain]:

@@ -155,7 +155,8 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     est = StageEstimate(f"eval after {name}", "eval")
     items = sum(d.heldout_size for d in recipe.domains.values())
-    est.tokens_sampled = sum(d.heldout_size * d.eval_samples * d.max_new_tokens for d in recipe.domains.values())
+    est.tokens_sampled = sum(spec.heldout_size * answers_per_item(recipe, domain) * spec.max_new_tokens
+                             for domain, spec in recipe.domains.items())
     for bench, spec in recipe.eval.benchmarks.items():
         count = spec.limit or benchmark_size(bench, recipe)
         if count is None:
@@ -165,6 +166,12 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
         est.tokens_sampled += count * spec.max_new_tokens
     est.storage_bytes = items * 256  # a stored row per item
     return est
+
+
+def answers_per_item(recipe: Recipe, domain: str) -> int:
+    """The eval's answers per item of a domain: its k samples, and one greedy beside a sampled metric."""
+    temperature, k = recipe.eval_sampling(domain)
+    return k + (1 if temperature > 0 else 0)
 
 
 def benchmark_size(name: str, recipe: Recipe) -> int | None:

@@ -22,6 +22,7 @@ from cascade.artifacts.config import StorageConfig, Strict, TrackingConfig
 from cascade.artifacts.urls import credential_error
 from cascade.stages.config import (
     BENCHMARK_COLUMN,
+    DEFAULT_EVAL_SAMPLES,
     ComputeConfig,
     DomainSpec,
     EngineConfig,
@@ -111,6 +112,18 @@ class Recipe(Strict):
         """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""
         return {**{d: spec.tolerance for d, spec in self.domains.items()},
                 **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()}}
+
+    def eval_sampling(self, domain: str) -> tuple[float, int]:
+        """(temperature, samples per item) of the domain's primary eval metric (DomainSpec.eval_temperature):
+        unset, the temperature of the first RL stage that trains the domain, else 1.0; greedy takes one sample."""
+        from cascade.stages.kinds import gain_targets
+
+        spec = self.domains[domain]
+        temperature = spec.eval_temperature
+        if temperature is None:
+            trained = [s for s in self.stages if domain in gain_targets([s]).get(s.name, [])]
+            temperature = getattr(trained[0], "temperature", 1.0) if trained else 1.0
+        return temperature, (1 if temperature == 0 else spec.eval_samples or DEFAULT_EVAL_SAMPLES)
 
     def stage(self, name: str) -> StageConfig:
         for s in self.stages:

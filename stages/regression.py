@@ -59,9 +59,12 @@ def save_baseline(store: Store, baseline: Baseline) -> None:
 
 def compare(checkpoint: str, scores: dict[str, float], baseline: Baseline | None,
             tolerances: dict[str, float]) -> list[dict[str, Any]]:
-    """One row per scored domain: score, baseline, drop (baseline - score), tolerance, verdict."""
+    """One row per gated column (each domain's primary metric, each benchmark): score, baseline, drop (baseline -
+    score), tolerance, verdict. A column without a tolerance (greedy/<domain>) is not compared."""
     rows = []
     for domain, score in sorted(scores.items()):
+        if domain not in tolerances:
+            continue
         entry = baseline.domains.get(domain) if baseline else None
         drop = None if entry is None else round(entry.score - score, 4)
         verdict: Verdict = "no baseline" if drop is None else "regressed" if drop > tolerances[domain] else "ok"

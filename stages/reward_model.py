@@ -53,7 +53,7 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
     model.to(world.device)
     train, heldout = load_pairs(cfg, ctx.recipe.seed)
     train_ids, heldout_ids = encode_pairs(tokenizer, train), encode_pairs(tokenizer, heldout)
-    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg.lr, cfg)
     pad = tokenizer.pad_token_id
     torch.manual_seed(ctx.recipe.seed)
     model.train()

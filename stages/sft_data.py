@@ -242,11 +242,13 @@ def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
 
 
 def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
-    """Every prompt the recipe evaluates on: each domain's held-out split, and the named benchmark files."""
+    """Every prompt the recipe evaluates or tunes on: each domain's held-out and dev splits, and the named
+    benchmark files."""
     from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
 
     for name, spec in recipe.domains.items():
-        yield from (item.prompt for item in recipe.domain(name).iter_items("heldout", spec.heldout_size, recipe.seed))
+        for split in ("heldout", "dev"):
+            yield from (item.prompt for item in recipe.domain(name).iter_items(split, spec.heldout_size, recipe.seed))
     for bench in cfg.decontamination.benchmarks:
         yield from (item.prompt for item in load_items(resolve_benchmarks([bench])[0], cfg.resolved_data_root()))
 

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from cascade.artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
 from cascade.artifacts.layout import step_key
-from cascade.stages.config import TrainingConfig
+from cascade.stages.config import OptimizerConfig, TrainingConfig
 from cascade.stages.context import (
     TRAIN_STATE_DIR,
     StageContext,
@@ -40,9 +40,13 @@ from cascade.stages.distributed import (
 )
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.AdamW:
+def make_optimizer(model: torch.nn.Module, lr: float, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW with cfg's betas, its weight decay on the matrices (ndim >= 2) and none on norm gains and biases."""
+    matrices = [p for p in model.parameters() if p.ndim >= 2]
+    vectors = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # fused: one kernel for all parameters; the per-tensor loop cost a third of a tiny-model step on CPU
-    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, fused=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.adam_betas, fused=True)
 
 
 def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -96,18 +100,17 @@ class TrainRun:
     def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None):
         self.ctx, self.cfg, self.start = ctx, cfg, start
         self.world = world_for(ctx.recipe.compute_for(cfg))
-        lr, weight_decay = cfg.lr, cfg.weight_decay
         resume = latest_step_checkpoint(ctx, cfg)
         if resume is None:
             model, self.tokenizer = load_policy(ctx, start)
             self.model = prepare_model(model, self.world)
-            self.optimizer = make_optimizer(self.model, lr, weight_decay)
+            self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             self.step, self.history = 0, []
             torch.manual_seed(ctx.recipe.seed)
         else:
             model, self.tokenizer, state, local = load_step_state(ctx, resume)
             self.model = prepare_model(model, self.world)
-            self.optimizer = make_optimizer(self.model, lr, weight_decay)
+            self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             if "optimizer" in state:  # a step checkpoint from before DCP train state: one process's optimizer
                 self.optimizer.load_state_dict(state["optimizer"])
             else:

@@ -57,6 +57,7 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     each RL stage in `targets` (stage -> the domains it trains) its gains table. Wider than the terminal (a
     recipe with many domains), the matrix's columns go into several tables, never cut."""
     from cascade.artifacts.html_report import item_scores, stage_gains, standard_error
+    from cascade.artifacts.report import GREEDY_COLUMN
 
     domains, rows = report.forgetting_matrix()
     items = item_scores(store, report.run_id) if store is not None else {}
@@ -71,13 +72,16 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     stage_width = max([len("after stage")] + [len(stage) for stage, _ in rows]) + 4
     widths = [max([len(d)] + [len(r[i]) for r in cells]) + 3 for i, d in enumerate(domains)]
     for part in column_groups(widths, console.width - stage_width):
-        table = Table(title=f"Forgetting matrix: held-out score after each stage ({report.run_id})")
+        table = Table(title=f"Forgetting matrix: eval score after each stage ({report.run_id})")
         table.add_column("after stage", no_wrap=True)
         for i in part:
             table.add_column(domains[i], justify="right", no_wrap=True)
         for (stage, _), row in zip(rows, cells):
             table.add_row(stage, *(row[i] for i in part))
         console.print(table)
+    if any(d.startswith(GREEDY_COLUMN) for d in domains):
+        console.print("each domain: the mean grade of k answers sampled at its RL temperature (the primary metric, "
+                      "gated); greedy/<domain>: greedy pass@1 beside it")
     for g in report.gate:
         console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
                       f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}")

@@ -1,7 +1,8 @@
 """What a domain is: a seeded generator, an oracle teacher, and one grader for both reward and eval.
 
-Train and held-out splits are disjoint by construction: an item's split is decided by a hash of its split key
-(the problem, not its phrasing), so no seed or size can leak a held-out problem into training.
+Train, dev and held-out splits are disjoint by construction: an item's split is decided by a hash of its split key
+(the problem, not its phrasing), so no seed or size can leak a held-out or dev problem into training. Dev is where
+settings are tuned (`eval.split: dev`); held-out is read for the recorded result only.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
-Split = Literal["train", "heldout"]
-HELDOUT_BUCKETS = 10  # one prompt hash bucket in ten is held out
+Split = Literal["train", "dev", "heldout"]
+SPLIT_BUCKETS = 10  # of the split key's hash: bucket 0 is held out, bucket 1 is dev, the other eight train
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,8 @@ class Item:
 
 
 def split_of(key: str) -> Split:
-    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % HELDOUT_BUCKETS
-    return "heldout" if bucket == 0 else "train"
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % SPLIT_BUCKETS
+    return "heldout" if bucket == 0 else "dev" if bucket == 1 else "train"
 
 
 class Domain:

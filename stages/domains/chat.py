@@ -25,7 +25,8 @@ from cascade.stages.domains.base import Domain, Item, Split
 from cascade.stages.domains.instruct import TOPIC_WORDS, words_of
 
 ENTITIES = ["Ada", "Bruno", "Cleo", "Dev", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena",
-            "Milo", "Nora", "Otto", "Pia", "Quin", "Rosa", "Sami", "Tess"]
+            "Milo", "Nora", "Otto", "Pia", "Quin", "Rosa", "Sami", "Tess", "Uma", "Vic", "Wren", "Xena", "Yuri",
+            "Zoe", "Abel", "Bea", "Cruz", "Dara", "Eli", "Faye"]  # x 30 topics (instruct's) x 3 tones x 5 lengths: 14,400 problems
 TONES = {"cheerful": ["yay", "fun", "glad"], "gloomy": ["alas", "grim", "sadly"],
          "formal": ["indeed", "kindly", "regards"]}
 FILLER = ["really", "very", "truly", "quite", "so", "just", "much"]  # padding: words with no content

@@ -78,9 +78,19 @@ TOPICS = {
     "school": "school class book teacher desk learn pen bell lesson friend",
     "rivers": "river flow water bank stone fish bridge cold boat current",
     "summer": "summer sun hot beach swim long day light ice play",
+    "bread": "bread oven warm crust flour butter slice bake soft loaf",
+    "the wind": "wind blow cold gust air leaf howl sky kite sail",
+    "horses": "horse mane ride hoof field run saddle hay gallop barn",
+    "the city park": "park bench grass tree path kid swing dog pond walk",
+    "the night": "night dark star moon owl quiet sleep dream cold lamp",
+    "apples": "apple red tree sweet crisp pie seed core green bite",
+    "ships": "ship sail sea deck mast wave port crew anchor wind",
+    "snow": "snow flake white cold sled soft fall ice boot quiet",
+    "tea": "tea cup leaf hot pot steam green sip warm brew",
+    "the farm": "farm barn cow hen field hay corn tractor pig egg",
 }
 TOPIC_WORDS = {t: w.split() for t, w in TOPICS.items()}
-COUNTS = range(2, 9)
+COUNTS = range(2, 12)  # with 30 topics: 9,900 problems, ~990 each for held-out and dev
 
 
 def words_of(text: str) -> list[str]:

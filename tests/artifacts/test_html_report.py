@@ -64,7 +64,8 @@ def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
                                                      "dropped/duplicate": 10, "rows/math": 120}})
     report.record_stage({"name": "sft", "kind": "sft", "status": "completed", "checkpoint": "file:///x/01",
                          "seconds": 10.0, "peak_rss_mb": 512.0, "metrics": {"steps": 3}})
-    scores = {"sft": {"math": 0.25, "instruct": 0.5}, "if_rl": {"math": 0.1, "instruct": 0.75}}
+    scores = {"sft": {"math": 0.25, "instruct": 0.5, "greedy/instruct": 0.25},
+              "if_rl": {"math": 0.1, "instruct": 0.75, "greedy/instruct": 0.5}}
     for i, (stage, s) in enumerate(scores.items()):
         report.record_eval(stage, s)
         items = [{"domain": d, "id": f"{d}{k}", "score": float(k < v * 4)} for d, v in s.items() for k in range(4)]
@@ -169,24 +170,31 @@ def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_p
     # instruct items 1,1,0,0 -> 1,1,1,0: differences 0,0,1,0, mean 0.25, SE sqrt((0.75/3)/4) = 0.25, +1.0 SE
     gains = text[text.index("Gains of each RL stage"):]
     rows = [line for line in gains.splitlines() if "if_rl" in line]
-    assert len(rows) == 1  # instruct only: math is not if_rl's domain
+    assert len(rows) == 2  # instruct's primary metric and its greedy column; math is not if_rl's domain
     assert "instruct" in rows[0] and "0.500" in rows[0] and "0.750" in rows[0]
     assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]
+    # greedy items 1,0,0,0 -> 1,1,0,0: differences 0,1,0,0, mean 0.25, SE 0.25
+    assert "greedy/instruct" in rows[1] and "0.250" in rows[1] and "0.500" in rows[1] and "+0.250 ± 0.250" in rows[1]
+    matrix = text[:text.index("Gains of each RL stage")]
+    assert matrix.index("greedy/instruct") > matrix.index(" instruct ")  # each greedy column after its domain
+    assert "greedy/<domain>: greedy pass@1" in matrix
     with console.capture() as out:
         print_matrix(RunReport.load(store, "r"), store)  # no targets (a recipe without RL stages): no table
     assert "Gains of each RL stage" not in out.get()
 
 
 def test_the_html_report_has_the_gains_table_of_each_rl_stage(tmp_path):
-    """The same hand-computed gain as the printed report's: instruct 0.500 -> 0.750, +0.250 ± 0.250, +1.0 SE."""
+    """The same hand-computed gains as the printed report's: instruct 0.500 -> 0.750, +0.250 ± 0.250, +1.0 SE; its
+    greedy column beside it."""
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")
     html = render([collect(store, "r", ["sft_data", "sft", "if_rl"], {"if_rl": ["instruct"]})]).html
     table = html[html.index('<table class="gains">'):]
     table = table[:table.index("</table>")]
     rows = [r for r in table.split("<tr>")[2:]]
-    assert len(rows) == 1 and "<td>if_rl</td><td>instruct</td><td>0.500</td><td>0.750</td>" in rows[0]
+    assert len(rows) == 2 and "<td>if_rl</td><td>instruct</td><td>0.500</td><td>0.750</td>" in rows[0]
     assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]
+    assert "<td>if_rl</td><td>greedy/instruct</td><td>0.250</td><td>0.500</td>" in rows[1]
     assert '<table class="gains">' not in render([collect(store, "r")]).html  # no RL stage named: no table
 
 

@@ -7,16 +7,29 @@ from cascade.stages.domains.instruct import check
 from cascade.stages.domains.math import boxed_answer
 
 
-@pytest.mark.parametrize("name", ["math", "instruct"])
+@pytest.mark.parametrize("name", ["math", "instruct", "chat"])
 def test_oracle_passes_and_splits_are_disjoint(name):
+    """Train, dev and held-out never share a problem, and each eval split has the 800 items the recipes read."""
     domain = get_domain(name)
     train = domain.generate("train", 1000, seed=0)
-    heldout = domain.generate("heldout", 300, seed=0)
-    assert all(domain.grade(it, it.reference) == 1.0 for it in train + heldout)
+    dev = domain.generate("dev", 800, seed=0)
+    heldout = domain.generate("heldout", 800, seed=0)
+    assert all(domain.grade(it, it.reference) == 1.0 for it in train + dev + heldout)
     key = lambda it: it.split_key or it.prompt  # noqa: E731
-    assert not {key(i) for i in train} & {key(i) for i in heldout}
-    assert len({key(i) for i in heldout}) == 300
-    assert domain.generate("heldout", 300, seed=0) == heldout  # deterministic
+    keys = {split: {key(i) for i in items} for split, items in (("train", train), ("dev", dev), ("heldout", heldout))}
+    assert not keys["train"] & keys["heldout"] and not keys["train"] & keys["dev"] and not keys["dev"] & keys["heldout"]
+    assert len(keys["heldout"]) == len(keys["dev"]) == 800
+    assert domain.generate("heldout", 800, seed=0) == heldout  # deterministic
+    assert {it.id.split("-")[1] for it in dev} == {"dev"}
+
+
+def test_an_item_split_is_a_fixed_hash_bucket_of_its_key():
+    from cascade.stages.domains.base import split_of
+
+    buckets = [split_of(f"problem {i}") for i in range(20_000)]
+    shares = {s: buckets.count(s) / len(buckets) for s in ("train", "dev", "heldout")}
+    assert shares["dev"] == pytest.approx(0.1, abs=0.01) and shares["heldout"] == pytest.approx(0.1, abs=0.01)
+    assert split_of("problem 7") == split_of("problem 7")
 
 
 def test_math_grader_rejects_wrong_and_unboxed_answers():

@@ -1,5 +1,6 @@
-"""A domain scored on samples (`eval_temperature`, `eval_samples`): an item's score is the mean grade of its samples,
-the standard error is over items, and the eval's sampling is seeded so it depends on the checkpoint alone."""
+"""The eval's primary metric (`eval_temperature`, `eval_samples`): an item's score is the mean grade of its samples,
+greedy pass@1 is scored beside it, the standard error is over items, and the eval's sampling is seeded so it depends
+on the checkpoint alone."""
 
 from __future__ import annotations
 
@@ -25,35 +26,54 @@ class ScriptedEngine:
                 for i in range(len(prompts))]
 
 
-def test_an_items_score_is_the_mean_of_its_samples():
+def test_an_items_score_is_the_mean_of_its_samples_with_greedy_beside_it():
     recipe = load_recipe("micro", ["domains.math.heldout_size=3", "domains.math.eval_temperature=0.7",
                                    "domains.math.eval_samples=4"])
     recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
     items = recipe.domain("math").generate("heldout", 3, recipe.seed)
     engine = ScriptedEngine([it.reference for it in items], right=[1, 2, 4])
     scores, rows = evaluate_domains(engine, load_tokenizer(), recipe)
-    assert [r["score"] for r in rows] == [0.25, 0.5, 1.0]
+    sampled = [r["score"] for r in rows if r["domain"] == "math"]
+    assert sampled == [0.25, 0.5, 1.0]
     assert scores["math"] == pytest.approx(1.75 / 3, abs=1e-12)
     # SE over the 3 items' means (sample sd 0.3819 / sqrt 3), not over the 12 samples
-    assert standard_error([r["score"] for r in rows]) == pytest.approx(0.2205, abs=1e-4)
-    (count, n, sampling, seeds), = engine.calls
+    assert standard_error(sampled) == pytest.approx(0.2205, abs=1e-4)
+    (count, n, sampling, seeds), (_, greedy_n, greedy, greedy_seeds) = engine.calls
     assert (count, n, sampling.temperature) == (3, 4, 0.7)
     assert seeds == item_seeds(recipe.seed, "math", items) and len(set(seeds)) == 3  # each item its own stream
+    # greedy beside it: one answer per item at T = 0 (the scripted first answer is right for every item)
+    assert (greedy_n, greedy.temperature, scores["greedy/math"]) == (1, 0.0, 1.0)
+    assert [r["score"] for r in rows if r["domain"] == "greedy/math"] == [1.0, 1.0, 1.0]
 
 
-def test_greedy_by_default_with_one_answer_per_item():
-    recipe = load_recipe("micro", ["domains.math.heldout_size=2"])
-    recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
-    items = recipe.domain("math").generate("heldout", 2, recipe.seed)
-    engine = ScriptedEngine([it.reference for it in items], right=[1, 0])
+def test_the_primary_metric_samples_at_the_temperature_rl_trains_the_domain_at():
+    """Unset, eval_temperature is the first RL stage's on the domain (1.0 without one) and k is 4."""
+    recipe = load_recipe("micro", ["stages.math_rl.temperature=0.6"])
+    assert recipe.eval_sampling("math") == (0.6, 4)
+    assert recipe.eval_sampling("instruct") == (1.0, 4)  # if_rl's default temperature
+    assert load_recipe("micro", ["domains.math.eval_temperature=0.9"]).eval_sampling("math") == (0.9, 4)
+    greedy = load_recipe("micro", ["domains.math.eval_temperature=0"])
+    assert greedy.eval_sampling("math") == (0.0, 1)
+    recipe = greedy.model_copy(update={"domains": {"math": greedy.domains["math"]}})
+    items = recipe.domain("math").generate("heldout", 16, recipe.seed)
+    engine = ScriptedEngine([it.reference for it in items], right=[1, 0] * 8)
     scores, _ = evaluate_domains(engine, load_tokenizer(), recipe)
-    (_, n, sampling, _), = engine.calls
-    assert (n, sampling.temperature, scores["math"]) == (1, 0.0, 0.5)
+    (_, n, sampling, _), = engine.calls  # greedy only: no second column
+    assert (n, sampling.temperature, scores) == (1, 0.0, {"math": 0.5})
 
 
 def test_several_greedy_samples_are_refused():
     with pytest.raises(RecipeError, match="eval_samples > 1 needs eval_temperature > 0"):
-        load_recipe("micro", ["domains.math.eval_samples=4"])
+        load_recipe("micro", ["domains.math.eval_samples=4", "domains.math.eval_temperature=0"])
+
+
+def test_the_dev_split_is_what_eval_split_dev_reads():
+    recipe = load_recipe("micro", ["eval.split=dev", "domains.math.eval_temperature=0"])
+    recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
+    engine = ScriptedEngine(["x"] * 16, right=[0] * 16)
+    _, rows = evaluate_domains(engine, load_tokenizer(), recipe)
+    dev = {it.id for it in recipe.domain("math").generate("dev", 16, recipe.seed)}
+    assert {r["id"] for r in rows} == dev and all(i.startswith("math-dev-") for i in dev)
 
 
 def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monkeypatch):
@@ -77,7 +97,7 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
             monkeypatch.setattr(domain, "generate", lambda *a: list(reversed(forward(domain, *a))))
         _, rows = evaluate_domains(HFEngine(model, tok, batch_size=batch), tok, recipe)
         monkeypatch.undo()
-        return {r["id"]: r["completion"] for r in rows}
+        return {r["id"]: r["completion"] for r in rows if r["domain"] == "math"}  # the sampled column
 
     six = completions(6, 64)
     assert completions(6, 1) == six

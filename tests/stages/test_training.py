@@ -277,3 +277,36 @@ def test_grpo_can_keep_flat_groups_as_trl_does(tmp_path, monkeypatch):
         assert torch.equal(torch.sign(moved[False][name]), torch.sign(dropped)), name
         assert bool((moved[False][name].abs() <= dropped.abs() + 1e-7).all()), name
     assert sum(float(d.abs().sum()) for d in moved[False].values()) > 0  # the step did move the weights
+
+
+def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
+    from cascade.stages.config import SFTConfig
+    from cascade.stages.training import make_optimizer
+
+    model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), 300, 0)
+    cfg = SFTConfig(weight_decay=0.1, adam_betas=(0.8, 0.99))
+    optimizer = make_optimizer(model, 1e-3, cfg)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert decayed["betas"] == plain["betas"] == (0.8, 0.99)
+    norms = {id(p) for name, p in model.named_parameters() if "norm" in name}
+    assert norms and norms <= {id(p) for p in plain["params"]}
+    assert all(p.ndim == 2 for p in decayed["params"]) and len(decayed["params"]) + len(plain["params"]) == len(
+        list(model.parameters()))
+    # a norm gain with no gradient keeps its value under decay; a matrix with no gradient shrinks by lr * wd
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    gain, matrix = model.model.norm.weight, model.model.layers[0].mlp.up_proj.weight
+    before_gain, before_matrix = gain.detach().clone(), matrix.detach().clone()
+    optimizer.step()
+    torch.testing.assert_close(gain.detach(), before_gain, rtol=0, atol=0)
+    torch.testing.assert_close(matrix.detach(), before_matrix * (1 - 1e-3 * 0.1), rtol=1e-6, atol=0)
+
+
+def test_adam_betas_validate_from_a_recipe():
+    from cascade.stages.recipe import RecipeError
+    from cascade.flows.recipes import load_recipe
+
+    assert load_recipe("micro", ["stages.sft.adam_betas=[0.9, 0.99]"]).stage("sft").adam_betas == (0.9, 0.99)
+    with pytest.raises(RecipeError, match="adam_betas"):
+        load_recipe("micro", ["stages.sft.adam_betas=[0.9, 1.0]"])
