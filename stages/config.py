@@ -88,7 +88,9 @@ class ModelConfig(Strict):
 
 Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
 Launcher = Literal["auto", "torchrun"]  # auto: torchrun when a stage has more than one rank, else in-process
-DType = Literal["bf16", "fp32"]  # bf16: autocast; on CPU 1.6x faster or 2x slower by host (bench/RESULTS.md)
+# bf16: autocast. auto: bf16 on a GPU that supports it; on a CPU, bf16 where it measures at least 10% faster than
+# fp32 on this host (stages/precision.py): hosts with the same bf16 flag ran it 1.6x faster or 2x slower.
+DType = Literal["auto", "bf16", "fp32"]
 Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
 RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
 
@@ -98,7 +100,7 @@ class ComputeConfig(Strict):
     launch `torchrun` with FSDP2 (stages/launch.py, docs/SCALE.md)."""
 
     device: Device = "auto"
-    dtype: DType = "bf16"
+    dtype: DType = "auto"
     nproc_per_node: Processes = 1  # GPUs (or CPU processes) per node
     nnodes: Processes = 1
     rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)

@@ -38,16 +38,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from cascade.stages.config import ComputeConfig
+from cascade.stages.precision import Precision, resolve_dtype
 
 
 @dataclass(frozen=True)
 class World:
-    """This process's place: rank of size, its device, and the compute settings it trains with."""
+    """This process's place: rank of size, its device, the compute settings it trains with and the dtype it
+    trains in."""
 
     rank: int
     size: int
     device: torch.device
     compute: ComputeConfig
+    dtype: Precision  # compute.dtype resolved on this device (never auto): what every reader goes by
     distributed: bool = False  # in a process group (under torchrun, even as its only rank): FSDP2, collectives
 
     @property
@@ -94,7 +97,7 @@ class World:
 
     def autocast(self):
         """bf16 autocast on the training device, or nothing for fp32."""
-        if self.compute.dtype != "bf16":
+        if self.dtype != "bf16":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
@@ -113,15 +116,24 @@ def resolve_device(device: str) -> torch.device:
 def world_for(compute: ComputeConfig) -> World:
     """Where this process trains: under torchrun (which sets TORCHELASTIC_RUN_ID in every rank) it joins the
     process group first."""
-    device = resolve_device(compute.device)
     if "TORCHELASTIC_RUN_ID" not in os.environ:
-        return World(0, 1, device, compute)
+        return process_world(compute)
+    device = resolve_device(compute.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return World(dist.get_rank(), dist.get_world_size(), device, compute, distributed=True)
+    # every rank trains in rank 0's dtype: ranks (or nodes) that each measured auto could pick differently
+    chosen = [resolve_dtype(compute, device) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return World(dist.get_rank(), dist.get_world_size(), device, compute, chosen[0], distributed=True)
+
+
+def process_world(compute: ComputeConfig) -> World:
+    """One process on compute's device, in no process group."""
+    device = resolve_device(compute.device)
+    return World(0, 1, device, compute, resolve_dtype(compute, device))
 
 
 def prepare_model(model: torch.nn.Module, world: World) -> torch.nn.Module:

@@ -85,7 +85,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
         engine.close()
         reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
-    return StageResult(run.finish(summary), summary)
+    return run.finish(summary)
 
 
 def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source):

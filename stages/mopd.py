@@ -75,7 +75,7 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     finally:
         engine.close()
     summary = summarize(run.history, engine.name, teachers, time.time() - started)
-    return StageResult(run.finish(summary), summary)
+    return run.finish(summary)
 
 
 def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teacher_logp,

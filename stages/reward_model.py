@@ -38,7 +38,7 @@ from cascade.stages.losses import bradley_terry_loss
 from cascade.stages.model import completion_ids, prompt_ids, resolve_model_dir
 from cascade.stages.sft import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.distributed import World, resolve_device
+from cascade.stages.distributed import process_world
 from cascade.stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
@@ -47,8 +47,7 @@ Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + 
 def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
     started = time.time()
-    compute = ctx.recipe.compute_for(cfg)
-    world = World(0, 1, resolve_device(compute.device), compute)  # one process: the stage is minutes on a CPU
+    world = process_world(ctx.recipe.compute_for(cfg))  # one process: the stage is minutes on a CPU
     model, tokenizer = load_backbone(ctx, cfg, inputs)
     model.to(world.device)
     train, heldout = load_pairs(cfg, ctx.recipe.seed)
@@ -80,7 +79,8 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
 
     # evaluate: pairwise accuracy and reward margin on the held-out pairs
     metrics = {**pairwise_metrics(model, heldout_ids, pad, cfg.micro_batch_size), "steps": cfg.steps,
-               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1)}
+               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1),
+               "dtype": world.dtype}
     ctx.log.log(cfg.steps, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
     ref = save_model_checkpoint(ctx, ctx.key, model, tokenizer, cfg=cfg, step=cfg.steps,
                                 parent=inputs.stages.get(cfg.init), metrics=metrics)

@@ -5,13 +5,14 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
     L = -(1 / N_resp) * sum_{b,t} 1[t in response_b] * log pi(y_t | y_<t),
 
 with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
-Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast, as measured on this CPU
-(docs/LOG.md); under torchrun each rank takes a contiguous share of every batch's rows and the token count is
-all-reduced (stages/distributed.py); batches are sampled from a per-epoch seeded permutation, so the data
-position is just the step number and a resumed stage sees exactly the batches it would have seen. Packing (on
-by default, `packing: false` pads instead; docs/RECIPES.md) lays a step's rows end to end with position ids
-restarting per row and attention kept inside each: the same loss per token as padding, without the padding's
-compute; the layout is a pure function of the step's rows, so resume parity holds packed too.
+Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast where this host runs it faster
+(`compute.dtype: auto`, stages/precision.py); under torchrun each rank takes a contiguous share of every
+batch's rows and the token count is all-reduced (stages/distributed.py); batches are sampled from a per-epoch
+seeded permutation, so the data position is just the step number and a resumed stage sees exactly the batches
+it would have seen. Packing (on by default, `packing: false` pads instead; docs/RECIPES.md) lays a step's rows
+end to end with position ids restarting per row and attention kept inside each: the same loss per token as
+padding, without the padding's compute; the layout is a pure function of the step's rows, so resume parity
+holds packed too.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     seconds = time.time() - started
     metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
                "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}
-    return StageResult(run.finish(metrics), metrics)
+    return run.finish(metrics)
 
 
 # The packing probe's bound on max|alone - packed| / max|alone|. fp32 reduction-order rounding measured 3e-7

@@ -22,6 +22,7 @@ from cascade.stages.config import OptimizerConfig, TrainingConfig
 from cascade.stages.context import (
     TRAIN_STATE_DIR,
     StageContext,
+    StageResult,
     latest_step_checkpoint,
     load_policy,
     load_step_state,
@@ -140,9 +141,11 @@ class TrainRun:
                 prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
         self._step_started = time.perf_counter()
 
-    def finish(self, metrics: dict[str, Any]) -> CheckpointRef:
-        """The stage's checkpoint: the whole model as one HF directory (gathered to rank 0 under torchrun)."""
-        return self._commit(self.ctx.key, metrics, None)
+    def finish(self, metrics: dict[str, Any]) -> StageResult:
+        """The stage's checkpoint (the whole model as one HF directory, gathered to rank 0 under torchrun) and its
+        metrics, with the dtype it trained in (compute.dtype auto is decided per host)."""
+        metrics = {**metrics, "dtype": self.world.dtype}
+        return StageResult(self._commit(self.ctx.key, metrics, None), metrics)
 
     def _commit(self, key: str, metrics: dict[str, Any], state: dict[str, Any] | None) -> CheckpointRef:
         """Every rank writes its share of the train state (step checkpoints) into one local directory; after a

@@ -108,6 +108,7 @@ def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_met
     # transformers' own load, one sequence at a time (no padding), gives the stage's figures
     assert manifest["metrics"]["heldout_accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 16, abs=1e-9)
     assert manifest["metrics"]["heldout_margin"] == pytest.approx(sum(margins) / 16, abs=1e-4)
+    assert manifest["metrics"]["dtype"] == "fp32"  # the recipe's compute.dtype, recorded with the stage's figures
 
 
 def test_rlhf_logs_reward_model_and_rubric_side_by_side_and_kl_starts_at_zero(tmp_path):

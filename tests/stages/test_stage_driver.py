@@ -2,6 +2,7 @@
 
 Its checkpoint equals the flow's: tests/flows/test_cascade.py::test_micro_cascade_runs_end_to_end."""
 
+import json
 import subprocess
 import sys
 
@@ -30,6 +31,7 @@ def test_one_stage_at_a_time_adopts_the_committed_ones_and_equals_both_at_once(t
     assert one.keys() == both.keys() and all(torch.equal(one[k], both[k]) for k in one)
     summary = (tmp_path / "a.json").read_text()
     assert '"adopted": true' in summary and '"steps": 2' in summary  # sft_data adopted, sft ran its 2 steps
+    assert json.loads(summary)["sft"]["metrics"]["dtype"] == "fp32"  # micro's compute.dtype, recorded by the stage
     store = Store.from_config(micro_recipe(tmp_path / "a").storage)
     assert store.exists("runs/driver/metrics/01-sft.jsonl")  # the step log the report's curves read
 
