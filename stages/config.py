@@ -485,11 +485,22 @@ class OnPolicyConfig(TrainingConfig):
     # domain -> share of each step's prompts (normalized; e.g. the paper's multi-domain blend mcqa 0.55, tool 0.30,
     # structured 0.15); None: prompts drawn uniformly from the pooled domains, so each in proportion to its pool
     domain_weights: dict[str, Fraction] | None = None
+    # every domain (of positive weight) gets at least this many of each step's prompts: at 16 prompts a 0.15 share
+    # is 2 prompts, too few groups to carry signal; the rest is shared by weight
+    min_prompts_per_domain: Annotated[int, Field(strict=True, ge=0, le=BATCH_LIMIT)] = 0
 
     @model_validator(mode="after")
     def _weights_sum(self) -> OnPolicyConfig:
         if self.domain_weights is not None and sum(self.domain_weights.values()) <= 0:
             raise ValueError(f"stage {self.name!r}: domain_weights must not all be 0")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_fits(self) -> OnPolicyConfig:
+        domains = getattr(self, "domains", None) or []
+        if self.min_prompts_per_domain * len(domains) > self.prompts_per_step:
+            raise ValueError(f"stage {self.name!r}: min_prompts_per_domain {self.min_prompts_per_domain} x "
+                             f"{len(domains)} domains is more than prompts_per_step {self.prompts_per_step}")
         return self
 
     @model_validator(mode="after")

@@ -31,15 +31,19 @@ def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = Non
 
 
 def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
-                   weights: dict[str, float] | None = None) -> list[Item]:
-    """n prompts of the pool without replacement: uniformly, or `weights[d]`'s share of them from domain d."""
-    if weights is None:
+                   weights: dict[str, float] | None = None, floor: int = 0) -> list[Item]:
+    """n prompts of the pool without replacement: uniformly, or `weights[d]`'s share of them from domain d; with a
+    floor, every domain of the pool (of positive weight) gets at least `floor` of them, its share by pool size
+    when no weights are given."""
+    if weights is None and floor == 0:
         return random.Random(f"prompts:{seed}:{stage}:{step}").sample(pool, n)
     by_domain: dict[str, list[Item]] = defaultdict(list)
     for item in pool:
         by_domain[item.domain].append(item)
+    if weights is None:
+        weights = {d: float(len(items)) for d, items in by_domain.items()}
     drawn: list[Item] = []
-    for domain, count in weighted_counts(n, weights).items():
+    for domain, count in weighted_counts(n, weights, floor).items():
         if count > len(by_domain[domain]):
             raise ValueError(f"stage {stage!r}: domain {domain!r} has {len(by_domain[domain])} prompts, "
                              f"fewer than its {count} of each step")
@@ -47,14 +51,25 @@ def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
     return drawn
 
 
-def weighted_counts(n: int, weights: dict[str, float]) -> dict[str, int]:
-    """n split by weight, by largest remainder (ties: domain name), so the counts sum to n exactly."""
-    total = sum(weights.values())
-    exact = {d: n * w / total for d, w in sorted(weights.items())}
-    counts = {d: int(x) for d, x in exact.items()}
+def weighted_counts(n: int, weights: dict[str, float], floor: int = 0) -> dict[str, int]:
+    """n split by weight, by largest remainder (ties: domain name), so the counts sum to n exactly. A domain of
+    positive weight whose share falls below `floor` gets `floor`, and the rest is split again among the others:
+    a small domain of a blend still has a few groups of signal every step."""
+    fixed: dict[str, int] = {d: 0 for d, w in weights.items() if w <= 0}
+    if floor * (len(weights) - len(fixed)) > n:
+        raise ValueError(f"{n} prompts per step cannot give {len(weights) - len(fixed)} domains {floor} each")
+    while True:
+        free = {d: w for d, w in sorted(weights.items()) if d not in fixed}
+        left, total = n - sum(fixed.values()), sum(free.values())
+        exact = {d: left * w / total for d, w in free.items()}
+        short = [d for d, x in exact.items() if x < floor]
+        if not short:
+            break
+        fixed.update({d: floor for d in short})
+    counts = {**fixed, **{d: int(x) for d, x in exact.items()}}
     for d in sorted(exact, key=lambda d: counts[d] - exact[d])[: n - sum(counts.values())]:
         counts[d] += 1
-    return counts
+    return dict(sorted(counts.items()))
 
 
 def step_seed(seed: int, stage: str, step: int) -> int:
@@ -117,7 +132,8 @@ def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPol
     ids, and G samples of each from the current policy (groups[p][j] is sample j of prompt p). Refill round r > 0
     of a step draws its prompts and samples with seeds of their own, so a resumed step replays every round."""
     stream = cfg.name if refill == 0 else f"{cfg.name}#refill{refill}"
-    items = sample_prompts(pool, count or cfg.prompts_per_step, recipe.seed, stream, step, cfg.domain_weights)
+    items = sample_prompts(pool, count or cfg.prompts_per_step, recipe.seed, stream, step, cfg.domain_weights,
+                           cfg.min_prompts_per_domain if refill == 0 else 0)  # a refill fills what is missing
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, stream, step))

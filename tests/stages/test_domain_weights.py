@@ -8,7 +8,7 @@ import pytest
 
 from cascade.stages.config import GRPOConfig
 from cascade.stages.context import ListSink
-from cascade.stages.domains import get_domain
+from cascade.stages.domains import Item, get_domain
 from cascade.stages.grpo import run_grpo
 from cascade.stages.kinds import StageInputs
 from cascade.stages.recipe import RecipeError, validate_recipe
@@ -69,3 +69,29 @@ def test_bad_weights_are_refused(tmp_path, weights, message):
 
 def test_weights_default_to_none():
     assert GRPOConfig(name="x", domains=["math"]).domain_weights is None
+
+
+def test_a_floor_gives_every_domain_its_minimum_and_shares_the_rest_by_weight():
+    # 16 x (0.55, 0.30, 0.15) = 8.8, 4.8, 2.4: structured is raised to 4, the other 12 split 0.55:0.30 =
+    # 7.76, 4.24 -> 8, 4 (largest remainder)
+    assert weighted_counts(16, BLEND, floor=4) == {"mcqa": 8, "structured": 4, "tool": 4}
+    # tool's share of the remaining 12 (4.24) clears the floor; with floor 5 both small domains are raised
+    assert weighted_counts(16, BLEND, floor=5) == {"mcqa": 6, "structured": 5, "tool": 5}
+    assert weighted_counts(16, BLEND, floor=0) == weighted_counts(16, BLEND)
+    assert weighted_counts(5, {"a": 2, "b": 0}, floor=2) == {"a": 5, "b": 0}  # weight 0 stays 0
+    with pytest.raises(ValueError, match="cannot give 3 domains 6 each"):
+        weighted_counts(16, BLEND, floor=6)
+
+
+def test_a_floor_without_weights_shares_by_pool_size():
+    pool = [Item(d, f"{d}{i}", f"{d} prompt {i}", "") for d, n in (("big", 90), ("small", 10)) for i in range(n)]
+    drawn = sample_prompts(pool, 10, 0, "multi", 0, None, floor=3)
+    assert Counter(it.domain for it in drawn) == {"big": 7, "small": 3}  # 9 : 1 by pool, small raised to 3
+
+
+def test_a_floor_too_large_for_the_step_is_refused_by_the_recipe():
+    from cascade.flows.recipes import load_recipe
+    from cascade.stages.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="min_prompts_per_domain 3 x 2 domains is more than prompts_per_step 4"):
+        load_recipe("micro", ["stages.math_rl.domains=[math, instruct]", "stages.math_rl.min_prompts_per_domain=3"])
