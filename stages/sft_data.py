@@ -141,8 +141,9 @@ class ShardBuilder:
             "build_hash": self.hash,
             "teachers": {d: self.cfg.domain_teacher(d).model_dump(mode="json") for d in self.domains},
             "dedup": self.cfg.dedup.model_dump(), "max_tokens": self.cfg.max_tokens,
-            "decontamination": {**decon.model_dump(), "eval_sets": [f"{d}/heldout" for d in self.ctx.recipe.domains]
-                                + list(decon.benchmarks), "eval_prompts": self.index.prompts if self.index else 0},
+            "decontamination": {**decon.model_dump(), "eval_prompts": self.index.prompts if self.index else 0,
+                                "eval_sets": [f"{d}/{split}" for d in self.ctx.recipe.domains for split in ("heldout", "dev")]
+                                + list(decon.benchmarks)},
         }
 
     def make_shard(self, index: int, chunk: list[Row], dest: Path, key: str) -> dict[str, SourceCounts]:

@@ -83,8 +83,8 @@ def test_contaminated_user_file_loses_exactly_the_eval_prompts(tmp_path):
     assert result.metrics["dropped/contaminated"] == len(contaminated) == 10
     data_card = card(ctx)
     assert data_card["sources"]["math/file:mine.jsonl"]["dropped"]["contaminated"] == 10
-    assert data_card["decontamination"]["eval_sets"] == ["math/heldout", "gsm8k"]
-    assert data_card["decontamination"]["eval_prompts"] == 16 + 1319
+    assert data_card["decontamination"]["eval_sets"] == ["math/heldout", "math/dev", "gsm8k"]
+    assert data_card["decontamination"]["eval_prompts"] == 16 + 16 + 1319  # held-out, dev, the benchmark
 
 
 def test_short_eval_prompts_match_whole_and_long_ones_by_ngram():
@@ -332,7 +332,7 @@ def test_shipped_recipes_build_with_dedup_and_decontamination(tmp_path):
     result, ctx = build(recipe, tmp_path)
     # the synthetic splits are disjoint by construction: both filters run and drop nothing
     assert result.metrics["rows"] == result.metrics["input_rows"] == 128 and result.metrics["shards"] == 2
-    assert card(ctx)["decontamination"]["eval_prompts"] == 32
+    assert card(ctx)["decontamination"]["eval_prompts"] == 64  # 2 domains x (16 held-out + 16 dev)
 
 
 def test_user_files_stream_from_s3(tmp_path, monkeypatch):
