@@ -141,6 +141,11 @@ class LocalAPI:
                               "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
                               "--lifespan", "on"], env)
 
+    @property
+    def embedded(self) -> bool:
+        """Whether this is the command's own server (no PREFECT_API_URL was configured)."""
+        return self.process is not None
+
     def __enter__(self) -> LocalAPI:
         if self.process is not None:
             try:

@@ -33,6 +33,11 @@ def execute(recipe, run_id: str) -> None:
 
     with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=console, transient=False) as progress:
+        if api.embedded:  # our own server: it holds the limit training stages take a slot of (else Prefect warns)
+            from cascade.infra.deploy import ensure_compute_limit
+            from cascade.tasks.stages import compute_limit_name
+
+            ensure_compute_limit(compute_limit_name())
         bars: dict[str, Any] = {}
 
         def factory(label: str):

@@ -211,3 +211,16 @@ def test_gc_local_removes_only_the_scratch_directories_no_live_process_owns(tmp_
     finally:
         holders[1].kill()
         holders[1].wait()
+
+
+def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warnings(tmp_path):
+    """`cascade run` with its own Prefect server (no PREFECT_API_URL), as on a fresh clone: no dependency's
+    WARNING or UserWarning line reaches the user (the compute concurrency limit exists on the embedded server)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI")}
+    env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200")
+    result = subprocess.run([*CASCADE, "run", "micro", "--run-id", "first"], capture_output=True, text=True,
+                            env=env, cwd=ROOT, timeout=600)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "Forgetting matrix" in out and "report: file://" in out
+    assert "WARNING" not in out and "Warning" not in out, out[-3000:]
