@@ -480,6 +480,9 @@ class OnPolicyConfig(TrainingConfig):
     group_size: BatchSize = 8  # samples per prompt
     micro_batch_size: BatchSize = 64  # sequences per forward/backward; the loss is normalized globally
     lr: LearningRate = 5e-5
+    # the learning rate ramps linearly to lr over the first warmup_steps, then stays: a fresh AdamW's first steps
+    # divide by a second moment of one gradient, and its full-size steps at lr move a small policy too far
+    warmup_steps: Every = 0
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
     # domain -> share of each step's prompts (normalized; e.g. the paper's multi-domain blend mcqa 0.55, tool 0.30,

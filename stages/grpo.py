@@ -41,7 +41,7 @@ from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss
 from cascade.stages.rewards import make_reward_source
 from cascade.stages.distributed import rank_micro_batches
 from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -170,8 +170,9 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     with record_function("grpo.forward_backward"):  # backward: this range less its logprob_forward ranges
         loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     with record_function("grpo.optimizer"):
-        grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "entropy": world.all_sum(stats["entropy"]),
+        lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+    return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "entropy": world.all_sum(stats["entropy"]),
             "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
             "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
             **({"kl": world.all_sum(stats["kl"])} if reference is not None else {})}

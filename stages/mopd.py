@@ -34,7 +34,7 @@ from cascade.stages.rollout import (
     sample_groups,
     score_groups,
 )
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches, warmup_constant
 
 
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -96,10 +96,11 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teach
         return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
 
     loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
-    grad_norm = clip_and_step(run.model, run.optimizer, cfg.lr, cfg.grad_clip)
+    lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
+    grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
     outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {
-        "loss": loss, "grad_norm": grad_norm,
+        "loss": loss, "grad_norm": grad_norm, "lr": lr,
         "truncated_fraction": world.all_sum(outside) / max(num_tokens, 1),
         "logprob_mismatch": world.all_sum(float(((student_logp - inf_logp).abs() * mask).sum())) / num_tokens,
         "tokens_sampled": float(num_tokens), "tokens_trained": float(num_tokens),

@@ -58,6 +58,11 @@ def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def warmup_constant(step: int, warmup: int) -> float:
+    """LR multiplier: linear warm-up to 1 over `warmup` steps (step is 0-based), then 1."""
+    return min(1.0, (step + 1) / warmup) if warmup else 1.0
+
+
 def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, grad_clip: float) -> float:
     for group in optimizer.param_groups:
         group["lr"] = lr

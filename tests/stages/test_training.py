@@ -310,3 +310,14 @@ def test_adam_betas_validate_from_a_recipe():
     assert load_recipe("micro", ["stages.sft.adam_betas=[0.9, 0.99]"]).stage("sft").adam_betas == (0.9, 0.99)
     with pytest.raises(RecipeError, match="adam_betas"):
         load_recipe("micro", ["stages.sft.adam_betas=[0.9, 1.0]"])
+
+
+def test_an_on_policy_warmup_ramps_the_learning_rate_then_holds_it(tmp_path, monkeypatch):
+    from cascade.stages.training import warmup_constant
+
+    assert [warmup_constant(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert warmup_constant(0, 0) == 1.0
+    recipe = vowel_recipe(tmp_path, monkeypatch, steps=3, warmup_steps=2)
+    sink = ListSink()
+    run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), StageInputs())
+    assert sink.series("lr") == [5e-3, 1e-2, 1e-2]  # the stage's lr 1e-2, reached at the second step
