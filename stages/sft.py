@@ -26,6 +26,7 @@ from cascade.artifacts.checkpoint import CheckpointRef, materialize
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.recipe import RecipeError
 from cascade.stages.config import SFTConfig
 from cascade.stages.kinds import StageInputs
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
@@ -40,15 +41,15 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     started = time.time()
     run = TrainRun(ctx, cfg, inputs.policy)
     if cfg.attention == "flex_attention" and run.world.device.type != "cuda":
-        raise ValueError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
+        raise RecipeError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
                          "backward for it); use sdpa")
     examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
     if not examples:  # e.g. every row dropped by the filters: its data card says why
-        raise ValueError(f"stage {cfg.name!r}: the dataset of stage {cfg.data!r} has no rows to train on")
+        raise RecipeError(f"stage {cfg.name!r}: the dataset of stage {cfg.data!r} has no rows to train on")
     pad = run.tokenizer.pad_token_id
     world, device = run.world, run.world.device
     if cfg.batch_size < world.size:
-        raise ValueError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
+        raise RecipeError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
     run.model.set_attn_implementation(cfg.attention)
     if cfg.packing:
         check_packing_isolates_rows(run.model, device)
@@ -117,7 +118,7 @@ def compile_layers(model: torch.nn.Module, world: World, stage: str) -> None:
     """torch.compile each decoder layer in place (its parameters keep their names); after the packing probe, whose
     6-token shape would be a compile of its own."""
     if world.distributed:
-        raise ValueError(f"stage {stage!r}: compile runs in one process only (one rank, compute.launcher: auto)")
+        raise RecipeError(f"stage {stage!r}: compile runs in one process only (one rank, compute.launcher: auto)")
     for layer in decoder_layers(model):
         layer.compile()
 

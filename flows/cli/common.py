@@ -25,9 +25,30 @@ class CLIError(Exception):
     """Bad user input: printed as one line, exit code 2."""
 
 
+LOG_FILE: list[str] = []  # where this command's library log lines go (logs_to_file), named by its error line
+
+
 def fail(message: str, code: int = 2) -> None:
-    typer.echo(f"cascade: error: {message}", err=True)
+    where = f" (log: {LOG_FILE[0]})" if LOG_FILE else ""
+    typer.echo(f"cascade: error: {message}{where}", err=True)
     raise typer.Exit(code)
+
+
+def logs_to_file(path) -> None:
+    """Library log lines (Prefect's task tracebacks and state changes, any dependency's WARNING) and Python
+    warnings go to `path` instead of the terminal, which keeps the progress bars, the matrix and our one-line
+    errors; a failure's line names the file."""
+    import logging
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for console_handler in [h for h in root.handlers if type(h) is not logging.FileHandler]:
+        root.removeHandler(console_handler)
+    root.addHandler(handler)
+    logging.captureWarnings(True)
+    LOG_FILE[:] = [str(path)]
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cascade.artifacts.layout import valid_run_id
-from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services, store_for, stored_recipe
+from cascade.flows.cli.common import (CLIError, app, console, guarded, logs_to_file, quiet_services, store_for,
+                                      stored_recipe)
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -25,6 +26,7 @@ def execute(recipe, run_id: str) -> None:
     from cascade.infra.prefect_server import LocalAPI
 
     api = LocalAPI()  # started now, when no PREFECT_API_URL is configured: its start-up overlaps these imports
+    from cascade.artifacts.home import cascade_home
     from cascade.artifacts.layout import report_key
     from cascade.artifacts.store import Store
     from cascade.flows.cascade import cascade_flow
@@ -49,10 +51,15 @@ def execute(recipe, run_id: str) -> None:
             return update
 
         set_progress_factory(factory)
+        logs_to_file(cascade_home() / "logs" / f"{run_id}.log")
         try:
             report = cascade_flow(recipe, run_id)
         finally:
             set_progress_factory(None)
+            # the run's log lines reach the API before its server stops (else Prefect writes its failure to stderr)
+            from prefect.logging.handlers import APILogWorker
+
+            APILogWorker.drain_all(timeout=5)
     print_matrix(report, Store.from_config(recipe.storage), gain_targets(recipe.stages))
     console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
 

@@ -224,3 +224,19 @@ def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warni
     assert result.returncode == 0, out[-3000:]
     assert "Forgetting matrix" in out and "report: file://" in out
     assert "WARNING" not in out and "Warning" not in out, out[-3000:]
+
+
+def test_a_failed_stage_is_one_line_naming_the_log_that_holds_prefects_traceback(tmp_path):
+    """A stage that stops on bad input (flex_attention on a CPU) as run on a fresh clone: exit 2 and our one
+    line, which names the log file; Prefect's task traceback is in that file, not on the terminal."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI")}
+    env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200")
+    result = subprocess.run([*CASCADE, "run", "micro", "--run-id", "flex", "stages.sft.attention=flex_attention"],
+                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    log = tmp_path / "home" / "logs" / "flex.log"
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        f"cascade: error: stage 'sft': attention flex_attention trains on cuda only (torch has no CPU backward "
+        f"for it); use sdpa (log: {log})"]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "Traceback" in log.read_text() and "flex_attention trains on cuda only" in log.read_text()
