@@ -62,17 +62,39 @@ def side_command(side: str, setting: Setting) -> list[str]:
     return [sys.executable, str(REPO / "bench" / "grpo_cascade_side.py"), json.dumps(asdict(same))]
 
 
+def trl_same_work_kwargs(prompts: int, group: int, tokens: int, steps: int, lr: float, seed: int, dtype: str,
+                        temperature: float = 1.0, top_p: float = 1.0) -> dict:
+    """TRL 1.16 GRPOConfig keyword arguments (all but output_dir) that make GRPOTrainer do our stage's work: P
+    prompts x G samples, generation batch = train batch (one generation per optimizer step, so the old logprobs are
+    the detached current ones, as in ours), no KL (beta=0) and so no reference model, HF `generate` (use_vllm=False),
+    fp32 or bf16 autocast, and no gradient checkpointing (TRL's default turns it on; our stage's default has it off).
+    Plain data, so the main venv builds and tests them and the peer (in .venv-trl) takes them as JSON."""
+    return dict(
+        use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1, max_steps=steps,
+        seed=seed, learning_rate=lr, per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1,
+        num_generations=group, steps_per_generation=1, max_completion_length=tokens, temperature=temperature,
+        top_p=top_p, beta=0.0, use_vllm=False, log_completions=False, bf16=dtype == "bf16",
+        dataloader_num_workers=0, gradient_checkpointing=False)
+
+
+def run_checked(command: list[str], threads: int, who: str) -> str:
+    """A side's process with the checkout on PYTHONPATH and `threads` torch threads; its stdout. A failure exits
+    with the process's last stderr line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    if done.returncode != 0:
+        raise SystemExit(f"{who} failed (exit {done.returncode}): "
+                         f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return done.stdout
+
+
 def run_side(side: str, setting: Setting, loads: list[float]) -> dict:
     """One run in a fresh process: its step times and tokens (the side's last stdout line, JSON)."""
     loads.append(os.getloadavg()[0])
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(setting.threads),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    done = subprocess.run(side_command(side, setting), capture_output=True, text=True, env=env, cwd=REPO)
+    stdout = run_checked(side_command(side, setting), setting.threads, f"bench_grpo: the {side} run")
     loads.append(os.getloadavg()[0])
-    if done.returncode != 0:
-        raise SystemExit(f"bench_grpo: the {side} run failed (exit {done.returncode}): "
-                         f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = json.loads(stdout.strip().splitlines()[-1])
     seconds = result["step_seconds"]
     return {"s_per_step": statistics.median(seconds), "tok_per_s": sum(result["tokens_sampled"]) / sum(seconds),
             "kept_groups": result["kept_groups"]}

@@ -125,16 +125,29 @@ class ShardedRollouts:
         self.engine.close()
 
 
+def prompt_stream(cfg: OnPolicyConfig, refill: int = 0) -> str:
+    """The name a step's prompt draw and sampling seed are keyed by: the stage's, or its refill round's."""
+    return cfg.name if refill == 0 else f"{cfg.name}#refill{refill}"
+
+
+def step_prompts(pool: list[Item], cfg: OnPolicyConfig, seed: int, step: int, refill: int = 0,
+                 count: int | None = None) -> list[Item]:
+    """The prompts an on-policy stage trains on at `step` (refill round `refill`: `count` of them): a function of
+    (recipe seed, stage, step), so a resumed step, and bench/bench_learning.py's TRL peer, get the same ones."""
+    floor = cfg.min_prompts_per_domain if refill == 0 else 0  # a refill fills what is missing
+    return sample_prompts(pool, count or cfg.prompts_per_step, seed, prompt_stream(cfg, refill), step,
+                          cfg.domain_weights, floor)
+
+
 def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,
                   domains: list[str], step: int, refill: int = 0,
                   count: int | None = None) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
     """The rollout phase of every on-policy stage: this step's P prompts (or `count`), their chat-formatted token
     ids, and G samples of each from the current policy (groups[p][j] is sample j of prompt p). Refill round r > 0
     of a step draws its prompts and samples with seeds of their own, so a resumed step replays every round."""
-    stream = cfg.name if refill == 0 else f"{cfg.name}#refill{refill}"
-    items = sample_prompts(pool, count or cfg.prompts_per_step, recipe.seed, stream, step, cfg.domain_weights,
-                           cfg.min_prompts_per_domain if refill == 0 else 0)  # a refill fills what is missing
+    items = step_prompts(pool, cfg, recipe.seed, step, refill, count)
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
+    stream = prompt_stream(cfg, refill)
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
                               max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, stream, step))
     return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
