@@ -81,6 +81,8 @@ def unsupported(cfg: GRPOConfig) -> list[str]:
         reasons.append("refill_rounds (TRL draws no prompts beyond a step's P)")
     if cfg.kl_coef:
         reasons.append("kl_coef (the bench compares the KL-free objective, beta=0)")
+    if cfg.warmup_steps:
+        reasons.append("warmup_steps (TRL's warm-up takes its first step at lr 0, ours at lr / warmup_steps)")
     return reasons
 
 
@@ -89,7 +91,7 @@ def trl_config_kwargs(cfg: GRPOConfig, max_new_tokens: int, seed: int) -> dict:
     return {
         **trl_same_work_kwargs(cfg.prompts_per_step, cfg.group_size, max_new_tokens, cfg.steps, cfg.lr, seed, "fp32",
                                cfg.temperature, cfg.top_p),
-        # our GRPO stage steps at cfg.lr from its first step to its last: no warm-up, no decay
+        # our GRPO stage steps at cfg.lr from its first step to its last (a warm-up is refused above), no decay
         "lr_scheduler_type": "constant",
         "optim": "adamw_torch_fused",  # stages.training.make_optimizer: torch's fused AdamW
         "adam_beta1": cfg.adam_betas[0], "adam_beta2": cfg.adam_betas[1], "weight_decay": cfg.weight_decay,

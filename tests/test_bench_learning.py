@@ -118,8 +118,9 @@ def test_stages_trl_cannot_be_given_the_same_are_refused():
     assert unsupported(grpo_stage(recipe, "math", "tiny")) == []
     assert unsupported(grpo_stage(recipe, "instruct", "tiny")) == [
         "prompts from difficulty stage 'difficulty' (the bench runs no earlier stage)"]
-    cfg = GRPOConfig(name="rl", domains=["math"], refill_rounds=2, kl_coef=0.1)
+    cfg = GRPOConfig(name="rl", domains=["math"], refill_rounds=2, kl_coef=0.1, warmup_steps=5)
     assert unsupported(cfg) == ["refill_rounds (TRL draws no prompts beyond a step's P)",
-                                "kl_coef (the bench compares the KL-free objective, beta=0)"]
+                                "kl_coef (the bench compares the KL-free objective, beta=0)",
+                                "warmup_steps (TRL's warm-up takes its first step at lr 0, ours at lr / warmup_steps)"]
     with pytest.raises(SystemExit, match="has no GRPO stage on 'chat' alone"):
         grpo_stage(recipe, "chat", "tiny")
