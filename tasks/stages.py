@@ -7,8 +7,9 @@ step checkpoint. A stage whose checkpoint is committed but whose result record i
 two) is skipped by its manifest, as `cascade resume` always did.
 
 Training stages hold one slot of a global concurrency limit (`$CASCADE_COMPUTE_LIMIT`, default `compute`), so
-two training stages never share the machine. `cascade deploy` creates it with one slot; where it does not exist
-(the embedded server of `cascade run`) Prefect logs that it skips the acquisition.
+two training stages never share the machine. `cascade deploy` creates it with one slot. `cascade run` on its own
+embedded server sets it to `none`: one run's stages are sequential, and a limit there would be shared, through
+PREFECT_HOME's database, with every other `cascade run` on the host.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from cascade.stages.recipe import Recipe, validate_recipe
 from cascade.tasks.progress import stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
+NO_COMPUTE_LIMIT = "none"  # stages take no slot: `cascade run`'s own server, one run in one process
 
 
 def compute_limit_name() -> str:
@@ -95,7 +97,7 @@ def result_storage(recipe: Recipe, run_id: str) -> Path | WritableFileSystem:
 
 def compute_slot(kind: str) -> contextlib.AbstractContextManager:
     """One slot of the compute limit around a stage whose kind holds compute; data stages need none."""
-    if not kind_of(kind).holds_compute:
+    if not kind_of(kind).holds_compute or compute_limit_name() == NO_COMPUTE_LIMIT:
         return contextlib.nullcontext()
     return concurrency(compute_limit_name(), occupy=1)
 

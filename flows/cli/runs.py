@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from pathlib import Path
@@ -35,11 +36,13 @@ def execute(recipe, run_id: str) -> None:
 
     with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                        console=console, transient=False) as progress:
-        if api.embedded:  # our own server: it holds the limit training stages take a slot of (else Prefect warns)
-            from cascade.infra.deploy import ensure_compute_limit
-            from cascade.tasks.stages import compute_limit_name
+        if api.embedded:
+            # One run in this process, its stages one after another: no slot to take. (A limit on the embedded
+            # server is shared through PREFECT_HOME's database with every other `cascade run` on the host, which
+            # then waited, silently, for each other's training stages; a missing one is a Prefect warning.)
+            from cascade.tasks.stages import COMPUTE_LIMIT_ENV, NO_COMPUTE_LIMIT
 
-            ensure_compute_limit(compute_limit_name())
+            os.environ[COMPUTE_LIMIT_ENV] = NO_COMPUTE_LIMIT
         bars: dict[str, Any] = {}
 
         def factory(label: str):
