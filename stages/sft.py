@@ -12,7 +12,8 @@ seeded permutation, so the data position is just the step number and a resumed s
 it would have seen. Packing (on by default, `packing: false` pads instead; docs/RECIPES.md) lays a step's rows
 end to end with position ids restarting per row and attention kept inside each: the same loss per token as
 padding, without the padding's compute; the layout is a pure function of the step's rows, so resume parity
-holds packed too.
+holds packed too. On a GPU, `attention: flex_attention` (block-sparse over the packed rows) and `compile: true`
+change how the step runs, not what it computes (docs/RECIPES.md).
 """
 
 from __future__ import annotations
