@@ -28,7 +28,8 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     assert rows["sft"]["tokens_trained"] == 100 * 32 * (128 + int(mean_new))
     assert rows["math_rl"]["tokens_sampled"] == 40 * 16 * 8 * 24  # steps x prompts x group x math's max_new_tokens
     assert rows["if_rl_hot"]["tokens_trained"] == 40 * 16 * 8 * 32
-    assert rows["eval after sft"]["tokens_sampled"] == 400 * 24 + 400 * 32
+    # 800 items per domain, each 4 samples at the RL temperature and one greedy answer, x max_new_tokens
+    assert rows["eval after sft"]["tokens_sampled"] == 800 * (4 + 1) * 24 + 800 * (4 + 1) * 32
     assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
     cpu = PROFILES["cpu"]
     assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)
