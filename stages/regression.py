@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
+from cascade.artifacts.report import GREEDY_COLUMN
 from cascade.artifacts.store import Store
 
 Verdict = Literal["regressed", "ok", "no baseline"]
@@ -79,7 +80,7 @@ def regressions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def replace(name: str, record: EvalRecord) -> Baseline:
-    """A baseline holding every domain of one eval record."""
+    """A baseline holding every gated column of one eval record (each domain's primary metric, each benchmark)."""
     return Baseline(name=name, domains=_entries(record), updated=time.time())
 
 
@@ -97,7 +98,7 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
         raise BaselineError(f"{where} has no `model` (the checkpoint URI it scored)")
     name = record.checkpoint or record.model
     return {d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
-            for d, s in record.scores.items()}
+            for d, s in record.scores.items() if not d.startswith(GREEDY_COLUMN)}  # greedy: shown, not a bar
 
 
 def read_eval_record(blob: bytes, where: str) -> EvalRecord:
