@@ -49,7 +49,7 @@ def fresh_run(world: World, tok):
     (AdamW would turn float noise on near-zero gradients into +-lr steps)."""
     model = prepare_model(build_tiny_model(SMALL, len(tok), seed=0), world)
     return SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), tokenizer=tok,
-                           world=world)
+                           world=world, step=0)
 
 
 def updates(world: World) -> dict:
