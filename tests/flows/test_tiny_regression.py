@@ -3,8 +3,9 @@ math down, the gate fires on math, and the MOPD recovery raises math above where
 
 Only sizes are scaled: SFT and the first RL stage run fewer steps and the held-out sets are halved. The stage
 list, the learning rates, the hot stage, the gate's tolerance and the recovery are the shipped recipe's.
-Measured 2026-11-23 on 2 loaded cores (18 min): math 0.205 after SFT, 0.21 after math RL, 0.0 after the hot stage
-at lr 1e-3 (the gate fires), 0.015 after MOPD: a weak recovery, but above where the regression left it. The full-size run is in docs/LOG.md and bench/RESULTS.md.
+Measured 2026-11-26 with these sizes through the CLI (one thread): math 0.925 after SFT, 0.919 after math RL, 0.75
+after the hot stage at lr 3e-4 (the gate fires), 0.871 after MOPD. At the hot stage's former lr 1e-3 both domains
+collapsed to ~0 and MOPD recovered nothing (0.0 -> 0.021). The full-size run is in docs/LOG.md and bench/RESULTS.md.
 """
 
 import pytest
