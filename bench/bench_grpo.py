@@ -226,11 +226,16 @@ def main(argv: list[str] | None = None) -> None:
                     print_comparison(label, compare(setting, args.rounds))
 
 
-if __name__ == "__main__":
+def run_main(main) -> None:
+    """A bench's entry point: a SystemExit with a message is a one-line error and exit code 2, as for bad arguments."""
     try:
         main()
     except SystemExit as e:
-        if isinstance(e.code, str):  # a one-line error: exit code 2, as for bad arguments
+        if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
             sys.exit(2)
         raise
+
+
+if __name__ == "__main__":
+    run_main(main)

@@ -48,7 +48,7 @@ from collections import defaultdict
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from bench_grpo import REPO, TRL_PYTHON, TRL_VENV, run_checked, trl_same_work_kwargs
+from bench_grpo import REPO, TRL_PYTHON, TRL_VENV, run_checked, run_main, trl_same_work_kwargs
 
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.html_report import paired_gain
@@ -343,10 +343,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as e:
-        if isinstance(e.code, str):  # a one-line error: exit code 2, as for bad arguments
-            print(e.code, file=sys.stderr)
-            sys.exit(2)
-        raise
+    run_main(main)
