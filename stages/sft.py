@@ -41,21 +41,18 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
     """Trains inputs.policy on the dataset of the sft_data stage cfg.data names."""
     started = time.time()
     run = TrainRun(ctx, cfg, inputs.policy)
-    if cfg.attention == "flex_attention" and run.world.device.type != "cuda":
-        raise RecipeError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
-                         "backward for it); use sdpa")
+    check_world(cfg, run.world)
     examples = load_examples(ctx, inputs.stages[cfg.data], run.tokenizer)
     if not examples:  # e.g. every row dropped by the filters: its data card says why
         raise RecipeError(f"stage {cfg.name!r}: the dataset of stage {cfg.data!r} has no rows to train on")
     pad = run.tokenizer.pad_token_id
     world, device = run.world, run.world.device
-    if cfg.batch_size < world.size:
-        raise RecipeError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
     run.model.set_attn_implementation(cfg.attention)
     if cfg.packing:
         check_packing_isolates_rows(run.model, device)
-    if cfg.compile:
-        compile_layers(run.model, world, cfg.name)
+    if cfg.compile:  # after the packing probe, whose 6-token shape would be a compile of its own
+        for layer in decoder_layers(run.model):
+            layer.compile()  # in place: its parameters keep their names
     logprobs = torch.compile(token_logprobs) if cfg.compile else token_logprobs
     tokens_seen = 0
     loss = 0.0
@@ -115,13 +112,16 @@ def packing_leak(alone: torch.Tensor, packed: torch.Tensor) -> float:
     return float((alone - packed).abs().max() / scale)
 
 
-def compile_layers(model: torch.nn.Module, world: World, stage: str) -> None:
-    """torch.compile each decoder layer in place (its parameters keep their names); after the packing probe, whose
-    6-token shape would be a compile of its own."""
-    if world.distributed:
-        raise RecipeError(f"stage {stage!r}: compile runs in one process only (one rank, compute.launcher: auto)")
-    for layer in decoder_layers(model):
-        layer.compile()
+def check_world(cfg: SFTConfig, world: World) -> None:
+    """Refuse, before the data is read, what this world cannot run: a batch smaller than its ranks, flex attention
+    off cuda, compiled layers under torchrun."""
+    if cfg.batch_size < world.size:
+        raise RecipeError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
+    if cfg.attention == "flex_attention" and world.device.type != "cuda":
+        raise RecipeError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
+                          "backward for it); use sdpa")
+    if cfg.compile and world.distributed:
+        raise RecipeError(f"stage {cfg.name!r}: compile runs in one process only (one rank, compute.launcher: auto)")
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:

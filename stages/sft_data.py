@@ -39,7 +39,7 @@ from cascade.stages.datasets.shards import DATA_DIR, TokenCounter, chat_row, ite
 from cascade.stages.datasets.sources import Row, iter_rows
 from cascade.stages.datasets.teachers import Teacher, make_teacher
 from cascade.stages.domains import get_domain
-from cascade.stages.domains.base import Domain
+from cascade.stages.domains.base import EVAL_SPLITS, Domain
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import shard_key, shards_dir
 from cascade.stages.config import OracleTeacher, SFTDataConfig
@@ -142,7 +142,7 @@ class ShardBuilder:
             "teachers": {d: self.cfg.domain_teacher(d).model_dump(mode="json") for d in self.domains},
             "dedup": self.cfg.dedup.model_dump(), "max_tokens": self.cfg.max_tokens,
             "decontamination": {**decon.model_dump(), "eval_prompts": self.index.prompts if self.index else 0,
-                                "eval_sets": [f"{d}/{split}" for d in self.ctx.recipe.domains for split in ("heldout", "dev")]
+                                "eval_sets": [f"{d}/{split}" for d in self.ctx.recipe.domains for split in EVAL_SPLITS]
                                 + list(decon.benchmarks)},
         }
 
@@ -248,7 +248,7 @@ def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
     from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
 
     for name, spec in recipe.domains.items():
-        for split in ("heldout", "dev"):
+        for split in EVAL_SPLITS:
             yield from (item.prompt for item in recipe.domain(name).iter_items(split, spec.heldout_size, recipe.seed))
     for bench in cfg.decontamination.benchmarks:
         yield from (item.prompt for item in load_items(resolve_benchmarks([bench])[0], cfg.resolved_data_root()))

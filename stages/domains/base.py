@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
 Split = Literal["train", "dev", "heldout"]
+EVAL_SPLITS: tuple[Split, ...] = ("heldout", "dev")  # what a recipe evaluates or tunes on: never trained on
 SPLIT_BUCKETS = 10  # of the split key's hash: bucket 0 is held out, bucket 1 is dev, the other eight train
 
 
