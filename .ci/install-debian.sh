@@ -2,7 +2,7 @@
 # Debian packages the project needs on a fresh machine. Idempotent and quiet.
 set -euo pipefail
 
-# sandbox/runner.py runs graded programs as an unprivileged uid, which cannot
+# sandbox/supervisor.py runs graded programs as an unprivileged uid, which cannot
 # execute the pyenv interpreter under /root (mode 700): it needs a
 # world-executable system python3 (and util-linux for the namespace probe in
 # its tests).

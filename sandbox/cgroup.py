@@ -13,7 +13,7 @@ ourselves would change the cgroup of every process beside the caller.  Each run'
 hold above it.  The groups of a caller that died (kill -9) are removed when the next caller probes.
 
 The caller creates the group, the sandbox's init moves the program into it before the program runs
-(runner._init_main), and afterwards the caller asks whether the kernel killed for memory and removes
+(child._init_main), and afterwards the caller asks whether the kernel killed for memory and removes
 the group.  Standard library only.
 """
 

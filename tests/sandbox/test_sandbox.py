@@ -22,7 +22,7 @@ import pytest
 from cascade.sandbox import SandboxLimits, Verdict, isolation_mode, run_many, run_python
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SANDBOX_FILE = os.path.join(PROJECT_ROOT, "sandbox", "runner.py")
+SANDBOX_FILE = os.path.join(PROJECT_ROOT, "sandbox", "supervisor.py")
 FAST = SandboxLimits(cpu_seconds=2, wall_seconds=4.0, memory_mb=256)
 MODE = isolation_mode()
 LAYERS = set(MODE.split("+"))
@@ -629,13 +629,13 @@ def test_a_cgroup_v2_hierarchy_is_used_where_the_callers_cgroup_hands_memory_dow
 def test_without_a_writable_cgroup_one_warning_and_socket_buffers_stay_small(tmp_path, monkeypatch, caplog):
     if "seccomp" not in LAYERS:
         pytest.skip("the socket-buffer cap is part of the seccomp filter")
-    from cascade.sandbox import cgroup, runner
+    from cascade.sandbox import cgroup, supervisor
 
     no_cgroup_mounts = tmp_path / "mountinfo"
     no_cgroup_mounts.write_text("")
     monkeypatch.setattr(cgroup, "_MOUNTINFO", str(no_cgroup_mounts))
     monkeypatch.setattr(cgroup, "_found", None)
-    monkeypatch.setattr(runner, "_mode_layers", None)
+    monkeypatch.setattr(supervisor, "_mode_layers", None)
     caplog.set_level("WARNING", logger="cascade.sandbox")
     limits = SandboxLimits(cpu_seconds=5, wall_seconds=8.0, memory_mb=128)
     verdicts = [run_python(SOCKET_HOARD.format(target_mib=128), limits) for _ in range(2)]
@@ -915,7 +915,7 @@ def test_local_ipc_still_works():
 @pytest.mark.timeout(60)
 def test_socket_preamble_mode_blocks_new_sockets_but_not_local_ipc():
     """The last-resort mode (neither netns nor seccomp) is never chosen where those work: run it directly."""
-    from cascade.sandbox.runner import _execute
+    from cascade.sandbox.supervisor import _execute
 
     layers = ("setuid", "rlimits", "socket-preamble") if os.geteuid() == 0 else ("rlimits", "socket-preamble")
     for family in ("AF_UNIX", "AF_INET"):
@@ -939,11 +939,9 @@ def test_non_root_caller_is_also_contained(tmp_path):
     victim = tempfile.mkdtemp(prefix="cascade-victim-")
     os.chown(victim, 65534, 65534)
     driver = f"""
-    import importlib.util, sys
-    spec = importlib.util.spec_from_file_location("sbx", {SANDBOX_FILE!r})
-    sbx = importlib.util.module_from_spec(spec)
-    sys.modules["sbx"] = sbx
-    spec.loader.exec_module(sbx)
+    import sys
+    sys.path.insert(0, {PROJECT_ROOT!r})
+    from cascade import sandbox as sbx
     attack = "open({victim + '/pwned'!r}, 'w').write('x')"
     v = sbx.run_python(attack, sbx.SandboxLimits(wall_seconds=4))
     print(sbx.isolation_mode(), v.status, sep="\\n")
