@@ -191,7 +191,6 @@ def _wait_program(pid: int, wall: float) -> dict:
     return {"kind": "exit", "code": os.WEXITSTATUS(status), "cpu": cpu}
 
 
-
 def wait_exit(pid: int, timeout: float) -> bool:
     """Wait until ``pid`` (a child) has exited, without reaping it."""
     try:
@@ -215,7 +214,6 @@ def _poll_exit(pid: int, timeout: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.01)
-
 
 
 def _kill_all_of_uid(uid: int) -> None:
@@ -457,7 +455,6 @@ def _drop_capabilities() -> None:
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = (ctypes.c_uint32 * 6)()  # effective/permitted/inheritable x 2 words, all zero
     _check(libc.capset(header, data), "capset")
-
 
 
 def _install_seccomp(libc, program: list[list[int]]) -> None:

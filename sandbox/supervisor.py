@@ -438,7 +438,6 @@ class _BoundedReader:
         return bytes(self._buf[: self._limit]).decode("utf-8", errors="replace")
 
 
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
