@@ -3,11 +3,13 @@ runs side by side.
 
 Sections: the forgetting heatmap (stage x domain, score and standard error per cell, the best cell of each column
 boxed, gate firings and recoveries marked on their rows), training curves per stage (from the step logs,
-artifacts/steplog.py), data (the difficulty filter's pass-rate histograms, the SFT data card), the gate timeline,
-cost per stage, and links (checkpoints, the MLflow run, the Prefect flow run).
+artifacts/steplog.py), data (each stage's report card: the figures, tables and plots its kind declares, e.g. the SFT
+data card or the difficulty filter's pass-rate histogram), the gate timeline, cost per stage, and links
+(checkpoints, the MLflow run, the Prefect flow run).
 
 Everything is read from the store: report.json, the eval records (per-item scores: the standard errors), the
-step logs and the stage checkpoints' plots. Plots are matplotlib (Agg), the page a jinja2 template
+step logs and the stage checkpoints' plots. A stage's card comes with its record in report.json (`ReportCard`): the
+page draws every card the same way and knows no stage kind. Plots are matplotlib (Agg), the page a jinja2 template
 (`templates/report.html.j2`). A run that stopped gets a report of what exists, saying where it stopped.
 """
 
@@ -22,7 +24,7 @@ from typing import Any, Iterable
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import GREEDY_COLUMN, RunReport
+from cascade.artifacts.report import GREEDY_COLUMN, Breakdown, ReportCard, RunReport
 from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
 
@@ -56,7 +58,7 @@ class RunData:
     items: dict[str, dict[str, dict[str, float]]]  # after_stage -> domain -> item id -> score
     steps: dict[str, list[dict[str, Any]]]  # stage -> step rows
     store_uri: str
-    pass_rates: dict[str, str] = field(default_factory=dict)  # difficulty stage -> PNG data URI
+    plots: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its card's plot name -> PNG data URI
     targets: dict[str, list[str]] = field(default_factory=dict)  # RL stage -> the domains its gains are on
 
     @property
@@ -71,15 +73,20 @@ def collect(store: Store, run_id: str, planned: list[str] | None = None,
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
-    items = item_scores(store, run_id)
-    pass_rates = {}
-    for stage in report.stages:
-        uri = (stage.get("plots") or {}).get("pass_rates")
+    plots = {stage["name"]: card_plots(store, stage) for stage in report.stages if stage.get("card")}
+    return RunData(report, list(planned or []), item_scores(store, run_id), read_run(store, run_id),
+                   store.uri(layout.run_dir(run_id)), plots, dict(targets or {}))
+
+
+def card_plots(store: Store, stage: dict[str, Any]) -> dict[str, str]:
+    """The plots a stage's card names that exist in the store: name -> PNG data URI."""
+    out = {}
+    for name in stage["card"].get("plots", []):
+        uri = (stage.get("plots") or {}).get(name)
         key = store.key_of(uri) if uri else None
         if key and store.exists(key):
-            pass_rates[stage["name"]] = _data_uri(store.read_bytes(key))
-    return RunData(report, list(planned or []), items, read_run(store, run_id), store.uri(layout.run_dir(run_id)),
-                   pass_rates, dict(targets or {}))
+            out[name] = _data_uri(store.read_bytes(key))
+    return out
 
 
 def item_scores(store: Store, run_id: str) -> dict[str, dict[str, dict[str, float]]]:
@@ -303,23 +310,28 @@ def cost_rows(run: RunData) -> list[dict[str, Any]]:
 
 
 def data_cards(run: RunData) -> list[dict[str, Any]]:
-    """The sft_data stages' cards: rows, tokens, rows and tokens per domain, drops per reason."""
+    """Every stage's report card that has something to show: its totals, its breakdown tables and its plots."""
     cards = []
     for s in run.report.stages:
-        m = s.get("metrics") or {}
-        if s.get("kind") != "sft_data" or not m:
+        if not s.get("card"):
             continue
-        domains = sorted(k.split("/", 1)[1] for k in m if k.startswith("rows/"))
-        cards.append({"stage": s["name"], "rows": m.get("rows"), "tokens": m.get("tokens"),
-                      "input_rows": m.get("input_rows"), "shards": m.get("shards"),
-                      "domains": [(d, m.get(f"rows/{d}"), m.get(f"tokens/{d}")) for d in domains],
-                      "dropped": sorted((k.split("/", 1)[1], v) for k, v in m.items() if k.startswith("dropped/"))})
+        card, m = ReportCard.model_validate(s["card"]), s.get("metrics") or {}
+        images = run.plots.get(s["name"], {})
+        if not m and not images:
+            continue
+        cards.append({"stage": s["name"], "title": card.title,
+                      "totals": [(header, m.get(key)) for header, key in card.totals],
+                      "tables": [breakdown_table(b, m) for b in card.breakdowns],
+                      "images": [(name.replace("_", "-"), images[name]) for name in card.plots if name in images]})
     return cards
 
 
-def difficulty_rows(run: RunData) -> list[dict[str, Any]]:
-    return [{"stage": s["name"], "metrics": s.get("metrics") or {}, "image": run.pass_rates.get(s["name"])}
-            for s in run.report.stages if s.get("kind") == "difficulty"]
+def breakdown_table(breakdown: Breakdown, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One row per suffix any of the columns' prefixes has in the metrics, in sorted order."""
+    prefixes = [prefix for _, prefix in breakdown.columns]
+    suffixes = sorted({k[len(p):] for k in metrics for p in prefixes if k.startswith(p)})
+    return {"headers": [breakdown.label, *(header for header, _ in breakdown.columns)],
+            "rows": [(suffix, [metrics.get(p + suffix) for p in prefixes]) for suffix in suffixes]}
 
 
 # ---------------------------------------------------------------------------------------------------- page
@@ -342,7 +354,7 @@ def render(runs: list[RunData]) -> Rendered:
             images["forgetting_matrix.png"] = png
         views.append({"run": run, "report": run.report, "domains": domains, "matrix": matrix,
                       "heatmap": _data_uri(png) if png else None, "stopped": where_stopped(run),
-                      "cost": cost_rows(run), "cards": data_cards(run), "difficulty": difficulty_rows(run),
+                      "cost": cost_rows(run), "cards": data_cards(run),
                       "gains": stage_gains([row["stage"] for row in matrix], run.items, run.targets)})
     stages = []
     for run in runs:  # training stages in run order, the first run's first

@@ -1,6 +1,7 @@
 """The run's record, `<store>/runs/<run_id>/report.json`: stages, evals after each stage, gate decisions.
 
-Rewritten after every change, so a run cut off anywhere still has an accurate record of what finished.
+Rewritten after every change, so a run cut off anywhere still has an accurate record of what finished. A stage's
+record may carry its kind's report card (`ReportCard`), so the HTML page draws any kind's card without knowing it.
 """
 
 from __future__ import annotations
@@ -8,10 +9,33 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from cascade.artifacts.layout import report_key
 from cascade.artifacts.store import Store
+
+
+class Breakdown(BaseModel):
+    """A table of one row per metric-key suffix: the first column, headed `label`, is the suffix; each of `columns`
+    (header, prefix) shows metric `<prefix><suffix>`. E.g. domain | rows (`rows/<domain>`) | tokens (`tokens/<domain>`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label: str
+    columns: tuple[tuple[str, str], ...]
+
+
+class ReportCard(BaseModel):
+    """What the run report's Data section shows of a stage, from its metrics and plots. A stage kind's row declares it
+    (stages/kinds.py), the stage task writes it into the stage's record, and artifacts/html_report.py draws every
+    card the same way."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    title: str  # the card's heading, before the stage's name
+    totals: tuple[tuple[str, str], ...] = ()  # (header, metric key): one row of the stage's figures
+    breakdowns: tuple[Breakdown, ...] = ()
+    plots: tuple[str, ...] = ()  # names of the stage's plots (its record's `plots`), drawn under the tables
 
 
 class RunReport(BaseModel):

@@ -33,6 +33,8 @@ from cascade.stages.recipe import (  # load_recipe: re-exported, the name every 
 
 RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
 DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]
+# the kinds whose steps and LR the form overrides, named in the form's help (kinds registered by then)
+TRAINING_KINDS = [kind for kind, row in KINDS.items() if row.trains]
 
 
 class StageOverride(Strict):
@@ -46,7 +48,7 @@ class RunRequest(Strict):
 
     recipe: RecipeName = "tiny"
     recipe_uri: str | None = Field(None, description="A recipe YAML path or file:// / s3:// URI; replaces `recipe`.")
-    steps: Steps | None = Field(None, description="Steps of every training stage (sft, grpo, mopd).")
+    steps: Steps | None = Field(None, description=f"Steps of every training stage ({', '.join(TRAINING_KINDS)}).")
     lr: LearningRate | None = Field(None, description="Peak learning rate of every training stage.")
     stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
     domains: list[DomainName] | None = Field(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cascade.stages.config import TrainingConfig
+from cascade.stages.kinds import kind_of
 from cascade.stages.recipe import Recipe
 
 
@@ -25,8 +25,9 @@ class JobVariablesError(ValueError):
 
 
 def job_variables(recipe: Recipe) -> dict[str, Any]:
-    """gpus_per_node, nnodes and (multi-node only) rdzv_service for the recipe's training stages."""
-    trained = [s for s in [*recipe.stages, recipe.gate.recovery] if isinstance(s, TrainingConfig)]
+    """gpus_per_node, nnodes and (multi-node only) rdzv_service for the recipe's stages that may run as torchrun
+    jobs (their kind is `distributable`)."""
+    trained = [s for s in [*recipe.stages, recipe.gate.recovery] if kind_of(s.kind).distributable]
     computes = [recipe.compute_for(s) for s in trained]
     gpu_ranks = [c.nproc_per_node for c in computes if c.device != "cpu"]
     variables: dict[str, Any] = {"gpus_per_node": max(gpu_ranks, default=1),

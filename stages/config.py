@@ -10,40 +10,32 @@ kind reads and makes, is the registry's business (`stages/kinds.py`); the recipe
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal, NamedTuple, Union
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, SerializeAsAny, model_validator
 
 from cascade.artifacts.config import Strict
+from cascade.stages.config_base import (
+    BATCH_LIMIT,
+    AdamBeta,
+    BatchSize,
+    Count,
+    Every,
+    Fraction,
+    LearningRate,
+    NonNegative,
+    OpenAIEndpoint,
+    Positive,
+    Read,
+    Steps,
+    Temperature,
+    TopP,
+    _no_bool,
+)
+from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
-
-def _no_bool(value: object) -> object:
-    """YAML reads `true` as a bool, and pydantic would take it as 1 or 1.0."""
-    if isinstance(value, bool):
-        raise ValueError("Input should be a number, not a boolean")
-    return value
-
-
-# Bounds shared by every field of the same meaning. Integers are strict (`true` is not a step count); rates
-# are lax about strings because PyYAML reads `1e-4` (no dot) as the string "1e-4", but refuse booleans.
-Steps = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
-Count = Annotated[int, Field(strict=True, ge=1, le=100_000_000)]  # sizes, batch sizes, samples per prompt
-Every = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]  # a period in steps; 0: never
-# Sequences held in memory at once (a step's batch, a forward, a generate call): far above a real recipe's few
-# thousand, far below 1e8, whose rows alone would fill a host's memory before the first step.
-BATCH_LIMIT = 65_536
-BatchSize = Annotated[int, Field(strict=True, ge=1, le=BATCH_LIMIT)]
-Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
-LearningRate = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
-Fraction = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-NonNegative = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=1e6, allow_inf_nan=False)]
-Positive = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1e6, allow_inf_nan=False)]
-AdamBeta = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, lt=1.0, allow_inf_nan=False)]
-Temperature = Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=10.0, allow_inf_nan=False)]
-TopP = Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0, allow_inf_nan=False)]
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class RopeScaling(Strict):
@@ -253,18 +245,6 @@ class ModelTeacher(GenerationTeacher):
     source: str  # "tiny", "smollm2-135m", an HF model dir, or a checkpoint (URI or dir with MANIFEST.json)
 
 
-class OpenAIEndpoint(Strict):
-    """An OpenAI-compatible chat-completions endpoint: the openai teacher's and the judge's."""
-
-    url: str = Field(pattern=r"^https?://")  # the API base, e.g. http://127.0.0.1:8000/v1
-    model: str
-    api_key_env: str | None = Field(None, pattern=ENV_NAME)  # the NAME of the variable holding the key
-    timeout_s: Positive = 60.0
-    max_retries: int = Field(4, strict=True, ge=0, le=100)  # per request, on 5xx, connection errors and timeouts
-    backoff_s: NonNegative = 0.5  # doubled per retry ...
-    max_backoff_s: NonNegative = 8.0  # ... up to this
-
-
 class OpenAITeacher(GenerationTeacher, OpenAIEndpoint):
     kind: Literal["openai"] = "openai"
 
@@ -287,18 +267,6 @@ class DecontaminationConfig(Strict):
 
 
 # --- stage configs: every kind's config derives from StageConfig ---
-
-Product = Literal["policy", "dataset", "prompts", "reward_model"]
-
-
-class Read(NamedTuple):
-    """An earlier stage a stage reads: through which field, which stage, and what that stage must make."""
-
-    field: str
-    stage: str
-    product: Product
-    hint: str = ""  # appended to the error when no such stage exists
-
 
 class StageConfig(Strict):
     """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
@@ -516,33 +484,6 @@ class OnPolicyConfig(TrainingConfig):
         return self
 
 
-class GraderReward(Strict):
-    """The domain's own grader scores each rollout: the same function the eval uses."""
-
-    kind: Literal["grader"] = "grader"
-
-
-class RewardModelReward(Strict):
-    """An earlier reward_model stage's scalar score, with the group's length trend taken out
-    (stages.losses.length_normalized_rewards; 0: the raw score)."""
-
-    kind: Literal["reward_model"] = "reward_model"
-    stage: str  # the reward_model stage whose checkpoint scores
-    length_coef: NonNegative = 0.5
-    batch_size: BatchSize = 64  # sequences per reward-model forward
-
-
-class JudgeReward(OpenAIEndpoint):
-    """A generative judge compares each rollout with the item's reference answer (stages/judge.py)."""
-
-    kind: Literal["judge"] = "judge"
-    max_tokens: Count = 8  # the verdict is one letter
-    concurrency: Count = 16  # requests in flight
-
-
-RewardConfig = Annotated[Union[GraderReward, RewardModelReward, JudgeReward], Field(discriminator="kind")]
-
-
 class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     kind: Literal["grpo"] = "grpo"
     name: str
@@ -551,7 +492,9 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     # None: each domain's synthetic train split; a name: the prompts an earlier difficulty stage kept; a mapping:
     # domain -> sources, as sft_data reads them (a domain not listed: its synthetic train split)
     prompts: str | dict[str, list[DataSource]] | None = None
-    reward: RewardConfig = GraderReward()
+    # one reward source ({kind: grader}), or a list of {source, weight} whose rewards are summed
+    # (stages/reward_sources.py: the registry of sources)
+    reward: RewardSpec = GraderReward()
     # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.losses.kl_k3); the paper uses it in RLHF only
     kl_coef: NonNegative = 0.0
     reference: str | None = None  # with kl_coef > 0: an earlier policy stage, frozen; None: this stage's start
@@ -569,8 +512,7 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
 
     def reads(self) -> list[Read]:
         reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []
-        if isinstance(self.reward, RewardModelReward):
-            reads.append(Read("reward.stage", self.reward.stage, "reward_model"))
+        reads += reward_reads(self.reward, "reward")
         if self.reference is not None:
             reads.append(Read("reference", self.reference, "policy"))
         return reads
@@ -645,5 +587,7 @@ class MOPDConfig(OnPolicyConfig):
 
 class GateConfig(Strict):
     policy: Literal["recover", "warn", "fail"] = "warn"
-    max_recoveries: int = Field(1, strict=True, ge=0, le=100)  # MOPD recoveries per run; past it the gate warns
-    recovery: MOPDConfig = MOPDConfig(name="recovery")  # teachers come from the eval history
+    max_recoveries: int = Field(1, strict=True, ge=0, le=100)  # recoveries per run; past it the gate warns
+    # a stage of a kind that `recovers` (stages/kinds.py; the recipe validates it by its `kind`, this one's when it
+    # names none); its teachers come from the eval history
+    recovery: SerializeAsAny[StageConfig] = MOPDConfig(name="recovery")

@@ -21,14 +21,15 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cascade.artifacts.html_report import standard_error
-from cascade.stages.config import JudgeReward
 from cascade.stages.datasets.teachers import OpenAIChatTeacher, RequestRefused, TeacherError, parse_chat_reply
 from cascade.stages.domains import Item
 from cascade.stages.engines import Completion
+from cascade.stages.reward_sources import JudgeReward
 from cascade.stages.rollout import score_groups
 
 ARENA_HARD_FILE = "chat_prompts/arena_hard_v0.1_questions.jsonl"
@@ -100,9 +101,7 @@ class PairwiseJudge:
 class JudgeRewards:
     """GRPO reward: each rollout judged against its item's reference answer, both orders; in {0, 0.5, 1}."""
 
-    name = "judge"
-
-    def __init__(self, cfg: JudgeReward):
+    def __init__(self, cfg: JudgeReward, ctx: Any, stages: dict):
         self.judge = PairwiseJudge(cfg)
         self.last: dict[str, float] = {}
 

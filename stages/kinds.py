@@ -1,16 +1,22 @@
 """The registry of stage kinds: one row per kind, read by everything that treats kinds differently.
 
 A row says what a kind is: its config class, its run function, whether it starts from the run's newest policy,
-what it makes, and whether it holds the compute slot while it runs. What a stage reads besides the policy is
+what it makes, and whether it holds the compute slot while it runs; and every fact about the kind that anything
+else treats differently: its plan estimate, its report card, the domains its gains are measured on, whether it
+may run as a torchrun job, and whether the gate may recover with it. What a stage reads besides the policy is
 its config's `reads()` (earlier stage name -> the product that stage must have made). Every run function has
-one signature, `run(cfg, ctx, inputs) -> StageResult`.
+one signature, `run(cfg, ctx, inputs) -> StageResult`. Nothing outside a kind's row and its own modules names
+the kind (tests/test_kind_names.py).
 
 Who reads the registry:
 - the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
-  that make the right product; a row's `check` adds what only that kind knows;
+  that make the right product; a row's `check` adds what only that kind knows; `recovers` admits the gate's
+  recovery stage;
 - the dispatcher (`run_stage` below) and the input wiring (`stage_inputs` below: the flow and the stage driver);
-- the compute slot and the stage cache key (`tasks/stages.py`);
-- the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`.
+- the compute slot, the stage cache key and the report card in report.json (`tasks/stages.py`);
+- the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`;
+- where a stage runs (`stages/launch.py`, `infra/k8s.py`): `distributable`;
+- the dry run (`stages/plan.py`): `estimate`; the gains tables (`gain_targets` below).
 
 Adding a kind is one row: `register_kind(StageKind(...))` (docs/ARCHITECTURE.md has the checklist).
 """
@@ -22,18 +28,28 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.report import Breakdown, ReportCard
 from cascade.stages.config import (
     DifficultyConfig,
     GRPOConfig,
     MOPDConfig,
+    OnPolicyConfig,
     PreferenceFile,
-    Product,
     RewardModelConfig,
     SFTConfig,
     SFTDataConfig,
     StageConfig,
     TrainingConfig,
 )
+from cascade.stages.config_base import Product
+from cascade.stages.estimate import (
+    DATA_BYTES_PER_TOKEN,
+    StageEstimate,
+    checkpoint_bytes,
+    mean_new_tokens,
+    training_storage,
+)
+from cascade.stages.reward_sources import REWARD_SOURCES, reward_terms
 
 # A stage's run function: run(cfg, ctx: stages.context.StageContext, inputs: StageInputs) -> StageResult.
 # (Typed loosely: stages.context imports the recipe, which imports this registry.)
@@ -41,6 +57,10 @@ StageRun = Callable[[Any, Any, "StageInputs"], Any]
 
 # check(cfg, earlier stage configs, recipe domains) raises ValueError for what only this kind knows is wrong
 StageCheck = Callable[[Any, list[StageConfig], set[str]], None]
+
+# estimate(cfg, recipe, params: parameters stored, prompt_tokens) -> the stage's tokens, storage and notes; the
+# plan (stages/plan.py) turns its tokens into seconds
+StageEstimateFn = Callable[[Any, Any, int, int], StageEstimate]
 
 
 @dataclass(frozen=True)
@@ -62,6 +82,20 @@ class StageKind:
     holds_compute: bool  # holds a slot of the compute limit while it runs
     check: StageCheck | None = None
     gains_on: Callable[[Any], list[str]] | None = None  # the domains its paired gain is measured on (RL: its own)
+    estimate: StageEstimateFn | None = None  # None: the plan says it has no estimate
+    report_card: ReportCard | None = None  # what the run report's Data section shows of its stages
+    # its run function runs as a torchrun job when its `compute:` asks for more than one rank (stages/launch.py);
+    # only a training config has `compute:`
+    distributable: bool = False
+    # the gate may recover with it: its config's `teachers` (domain -> stage) the flow fills from the eval history,
+    # one per domain of its `domains` (None: every recipe domain)
+    recovers: bool = False
+
+    def __post_init__(self) -> None:
+        if self.distributable and not issubclass(self.config, TrainingConfig):
+            raise ValueError(f"kind {self.kind!r}: a distributable kind needs a TrainingConfig (its `compute:`)")
+        if self.recovers and not {"teachers", "domains"} <= set(self.config.model_fields):
+            raise ValueError(f"kind {self.kind!r}: a recovery kind's config needs `teachers` and `domains`")
 
     @property
     def trains(self) -> bool:
@@ -97,6 +131,11 @@ def stage_inputs(stage: StageConfig, policy: CheckpointRef | None,
 def gain_targets(stages: list[StageConfig]) -> dict[str, list[str]]:
     """Stage name -> the domains its gain is measured on, for every stage whose kind says (`gains_on`)."""
     return {cfg.name: kind_of(cfg.kind).gains_on(cfg) for cfg in stages if kind_of(cfg.kind).gains_on}
+
+
+def recovery_kinds() -> list[str]:
+    """The kinds the gate may recover with."""
+    return sorted(k for k, row in KINDS.items() if row.recovers)
 
 
 def run_stage(cfg: StageConfig, ctx: Any, inputs: StageInputs) -> Any:
@@ -180,18 +219,80 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
     check_first_row(cfg.pairs, local)
 
 
+def _estimate_sft_data(cfg: SFTDataConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    names = cfg.domains or list(recipe.domains)
+    rows = sum(recipe.domains[d].train_size for d in names)
+    generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
+    return StageEstimate(
+        cfg.name, cfg.kind,
+        tokens_sampled=sum(recipe.domains[d].train_size * recipe.domains[d].max_new_tokens for d in generated),
+        storage_bytes=rows * (prompt_tokens + int(mean_new_tokens(recipe, names))) * DATA_BYTES_PER_TOKEN,
+        notes=[f"{rows:,} synthetic rows; file sources add their own rows"])
+
+
+def _estimate_sft(cfg: SFTConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    trained = cfg.steps * cfg.batch_size * (prompt_tokens + int(mean_new_tokens(recipe, None)))
+    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=training_storage(cfg, params))
+
+
+def _estimate_difficulty(cfg: DifficultyConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    prompts = sum(cfg.prompts_per_domain or recipe.domains[d].train_size for d in cfg.domains)
+    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=prompts * cfg.k * int(mean_new_tokens(recipe, cfg.domains)),
+                         notes=[f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}"])
+
+
+def _on_policy_estimate(cfg: OnPolicyConfig, recipe: Any, params: int, domains: list[str] | None,
+                        frozen_models: int) -> StageEstimate:
+    """Every sampled token is trained on (an upper bound: GRPO drops groups without signal) and forwarded once
+    through each frozen model (teacher, KL reference, reward model)."""
+    sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(mean_new_tokens(recipe, domains))
+    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=sampled,
+                         teacher_tokens=frozen_models * sampled, storage_bytes=training_storage(cfg, params))
+
+
+def _estimate_grpo(cfg: GRPOConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    scorers = sum(REWARD_SOURCES[term.source.kind].frozen_forward for term in reward_terms(cfg.reward))
+    return _on_policy_estimate(cfg, recipe, params, cfg.domains, (cfg.kl_coef > 0) + scorers)
+
+
+def _estimate_mopd(cfg: MOPDConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    domains = cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers))
+    return _on_policy_estimate(cfg, recipe, params, domains, 1)  # the domain's teacher
+
+
+def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(mean_new_tokens(recipe, None)))  # both answers
+    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=checkpoint_bytes(params))
+
+
+# The data cards of the report (stages/datasets/card.py and stages/difficulty.py write these metrics and the plot).
+SFT_DATA_CARD = ReportCard(
+    title="SFT data card",
+    totals=(("rows kept", "rows"), ("tokens", "tokens"), ("input rows", "input_rows"), ("shards", "shards")),
+    breakdowns=(Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
+                Breakdown(label="dropped because", columns=(("rows", "dropped/"),))))
+DIFFICULTY_CARD = ReportCard(
+    title="Difficulty filter",
+    totals=(("prompts", "prompts"), ("kept", "kept"), ("dropped as solved", "dropped_solved"),
+            ("dropped as unsolved", "dropped_unsolved"), ("rollouts sampled", "rollouts")),
+    plots=("pass_rates",))
+
+
 for _row in (
     StageKind("sft_data", SFTDataConfig, _lazy("cascade.stages.sft_data", "run_sft_data"), makes="dataset",
-              takes_policy=False, holds_compute=False, check=_check_sft_data),
+              takes_policy=False, holds_compute=False, check=_check_sft_data, estimate=_estimate_sft_data,
+              report_card=SFT_DATA_CARD),
     StageKind("sft", SFTConfig, _lazy("cascade.stages.sft", "run_sft"), makes="policy", takes_policy=True,
-              holds_compute=True),
+              holds_compute=True, estimate=_estimate_sft, distributable=True),
     StageKind("difficulty", DifficultyConfig, _lazy("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
-              takes_policy=False, holds_compute=False),
+              takes_policy=False, holds_compute=False, estimate=_estimate_difficulty, report_card=DIFFICULTY_CARD),
     StageKind("grpo", GRPOConfig, _lazy("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
-              holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains)),
+              holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains), estimate=_estimate_grpo,
+              distributable=True),
     StageKind("reward_model", RewardModelConfig, _lazy("cascade.stages.reward_model", "run_reward_model"),
-              makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model),
+              makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model,
+              estimate=_estimate_reward_model),
     StageKind("mopd", MOPDConfig, _lazy("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
-              holds_compute=True, check=_check_mopd),
+              holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True, recovers=True),
 ):
     register_kind(_row)

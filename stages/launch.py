@@ -35,9 +35,9 @@ from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.scratch import owned_tempdir
-from cascade.stages.config import ComputeConfig, TrainingConfig
+from cascade.stages.config import ComputeConfig
 from cascade.stages.context import StageContext, StageResult, stage_workdir
-from cascade.stages.kinds import StageInputs, run_stage
+from cascade.stages.kinds import StageInputs, kind_of, run_stage
 
 EVENTS = "events.jsonl"
 SPEC = "spec.pkl"
@@ -53,7 +53,7 @@ class DistributedStageError(RuntimeError):
 def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
     compute = ctx.recipe.compute_for(cfg)
     one_process = compute.world_size == 1 and compute.launcher == "auto"
-    if one_process or not isinstance(cfg, TrainingConfig):
+    if one_process or not kind_of(cfg.kind).distributable:
         return run_stage(cfg, ctx, inputs)
     return run_torchrun(cfg, ctx, inputs, compute)
 

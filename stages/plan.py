@@ -20,22 +20,13 @@ MOPD recovery per fired stage, up to `gate.max_recoveries`, which the plan count
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.stages.config import (
-    DifficultyConfig,
-    GRPOConfig,
-    MOPDConfig,
-    OnPolicyConfig,
-    RewardModelConfig,
-    SFTConfig,
-    SFTDataConfig,
-    StageConfig,
-)
+from cascade.stages.config import StageConfig
+from cascade.stages.estimate import StageEstimate
+from cascade.stages.kinds import kind_of
 from cascade.stages.recipe import Recipe
-
-FP32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -62,18 +53,6 @@ PROFILES = {
                        "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
                        "(more memory bandwidth for decode)"),
 }
-
-
-@dataclass
-class StageEstimate:
-    stage: str
-    kind: str
-    tokens_sampled: int = 0
-    tokens_trained: int = 0
-    teacher_tokens: int = 0  # forward-only tokens of frozen models (MOPD teachers, KL references, reward models)
-    storage_bytes: int = 0
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -108,48 +87,12 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     return ModelSize(total, int(active or total), from_config=True)
 
 
-def _mean_new_tokens(recipe: Recipe, domains: list[str] | None) -> float:
-    names = domains or list(recipe.domains)
-    return sum(recipe.domains[d].max_new_tokens for d in names) / len(names)
-
-
-def _checkpoint_bytes(params: int, step_checkpoints: int = 0) -> int:
-    """The final checkpoint, plus the step checkpoints kept while the stage runs (weights + two moments)."""
-    return params * FP32_BYTES * (1 + 3 * step_checkpoints)
-
-
 def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tokens: int) -> StageEstimate:
-    """Token, storage and note figures of one stage; seconds are filled in by `plan`."""
-    est = StageEstimate(cfg.name, cfg.kind)
-    if isinstance(cfg, SFTDataConfig):
-        names = cfg.domains or list(recipe.domains)
-        rows = sum(recipe.domains[d].train_size for d in names)
-        generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
-        est.tokens_sampled = sum(recipe.domains[d].train_size * recipe.domains[d].max_new_tokens for d in generated)
-        est.storage_bytes = rows * (prompt_tokens + int(_mean_new_tokens(recipe, names))) * 4  # ~4 bytes per token
-        est.notes.append(f"{rows:,} synthetic rows; file sources add their own rows")
-    elif isinstance(cfg, SFTConfig):
-        est.tokens_trained = cfg.steps * cfg.batch_size * (prompt_tokens + int(_mean_new_tokens(recipe, None)))
-    elif isinstance(cfg, DifficultyConfig):
-        prompts = sum(cfg.prompts_per_domain or recipe.domains[d].train_size for d in cfg.domains)
-        est.tokens_sampled = prompts * cfg.k * int(_mean_new_tokens(recipe, cfg.domains))
-        est.notes.append(f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}")
-    elif isinstance(cfg, OnPolicyConfig):
-        domains = cfg.domains if isinstance(cfg, GRPOConfig) else (
-            cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers)))
-        est.tokens_sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(_mean_new_tokens(recipe, domains))
-        est.tokens_trained = est.tokens_sampled  # an upper bound: GRPO drops groups without signal
-        frozen = (isinstance(cfg, MOPDConfig) + (getattr(cfg, "kl_coef", 0) > 0)  # teacher; KL reference
-                  + (getattr(getattr(cfg, "reward", None), "kind", "grader") == "reward_model"))  # reward model
-        est.teacher_tokens = frozen * est.tokens_sampled
-    elif isinstance(cfg, RewardModelConfig):
-        est.tokens_trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(_mean_new_tokens(recipe, None)))
-        est.storage_bytes = _checkpoint_bytes(size.total)
-    else:
-        est.notes.append(f"no estimate for kind {cfg.kind!r}")
-    if isinstance(cfg, (SFTConfig, OnPolicyConfig)):
-        est.storage_bytes = _checkpoint_bytes(size.total, cfg.keep_step_checkpoints if cfg.checkpoint_every else 0)
-    return est
+    """Token, storage and note figures of one stage, by its kind's `estimate`; seconds are filled in by `plan`."""
+    estimate = kind_of(cfg.kind).estimate
+    if estimate is None:
+        return StageEstimate(cfg.name, cfg.kind, notes=[f"no estimate for kind {cfg.kind!r}"])
+    return estimate(cfg, recipe, size.total, prompt_tokens)
 
 
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
@@ -212,8 +155,6 @@ class Plan:
 
 def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1,
               prompt_tokens: int = 128) -> Plan:
-    from cascade.stages.kinds import kind_of
-
     rows = []
     for cfg in recipe.stages:
         rows.append(estimate_stage(cfg, recipe, size, prompt_tokens))
@@ -231,8 +172,6 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
 
 def dag_lines(recipe: Recipe) -> list[str]:
     """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
-    from cascade.stages.kinds import kind_of
-
     lines = []
     gate = recipe.gate
     for i, cfg in enumerate(recipe.stages, 1):
@@ -295,8 +234,6 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from cascade.stages.kinds import kind_of
 
     n = len(recipe.stages)
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.8 * n))

@@ -32,12 +32,12 @@ from cascade.stages.config import (
     ModelConfig,
     OracleTeacher,
     ReadsDataFiles,
-    Seed,
     SFTDataConfig,
     SharedSource,
     StageConfig,
 )
-from cascade.stages.kinds import KINDS, kind_of
+from cascade.stages.config_base import Seed
+from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
@@ -75,7 +75,17 @@ class Recipe(Strict):
         """Each stage validates into its kind's config class; errors keep the path `<index>.<kind>.<field>`."""
         if not isinstance(raw, list):
             return raw  # pydantic's own "Input should be a valid list"
-        return [_stage_config(i, entry) for i, entry in enumerate(raw)]
+        return [_stage_config(f"stages.{i}", entry) for i, entry in enumerate(raw)]
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _recovery_config(cls, raw: Any) -> Any:
+        """The gate's recovery validates into its kind's config class, as a stage does; one that names no kind is
+        of the default recovery's kind."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("recovery"), dict):
+            return raw
+        default_kind = GateConfig.model_fields["recovery"].default.kind
+        return {**raw, "recovery": _stage_config("gate.recovery", {"kind": default_kind, **raw["recovery"]})}
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
@@ -91,6 +101,9 @@ class Recipe(Strict):
             raise ValueError(f"stage names must be unique, got {names}")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
+        if not kind_of(self.gate.recovery.kind).recovers:
+            raise ValueError(f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
+                             f"{', '.join(recovery_kinds())}")
         if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
@@ -148,19 +161,20 @@ def refuse_url_credentials(raw: Any) -> Any:
     return raw
 
 
-def _stage_config(index: int, entry: Any) -> StageConfig:
+def _stage_config(path: str, entry: Any) -> StageConfig:
+    """A stage mapping as its kind's config; `path` (e.g. `stages.3`) begins every error's location."""
     if isinstance(entry, StageConfig):
         return entry
     if not isinstance(entry, dict):
-        raise _stage_error(f"stages.{index}: a stage is a mapping with a `kind`")
+        raise _stage_error(f"{path}: a stage is a mapping with a `kind`")
     kind = entry.get("kind")
     if kind not in KINDS:
-        raise _stage_error(f"stages.{index}.kind: unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
+        raise _stage_error(f"{path}.kind: unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     try:
         return KINDS[kind].config.model_validate(entry)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(p) for p in ("stages", index, kind, *err["loc"]))
+        where = ".".join(str(p) for p in (path, kind, *err["loc"]))
         raise _stage_error(f"{where}: {err['msg']}") from None
 
 

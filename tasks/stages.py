@@ -40,7 +40,7 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, storage_options
 from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking_on
-from cascade.stages.config import MOPDConfig, StageConfig
+from cascade.stages.config import StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages, decide
@@ -110,7 +110,7 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     done, problems = adoptable(store, key)
     if done is not None and done.config_hash == config_hash(cfg):
         entry = next((s for s in report.stages if s["name"] == cfg.name), {})
-        report.record_stage({**entry, "name": cfg.name, "kind": cfg.kind, "status": "skipped", "checkpoint": done.uri})
+        report.record_stage({**entry, **_kind_facts(cfg), "status": "skipped", "checkpoint": done.uri})
         report.save(store)
         return done
     rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None
@@ -150,11 +150,18 @@ def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, 
             peak_rss_mb: float | None = None) -> None:
     """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone;
     peak_rss_mb: the process's peak resident memory while the stage ran."""
-    report.record_stage({"name": cfg.name, "kind": cfg.kind, "status": status, "checkpoint": uri,
+    report.record_stage({**_kind_facts(cfg), "status": status, "checkpoint": uri,
                          "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {}),
                          **({"rebuilt": rebuilt} if rebuilt else {}),
                          **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {})})
     report.save(store)
+
+
+def _kind_facts(cfg: StageConfig) -> dict[str, Any]:
+    """What a stage's record says of it beside its outcome: its name, its kind, and its kind's report card (the
+    page draws it from the record, knowing no kind)."""
+    card = kind_of(cfg.kind).report_card
+    return {"name": cfg.name, "kind": cfg.kind, **({"card": card.model_dump(mode="json")} if card else {})}
 
 
 def _close_quietly(steps: StepLog) -> None:
@@ -241,9 +248,10 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
 
 
 @task(name="choose-teachers", cache_policy=NO_CACHE)
-def choose_teachers_task(recipe: Recipe, run_id: str, cfg: MOPDConfig, through: str | None) -> MOPDConfig:
-    """A MOPD stage with its teachers chosen: per domain (cfg.domains, default every recipe domain), the stage
-    whose checkpoint holds that domain's best held-out score in the evals up to the one after `through`."""
+def choose_teachers_task(recipe: Recipe, run_id: str, cfg: StageConfig, through: str | None) -> StageConfig:
+    """A stage that takes teachers (`teachers: auto`, or the gate's recovery) with its teachers chosen: per domain
+    (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best held-out score
+    in the evals up to the one after `through`."""
     _, report = open_report(recipe, run_id)
     evals = report.evals_through(through) if through else []
     teachers = best_stages(evals, cfg.domains or list(recipe.domains))

@@ -106,10 +106,10 @@ def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_en
     """Win rate of MODEL's greedy answers over BASELINE's on ArenaHard's questions, judged in both orders."""
     from pydantic import ValidationError
 
-    from cascade.stages.config import JudgeReward
     from cascade.stages.datasets.teachers import TeacherError
     from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
     from cascade.stages.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
+    from cascade.stages.reward_sources import JudgeReward
 
     try:
         cfg = JudgeReward(url=url, model=judge_model, api_key_env=key_env)

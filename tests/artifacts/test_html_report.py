@@ -1,6 +1,7 @@
 """The run report's pieces without a run: the step log under resume, standard errors, the page of a synthetic
 run (every section, escaping, a stopped run), and a comparison of two runs."""
 
+import io
 import json
 import math
 from pathlib import Path
@@ -8,7 +9,7 @@ from pathlib import Path
 from cascade.artifacts import layout
 from cascade.artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
 from cascade.artifacts.records import EvalRecord
-from cascade.artifacts.report import RunReport
+from cascade.artifacts.report import Breakdown, ReportCard, RunReport
 from cascade.artifacts.steplog import StepLog, read_rows, read_run
 from cascade.artifacts.store import Store
 
@@ -57,11 +58,21 @@ def test_standard_error_of_item_scores():
     assert standard_error([0.5, 0.5, 0.5]) == 0.0
 
 
+# A card as a stage kind's row declares it (stages/kinds.py); the page knows no kind.
+DATA_CARD = ReportCard(title="Data card", totals=(("rows kept", "rows"), ("input rows", "input_rows")),
+                       breakdowns=(Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
+                                   Breakdown(label="dropped because", columns=(("rows", "dropped/"),))),
+                       plots=("pass_rates",))
+
+
 def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
     report = RunReport(run_id=run_id, recipe="demo<b>")
-    report.record_stage({"name": "sft_data", "kind": "sft_data", "status": "completed", "checkpoint": "file:///x/00",
+    store.write_bytes("x/00/pass_rates.png", png_bytes())
+    report.record_stage({"name": "build", "kind": "any_kind", "status": "completed", "checkpoint": "file:///x/00",
                          "seconds": 1.0, "metrics": {"rows": 120, "tokens": 4000, "input_rows": 130,
-                                                     "dropped/duplicate": 10, "rows/math": 120}})
+                                                     "dropped/duplicate": 10, "rows/math": 120, "tokens/math": 3900},
+                         "card": DATA_CARD.model_dump(mode="json"),
+                         "plots": {"pass_rates": store.uri("x/00/pass_rates.png")}})
     report.record_stage({"name": "sft", "kind": "sft", "status": "completed", "checkpoint": "file:///x/01",
                          "seconds": 10.0, "peak_rss_mb": 512.0, "metrics": {"steps": 3}})
     scores = {"sft": {"math": 0.25, "instruct": 0.5, "greedy/instruct": 0.25},
@@ -93,10 +104,37 @@ def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
     grpo.close()
 
 
+def png_bytes() -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out.getvalue()
+
+
+def test_a_stage_record_s_card_is_drawn_from_its_metrics_and_plots(tmp_path):
+    """The card travels in the stage's record: totals, one row per metric suffix, its plot; a record without a
+    card draws none."""
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "r")
+    data = render([collect(store, "r")]).html
+    data = data[data.index('<section id="data">'):data.index('<section id="gate">')]
+    assert "<h3>Data card: build</h3>" in data and data.count("<h3>") == 1  # sft and if_rl have no card
+    assert '<td class="text">120</td><td>130</td>' in data
+    assert "<tr><td>math</td><td>120</td><td>3,900</td></tr>" in data
+    assert "<tr><td>duplicate</td><td>10</td></tr>" in data
+    assert data.count('<img class="plot pass-rates"') == 1
+
+
 def test_the_page_of_a_run_has_every_section_escaped(tmp_path):
     store = Store(f"file://{tmp_path}")
     synthetic_run(store, "ok")
-    run = collect(store, "ok", ["sft_data", "sft", "if_rl"])
+    run = collect(store, "ok", ["build", "sft", "if_rl"])
     assert run.items["if_rl"]["instruct"] == {"instruct0": 1.0, "instruct1": 1.0, "instruct2": 1.0, "instruct3": 0.0}
     rendered = render([run])
     html = rendered.html
@@ -116,7 +154,7 @@ def test_the_page_of_a_run_has_every_section_escaped(tmp_path):
 def test_a_stopped_run_says_where_and_what_did_not_run(tmp_path):
     store = Store(f"file://{tmp_path}")
     synthetic_run(store, "bad", failed=True)
-    run = collect(store, "bad", ["sft_data", "sft", "if_rl", "math_rl"])
+    run = collect(store, "bad", ["build", "sft", "if_rl", "math_rl"])
     said = where_stopped(run)
     assert said == "stopped at stage if_rl: RuntimeError: simulated <preemption>; not run: math_rl"
     assert "stopped at stage if_rl: RuntimeError: simulated &lt;preemption&gt;" in render([run]).html
@@ -188,7 +226,7 @@ def test_the_html_report_has_the_gains_table_of_each_rl_stage(tmp_path):
     greedy column beside it."""
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")
-    html = render([collect(store, "r", ["sft_data", "sft", "if_rl"], {"if_rl": ["instruct"]})]).html
+    html = render([collect(store, "r", ["build", "sft", "if_rl"], {"if_rl": ["instruct"]})]).html
     table = html[html.index('<table class="gains">'):]
     table = table[:table.index("</table>")]
     rows = [r for r in table.split("<tr>")[2:]]

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cascade.flows.cli import app
-from cascade.stages.config import JudgeReward
+from cascade.stages.reward_sources import JudgeReward
 from cascade.stages.judge import PairwiseJudge
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_sft_data_vllm import FaultProxy

@@ -1,0 +1,145 @@
+"""Reward sources as registry rows: a Python callable with TRL's signature, weighted sums of sources, the checks a
+recipe makes of them before any work, and a source registered from outside."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import torch
+
+from cascade.stages.domains import Item, get_domain
+from cascade.stages.engines import Completion
+from cascade.stages.recipe import RecipeError, load_recipe, read_recipe_file, resolve_recipe_path, validate_recipe
+from cascade.stages.reward_sources import (
+    RewardSourceConfig,
+    RewardSourceRow,
+    register_reward_source,
+    unregister_reward_source,
+)
+from cascade.stages.rewards import make_reward_source
+
+CALLS: list[dict] = []
+
+
+def answer_length(prompts, completions, **fields):
+    """A TRL-style reward: the completion's length, and what it was called with, for the test to read."""
+    CALLS.append({"prompts": prompts, "completions": completions, **fields})
+    return [float(len(c)) for c in completions]
+
+
+def one(prompts, completions, **fields):
+    return [1.0] * len(completions)
+
+
+def too_few(prompts, completions, **fields):
+    return [1.0]
+
+
+NOT_CALLABLE = 3
+
+
+def completion(text: str) -> Completion:
+    return Completion(token_ids=[1], logprobs=[0.0], text=text, finish_reason="stop")
+
+
+def items_and_groups():
+    items = [Item("math", "a", "2+2?", "4", {"answer": "4"}), Item("math", "b", "3+3?", "6", {"answer": "6"})]
+    groups = [[completion("4"), completion("five")], [completion("6"), completion("")]]
+    return items, groups
+
+
+def rl_recipe(reward) -> dict:
+    raw = read_recipe_file(resolve_recipe_path("micro"))
+    raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [
+        {"kind": "grpo", "name": "rl", "domains": ["math"], "reward": reward}]
+    return raw
+
+
+def test_a_callable_reward_is_called_as_trl_calls_one():
+    CALLS.clear()
+    cfg = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:answer_length"})).stage("rl")
+    items, groups = items_and_groups()
+    rewards = make_reward_source(cfg.reward, None, {}).rewards(items, groups)
+    assert rewards.tolist() == [[1.0, 4.0], [1.0, 0.0]]  # [P, G]
+    call = CALLS[0]
+    assert call["prompts"] == ["2+2?", "2+2?", "3+3?", "3+3?"] and call["completions"] == ["4", "five", "6", ""]
+    assert call["answer"] == ["4", "4", "6", "6"] and call["id"] == ["a", "a", "b", "b"]  # per-rollout item fields
+    assert call["reference"] == ["4", "4", "6", "6"] and call["domain"] == ["math"] * 4
+
+
+def test_a_weighted_sum_adds_its_sources_rewards():
+    reward = [{"source": {"kind": "grader"}, "weight": 0.5},
+              {"source": {"kind": "callable", "function": f"{__name__}:one"}, "weight": -2}]
+    cfg = validate_recipe(rl_recipe(reward)).stage("rl")
+    assert cfg.model_dump()["reward"][1] == {"source": {"kind": "callable", "function": f"{__name__}:one"},
+                                             "weight": -2.0}
+    items = [get_domain("math").generate("train", 2, 0)[0]]
+    source = make_reward_source(cfg.reward, None, {})
+    rewards = source.rewards(items, [[completion(items[0].reference), completion("no")]])
+    assert rewards.tolist() == [[0.5 - 2.0, -2.0]]  # 0.5 x grade + (-2) x 1
+    assert source.metrics() == {"reward_term/0:grader": 0.5, "reward_term/1:callable": 1.0}
+
+
+@pytest.mark.parametrize("reward, message", [
+    ({"kind": "callable", "function": "no_such_module_xyz:f"},
+     "stages.2.grpo.reward: Value error, reward function 'no_such_module_xyz:f': cannot import no_such_module_xyz: "
+     "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    ({"kind": "callable", "function": f"{__name__}:NOT_CALLABLE"},
+     f"stages.2.grpo.reward: Value error, reward function '{__name__}:NOT_CALLABLE': {__name__} has no callable 'NOT_CALLABLE'"),
+    ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: Value error, function: String should match pattern"),
+    ({"kind": "nope"}, "stages.2.grpo.reward: Value error, unknown reward source 'nope'; known: callable, grader, judge, "
+                       "reward_model"),
+    ([{"source": {"kind": "grader"}, "weight": True}], "stages.2.grpo.reward.sum.0.weight: Value error, Input should be a number"),
+    ([{"source": {"kind": "reward_model", "stage": "sft"}}],
+     "stage 'rl' reads reward.0.source.stage 'sft', which no earlier reward_model stage writes"),
+])
+def test_a_bad_reward_is_one_line_before_any_work(reward, message):
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(rl_recipe(reward))
+    assert str(e.value).startswith(f"recipe: {message}") and "\n" not in str(e.value)
+
+
+def test_a_callable_that_answers_the_wrong_count_fails_in_one_line():
+    cfg = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:too_few"})).stage("rl")
+    items, groups = items_and_groups()
+    with pytest.raises(ValueError, match="returned 1 rewards for 4 completions"):
+        make_reward_source(cfg.reward, None, {}).rewards(items, groups)
+
+
+class ConstantReward(RewardSourceConfig):
+    kind: Literal["constant"] = "constant"
+    value: float = 0.25
+
+
+class ConstantRewards:
+    def __init__(self, cfg: ConstantReward, ctx, stages):
+        self.value = cfg.value
+
+    def rewards(self, items, groups) -> torch.Tensor:
+        return torch.full((len(groups), len(groups[0])), self.value)
+
+    def close(self) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+@pytest.fixture
+def constant_source():
+    register_reward_source(RewardSourceRow("constant", ConstantReward, ConstantRewards))
+    yield
+    unregister_reward_source("constant")
+
+
+def test_a_source_registered_from_outside_is_one_row(constant_source):
+    cfg = validate_recipe(rl_recipe({"kind": "constant", "value": 0.75})).stage("rl")
+    items, groups = items_and_groups()
+    assert make_reward_source(cfg.reward, None, {}).rewards(items, groups).tolist() == [[0.75, 0.75]] * 2
+
+
+def test_every_shipped_reward_still_validates_as_before():
+    rlhf = load_recipe("tiny-rlhf").stage("rlhf")
+    assert rlhf.reward.kind == "reward_model" and rlhf.model_dump()["reward"] == {
+        "kind": "reward_model", "stage": "rm", "length_coef": 0.5, "batch_size": 64}
