@@ -1,15 +1,28 @@
 """What every config module builds on: the bounds shared by fields of the same meaning, an earlier stage a
-stage reads (`Read`), and an OpenAI-compatible endpoint. Apart from `stages/config.py` so that the reward-source
+stage reads (`Read`), an OpenAI-compatible endpoint, and how a registry row names its function without importing
+it (`imported_on_call`). Apart from `stages/config.py` so that the reward-source
 registry (`stages/reward_sources.py`), which `config.py` reads, can use them without an import cycle.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NamedTuple
+import importlib
+from typing import Annotated, Any, Callable, Literal, NamedTuple
 
 from pydantic import BeforeValidator, Field
 
 from cascade.artifacts.config import Strict
+
+
+def imported_on_call(module: str, name: str) -> Callable[..., Any]:
+    """`module.name`, imported on its first call: a registry row (a stage kind's run function, a reward source's
+    builder) names it this way so that validating a recipe loads neither torch nor a model."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = f"{module}.{name}"
+    return call
 
 
 def _no_bool(value: object) -> object:

@@ -23,7 +23,6 @@ Adding a kind is one row: `register_kind(StageKind(...))` (docs/ARCHITECTURE.md 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,7 +40,7 @@ from cascade.stages.config import (
     StageConfig,
     TrainingConfig,
 )
-from cascade.stages.config_base import Product
+from cascade.stages.config_base import Product, imported_on_call
 from cascade.stages.estimate import (
     DATA_BYTES_PER_TOKEN,
     StageEstimate,
@@ -140,16 +139,6 @@ def recovery_kinds() -> list[str]:
 
 def run_stage(cfg: StageConfig, ctx: Any, inputs: StageInputs) -> Any:
     return kind_of(cfg.kind).run(cfg, ctx, inputs)
-
-
-def _lazy(module: str, function: str) -> StageRun:
-    """A run function imported on first call: the recipe validates without loading torch and the models."""
-
-    def run(cfg: Any, ctx: Any, inputs: StageInputs) -> Any:
-        return getattr(importlib.import_module(module), function)(cfg, ctx, inputs)
-
-    run.__qualname__ = f"{module}.{function}"
-    return run
 
 
 def _check_sft_data(cfg: SFTDataConfig, earlier: list[StageConfig], domains: set[str]) -> None:
@@ -279,20 +268,20 @@ DIFFICULTY_CARD = ReportCard(
 
 
 for _row in (
-    StageKind("sft_data", SFTDataConfig, _lazy("cascade.stages.sft_data", "run_sft_data"), makes="dataset",
+    StageKind("sft_data", SFTDataConfig, imported_on_call("cascade.stages.sft_data", "run_sft_data"), makes="dataset",
               takes_policy=False, holds_compute=False, check=_check_sft_data, estimate=_estimate_sft_data,
               report_card=SFT_DATA_CARD),
-    StageKind("sft", SFTConfig, _lazy("cascade.stages.sft", "run_sft"), makes="policy", takes_policy=True,
+    StageKind("sft", SFTConfig, imported_on_call("cascade.stages.sft", "run_sft"), makes="policy", takes_policy=True,
               holds_compute=True, estimate=_estimate_sft, distributable=True),
-    StageKind("difficulty", DifficultyConfig, _lazy("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
+    StageKind("difficulty", DifficultyConfig, imported_on_call("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
               takes_policy=False, holds_compute=False, estimate=_estimate_difficulty, report_card=DIFFICULTY_CARD),
-    StageKind("grpo", GRPOConfig, _lazy("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
+    StageKind("grpo", GRPOConfig, imported_on_call("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains), estimate=_estimate_grpo,
               distributable=True),
-    StageKind("reward_model", RewardModelConfig, _lazy("cascade.stages.reward_model", "run_reward_model"),
+    StageKind("reward_model", RewardModelConfig, imported_on_call("cascade.stages.reward_model", "run_reward_model"),
               makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model,
               estimate=_estimate_reward_model),
-    StageKind("mopd", MOPDConfig, _lazy("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
+    StageKind("mopd", MOPDConfig, imported_on_call("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True, recovers=True),
 ):
     register_kind(_row)

@@ -21,7 +21,8 @@ from pydantic import BeforeValidator, Discriminator, Field, SerializeAsAny, Tag,
 from pydantic import model_validator
 
 from cascade.artifacts.config import Strict
-from cascade.stages.config_base import BatchSize, Count, NonNegative, OpenAIEndpoint, Read, _no_bool
+from cascade.stages.config_base import (BatchSize, Count, NonNegative, OpenAIEndpoint, Read, _no_bool,
+                                         imported_on_call)
 
 
 class RewardSourceConfig(Strict):
@@ -165,21 +166,11 @@ def reward_reads(reward: Any, field: str) -> list[Read]:
     return [read for i, term in enumerate(reward) for read in term.source.reads(f"{field}.{i}.source")]
 
 
-def _lazy(module: str, name: str) -> RewardBuild:
-    """A builder imported on first call: the recipe validates without loading torch and the models."""
-
-    def build(cfg: Any, ctx: Any, stages: dict) -> Any:
-        return getattr(importlib.import_module(module), name)(cfg, ctx, stages)
-
-    build.__qualname__ = f"{module}.{name}"
-    return build
-
-
 for _row in (
-    RewardSourceRow("grader", GraderReward, _lazy("cascade.stages.rewards", "GraderRewards")),
-    RewardSourceRow("reward_model", RewardModelReward, _lazy("cascade.stages.rewards", "RewardModelRewards"),
+    RewardSourceRow("grader", GraderReward, imported_on_call("cascade.stages.rewards", "GraderRewards")),
+    RewardSourceRow("reward_model", RewardModelReward, imported_on_call("cascade.stages.rewards", "RewardModelRewards"),
                     frozen_forward=True),
-    RewardSourceRow("judge", JudgeReward, _lazy("cascade.stages.judge", "JudgeRewards")),
-    RewardSourceRow("callable", CallableReward, _lazy("cascade.stages.rewards", "CallableRewards")),
+    RewardSourceRow("judge", JudgeReward, imported_on_call("cascade.stages.judge", "JudgeRewards")),
+    RewardSourceRow("callable", CallableReward, imported_on_call("cascade.stages.rewards", "CallableRewards")),
 ):
     register_reward_source(_row)

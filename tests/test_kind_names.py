@@ -34,7 +34,7 @@ def module_file(module: str) -> str:
 
 
 def callable_module(function: Any) -> str:
-    """The module a row's run function or builder lives in; a lazy one (`_lazy`) names it in its qualname."""
+    """The module a row's run function or builder lives in; a lazy one (`imported_on_call`) names it in its qualname."""
     qualname = getattr(function, "__qualname__", "")
     module = qualname.rpartition(".")[0] if qualname.startswith("cascade.") else function.__module__
     __import__(module)
