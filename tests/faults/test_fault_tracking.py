@@ -18,6 +18,7 @@ from tests.faults.conftest import refusing_endpoint, run_cli, silent_endpoint
 
 PASSWORD = "pw-" + secrets.token_hex(8)
 TRACKING_BUDGET_S = 30
+pytestmark = pytest.mark.serial  # a wall-clock budget from the CLI's start, start-up included
 
 
 def holding(root: Path, needle: str) -> list[str]:
