@@ -10,7 +10,7 @@ the one million-row build this test ran before (bench/bench_sft_data.py still me
 
 What the run covers: a synthetic source (a one-line echo domain registered in the child), the oracle teacher,
 decontamination against the held-out split, exact dedup (its 16-byte-per-row set grows), token counting with
-the tiny tokenizer, 20 Parquet shards each committed with its own manifest, the data card and the stage commit.
+the tiny tokenizer, Parquet shards (4 and 16) each committed with its own manifest, the data card and the stage commit.
 What it leaves out: the MinHash near-duplicate filter (`dedup.near: false`), whose Python cost (~0.2 ms/row here)
 would make this one test take minutes; its LSH index is the one structure that grows with the kept rows, and
 bench/bench_sft_data.py measures its memory and speed per row. Peak RSS is read with
@@ -25,6 +25,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 50_000  # N; the second build has 4N
 AT_SCALE = 1_000_000  # the build size the memory limit is for
