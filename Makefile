@@ -25,8 +25,14 @@ run: $(STAMP)
 	$(BIN)/cascade run tiny
 
 # The whole suite, fault trials included (tests/faults: kill -9, S3 outage, corruption, secrets, lease).
+# Three pytest-xdist workers on 2 cores (many tests wait on servers and subprocesses), a test file per worker so
+# that module fixtures (vLLM servers) start once; then, alone, the tests marked `serial` (wall-clock budgets,
+# host-wide process and /tmp scans); both parts run, and either failing fails the target. TEST_WORKERS=0 runs
+# the first part in one process.
+TEST_WORKERS ?= 3
 test: $(STAMP) vllm
-	$(BIN)/python -m pytest -q -ra --durations=15
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=15; \
+	  parallel=$$?; $(BIN)/python -m pytest -q -ra -m serial --durations=5 && exit $$parallel
 
 # Only the fault trials; CASCADE_KILL_TRIALS=N runs more kill -9 trials (a soak).
 test-faults: $(STAMP)

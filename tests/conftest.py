@@ -9,6 +9,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch/OpenMP thread per test process, and so per CLI or stage subprocess it starts: `make test` runs three
+# pytest workers on 2 cores (pytest-xdist), where more threads each only spin against one another. Set before
+# torch is imported; the same in a serial run, so a test computes the same numbers either way.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +80,10 @@ def chromium():
             yield browser
         finally:
             browser.close()
+
+
+def pytest_collection_modifyitems(items):
+    """Files with a `slow` test run first, in their usual order, then the rest: with `make test`'s workers taking
+    a file at a time, a minutes-long file started last would keep one worker busy after the others are done."""
+    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)

@@ -44,6 +44,7 @@ def test_a_password_in_an_environment_url_is_refused_and_appears_nowhere(tmp_pat
     assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))
 
 
+@pytest.mark.serial  # a wall-clock budget from the CLI's start, start-up included
 @pytest.mark.parametrize("server", [silent_endpoint, refusing_endpoint], ids=["never-answers", "refused"])
 def test_a_tracking_server_that_does_not_answer_fails_the_run_in_one_line(tmp_path, server):
     home = tmp_path / "home"

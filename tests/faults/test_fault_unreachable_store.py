@@ -14,6 +14,7 @@ import pytest
 from tests.artifacts.servers import FAKE_KEYS
 from tests.faults.conftest import endpoint, not_http, refusing_endpoint, run_cli, silent_endpoint, stall, trickle
 
+pytestmark = pytest.mark.serial  # wall-clock budgets from the CLI's start, start-up included
 BUDGET_S = 30
 MISBEHAVING_BUDGET_S = 60  # the probe answered, so an operation's deadline (20 s) runs, after CLI start-up
 

@@ -28,6 +28,9 @@ MODE = isolation_mode()
 LAYERS = set(MODE.split("+"))
 HAS_MNTNS = "mntns" in LAYERS
 CONFINED_FS = HAS_MNTNS or "setuid" in LAYERS
+# wall-clock limits and budgets, and host-wide checks (no process of a sandbox uid, no new cascade-sbx-* in /tmp)
+# that another test's sandboxed programs running alongside would fail
+pytestmark = pytest.mark.serial
 NO_MNTNS = "this mode has no mount namespace: world-writable host dirs stay writable (documented)"
 
 

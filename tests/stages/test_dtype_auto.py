@@ -133,6 +133,7 @@ def test_a_probe_on_a_busy_host_decides_the_stage_but_is_not_cached(monkeypatch)
     assert not cache_path().exists()
 
 
+@pytest.mark.serial  # a run-queue wait and a 3 s probe budget: others' load would be counted
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="no /proc: the wait reads as 0")
 def test_the_runqueue_wait_counts_the_time_a_busy_core_kept_us_waiting():
     """This thread and a spinning child on one core: each runs about half the time, waiting the other half."""
@@ -154,6 +155,7 @@ def test_the_runqueue_wait_counts_the_time_a_busy_core_kept_us_waiting():
     assert 0.1 < waited < 0.4, waited
 
 
+@pytest.mark.serial
 def test_the_real_probe_is_quick_and_decides(capsys):
     started = time.perf_counter()
     fp32_s, bf16_s = precision.time_probe()
