@@ -83,7 +83,11 @@ def chromium():
 
 
 def pytest_collection_modifyitems(items):
-    """Files with a `slow` test run first, in their usual order, then the rest: with `make test`'s workers taking
-    a file at a time, a minutes-long file started last would keep one worker busy after the others are done."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    """Files marked `long` (minutes each) start first, then the files with a `slow` test, then the rest, each group
+    in its usual order: with `make test`'s workers taking a file at a time, a minutes-long file started last keeps
+    one worker busy after the others are done (test_tiny_regression, last of many slow files, ended a run alone)."""
+    def files_with(marker: str) -> set[str]:
+        return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker)}
+
+    long, slow = files_with("long"), files_with("slow")
+    items.sort(key=lambda item: (item.nodeid.split("::")[0] not in long, item.nodeid.split("::")[0] not in slow))

@@ -86,7 +86,7 @@ def test_our_math_stage_maps_onto_grpo_config_kwargs():
     recipe = load_recipe("tiny")
     args = parse_args(["--checkpoint", "x", "--out", "o", "--steps", "7", "--group", "4", "--lr", "1e-4"])
     cfg = GRPOConfig.model_validate(stage_settings(grpo_stage(recipe, "math", "tiny"), args))
-    assert (cfg.name, cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.lr) == ("math_rl", 7, 8, 4, 1e-4)
+    assert (cfg.name, cfg.steps, cfg.prompts_per_step, cfg.group_size, cfg.lr) == ("math_rl", 7, 16, 4, 1e-4)
     assert cfg.checkpoint_every == 0 and cfg.drop_flat_groups  # the recipe's stage otherwise
     assert trl_config_kwargs(cfg.model_copy(update={"adam_betas": (0.8, 0.9), "weight_decay": 0.1,
                                                     "grad_clip": 0.5, "temperature": 0.7, "top_p": 0.9}),

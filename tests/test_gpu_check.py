@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_gpu_checks_dry_run_drives_every_part_and_reports(tmp_path):
     store = tmp_path / "carried"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- runnable -->\s*\n```bash\n(.*?)```", re.S)
 

@@ -28,7 +28,7 @@ from cascade.artifacts.steplog import read_rows
 from cascade.artifacts.store import Store
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, manifests, unverified
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 RUN_ID = "dead-rank"
 SFT_STEPS = 6
 SFT_KEY = stage_key(RUN_ID, 1, "sft")

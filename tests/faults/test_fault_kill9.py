@@ -30,7 +30,7 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from tests.faults.conftest import KILL_RECIPE, cascade, cli_env, manifests, new_bucket, unverified
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 TRIALS = int(os.environ.get("CASCADE_KILL_TRIALS", "4"))
 BASE_SEED = int(os.environ.get("CASCADE_KILL_SEED", "20261121"))
 

@@ -6,7 +6,7 @@ from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 from tests.stages.test_vllm_engine import require_vllm_venv
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.vllm, pytest.mark.usefixtures("prefect_harness")]
 
 
 @pytest.fixture(autouse=True)

@@ -213,7 +213,9 @@ def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
     assert "03-if_rl/MANIFEST.json" in after and "04-math_rl/MANIFEST.json" in after
 
 
-
+# serial: under three xdist workers on 2 cores the UI's submit created no run within the 60 s it is given
+# (2026-11-26); alone it passes in under a minute
+@pytest.mark.serial
 def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
     SHOTS.mkdir(exist_ok=True)
     known = {r["id"] for r in deployed.post("/flow_runs/filter", json={}).json()}

@@ -13,7 +13,7 @@ from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 TINY = [
     "stages.sft_data.sources.math.shared.count=6",
     "stages.sft.steps=2", "stages.sft.batch_size=2", "stages.sft.micro_batch_size=2", "stages.sft.warmup_steps=1",

@@ -18,7 +18,7 @@ import pytest
 from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 SCALED = [
     "stages.sft.steps=1000",
     "stages.sft.batch_size=16",

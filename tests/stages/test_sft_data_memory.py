@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.long, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 ROWS = 50_000  # N; the second build has 4N
 AT_SCALE = 1_000_000  # the build size the memory limit is for
