@@ -92,7 +92,7 @@ def test_our_math_stage_maps_onto_grpo_config_kwargs():
                                                     "grad_clip": 0.5, "temperature": 0.7, "top_p": 0.9}),
                              24, 3) == {
         "use_cpu": True, "report_to": "none", "save_strategy": "no", "disable_tqdm": True, "logging_steps": 1,
-        "max_steps": 7, "seed": 3, "learning_rate": 1e-4, "per_device_train_batch_size": 32,
+        "max_steps": 7, "seed": 3, "learning_rate": 1e-4, "per_device_train_batch_size": 64,
         "gradient_accumulation_steps": 1, "num_generations": 4, "steps_per_generation": 1,
         "max_completion_length": 24, "temperature": 0.7, "top_p": 0.9, "beta": 0.0, "use_vllm": False,
         "log_completions": False, "bf16": False, "dataloader_num_workers": 0, "gradient_checkpointing": False,
