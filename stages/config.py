@@ -545,7 +545,7 @@ class PreferenceFile(Strict):
 PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
 
 
-class RewardModelConfig(StageConfig, OptimizerConfig, MicroBatched):
+class RewardModelConfig(TrainingConfig, MicroBatched):
     """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
 
     kind: Literal["reward_model"] = "reward_model"
@@ -559,6 +559,11 @@ class RewardModelConfig(StageConfig, OptimizerConfig, MicroBatched):
     warmup_steps: Every = 20
     min_lr_ratio: Fraction = 0.1
     margin: NonNegative = 0.0  # Bradley-Terry margin: chosen must beat rejected by this much
+    # none: the stage is minutes long on a CPU, so a cut-off run repeats it; set it for a long one
+    checkpoint_every: Every = 0
+    # A step checkpoint does not change what the stage computes (a resume continues exactly). The stage had none
+    # before, and its hash left them out: it still does, so a reward model trained before keeps its hash and cache.
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"checkpoint_every", "keep_step_checkpoints"}
 
     def reads(self) -> list[Read]:
         if reference_kind(self.init) != "stage":

@@ -29,6 +29,8 @@ from cascade.stages.recipe import Recipe
 
 log = logging.getLogger("cascade.checkpoint")
 TRAIN_STATE_DIR = "train"  # state/train/: a step checkpoint's model + optimizer state, DCP-sharded by rank
+# an HF model directory -> (model, tokenizer): a causal LM (load_hf) or another head on one (a reward model)
+ModelLoad = Callable[[Path], tuple[torch.nn.Module, PreTrainedTokenizerFast]]
 
 
 class MetricSink(Protocol):
@@ -179,9 +181,10 @@ def _verified_copy(ctx: StageContext, ref: CheckpointRef) -> Path:
     return local
 
 
-def load_step_state(ctx: StageContext, ref: CheckpointRef) -> tuple[torch.nn.Module, PreTrainedTokenizerFast,
-                                                                    dict[str, Any], Path]:
-    """The step's HF model, tokenizer, trainer state (step, RNG, history), and the local copy (its DCP state)."""
+def load_step_state(ctx: StageContext, ref: CheckpointRef, load: ModelLoad = load_hf
+                    ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any], Path]:
+    """The step's HF model (read by `load`), tokenizer, trainer state (step, RNG, history), and the local copy (its
+    DCP state)."""
     local = _verified_copy(ctx, ref)
-    model, tok = load_hf(local / "model")
+    model, tok = load(local / "model")
     return model, tok, torch.load(local / "state" / "trainer.pt", weights_only=False), local

@@ -44,7 +44,6 @@ from cascade.stages.config_base import Product, imported_on_call
 from cascade.stages.estimate import (
     DATA_BYTES_PER_TOKEN,
     StageEstimate,
-    checkpoint_bytes,
     mean_new_tokens,
     training_storage,
 )
@@ -251,7 +250,7 @@ def _estimate_mopd(cfg: MOPDConfig, recipe: Any, params: int, prompt_tokens: int
 
 def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
     trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(mean_new_tokens(recipe, None)))  # both answers
-    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=checkpoint_bytes(params))
+    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=training_storage(cfg, params))
 
 
 # The data cards of the report (stages/datasets/card.py and stages/difficulty.py write these metrics and the plot).
@@ -280,7 +279,7 @@ for _row in (
               distributable=True),
     StageKind("reward_model", RewardModelConfig, imported_on_call("cascade.stages.reward_model", "run_reward_model"),
               makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model,
-              estimate=_estimate_reward_model),
+              estimate=_estimate_reward_model, distributable=True),
     StageKind("mopd", MOPDConfig, imported_on_call("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
               holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True, recovers=True),
 ):

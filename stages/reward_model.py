@@ -11,9 +11,11 @@ Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it) or
 ecosystem's `prompt`/`chosen`/`rejected` format. Metrics: pairwise accuracy (share of held-out pairs with
 r(chosen) > r(rejected)) and the mean reward margin on them.
 
-Deviations: one process (no FSDP), on the recipe's compute device and dtype; the score head starts at zero
-(transformers initializes it randomly), so every pair starts at loss log 2 and the first steps are not spent
-undoing a random head; no step checkpoints (the stage is minutes long on CPU, so a cut-off run repeats it);
+It trains as SFT does (`TrainRun`, stages/training.py): in one process, or under torchrun (FSDP2) with each rank
+taking a contiguous share of every batch's pairs, the loss normalized by the whole batch's pair count, and the
+checkpoint committed by rank 0. Deviations: the score head starts at zero (transformers initializes it randomly),
+so every pair starts at loss log 2 and the first steps are not spent undoing a random head; no step checkpoints
+by default (the stage is minutes long on CPU, so a cut-off run repeats it; `checkpoint_every` sets them);
 Cascade 2's generative pairwise reward model is the `judge` reward instead.
 """
 
@@ -29,7 +31,7 @@ from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
 from cascade.stages.config import DomainPairs, PreferenceFile, RewardModelConfig
-from cascade.stages.context import StageContext, StageResult, save_model_checkpoint
+from cascade.stages.context import StageContext, StageResult
 from cascade.stages.domains import get_domain
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
 from cascade.stages.datasets.sources import _file_records
@@ -38,8 +40,8 @@ from cascade.stages.losses import bradley_terry_loss
 from cascade.stages.model import completion_ids, prompt_ids, resolve_model_dir
 from cascade.stages.sft import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.distributed import process_world
-from cascade.stages.training import backward_micro_batches, clip_and_step, make_optimizer, warmup_cosine
+from cascade.stages.distributed import World, rank_micro_batches
+from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_cosine
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
 
@@ -47,44 +49,40 @@ Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + 
 def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
     started = time.time()
-    world = process_world(ctx.recipe.compute_for(cfg))  # one process: the stage is minutes on a CPU
-    model, tokenizer = load_backbone(ctx, cfg, inputs)
-    model.to(world.device)
+    run = TrainRun(ctx, cfg, inputs.stages.get(cfg.init), fresh=lambda: load_backbone(ctx, cfg, inputs),
+                   load=load_reward_model)
+    world = run.world
     train, heldout = load_pairs(cfg, ctx.recipe.seed)
-    train_ids, heldout_ids = encode_pairs(tokenizer, train), encode_pairs(tokenizer, heldout)
-    optimizer = make_optimizer(model, cfg.lr, cfg)
-    pad = tokenizer.pad_token_id
-    torch.manual_seed(ctx.recipe.seed)
-    model.train()
-    for step in range(cfg.steps):
-        # batch: this step's slice of the epoch permutation of the train pairs
-        batch = batch_for_step(train_ids, step, cfg.batch_size, ctx.recipe.seed)
+    train_ids, heldout_ids = encode_pairs(run.tokenizer, train), encode_pairs(run.tokenizer, heldout)
+    pad = run.tokenizer.pad_token_id
+    while run.step < cfg.steps:
+        # batch: this step's slice of the epoch permutation of the train pairs; this rank's share of its pairs
+        batch = batch_for_step(train_ids, run.step, cfg.batch_size, ctx.recipe.seed)
+        pairs = [batch[i] for i in world.shard(len(batch))]
         stats = {"correct": 0.0}
 
-        # update: Bradley-Terry loss normalized by the batch's pair count, accumulated over micro-batches
+        # update: Bradley-Terry loss normalized by the whole batch's pair count (N ranks equal one process),
+        # accumulated over micro-batches
         def micro_loss(part: slice) -> torch.Tensor:
             with world.autocast():
-                chosen, rejected = pair_scores(model, batch[part], pad)
+                chosen, rejected = pair_scores(run.model, pairs[part], pad)
             stats["correct"] += float((chosen > rejected).sum())
             return bradley_terry_loss(chosen, rejected, len(batch), cfg.margin)
 
-        loss = backward_micro_batches(len(batch), cfg.micro_batch_size, micro_loss)
-        lr = cfg.lr * warmup_cosine(step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        grad_norm = clip_and_step(model, optimizer, lr, cfg.grad_clip)
+        loss = backward_micro_batches(len(pairs), cfg.micro_batch_size, micro_loss, run)
+        lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+        run.step += 1
 
         # log
-        ctx.log.log(step + 1, {"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                               "train_accuracy": stats["correct"] / len(batch)})
-        ctx.progress(step + 1, cfg.steps)
+        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm,
+                         "train_accuracy": world.all_sum(stats["correct"]) / len(batch)})
 
     # evaluate: pairwise accuracy and reward margin on the held-out pairs
-    metrics = {**pairwise_metrics(model, heldout_ids, pad, cfg.micro_batch_size), "steps": cfg.steps,
-               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1),
-               "dtype": world.dtype}
+    metrics = {**pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size), "steps": cfg.steps,
+               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1)}
     ctx.log.log(cfg.steps, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
-    ref = save_model_checkpoint(ctx, ctx.key, model, tokenizer, cfg=cfg, step=cfg.steps,
-                                parent=inputs.stages.get(cfg.init), metrics=metrics)
-    return StageResult(ref, metrics)
+    return run.finish(metrics)
 
 
 def load_backbone(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInputs):
@@ -148,15 +146,22 @@ def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[to
 
 
 @torch.no_grad()
-def pairwise_metrics(model: torch.nn.Module, pairs: list[Pair], pad: int, batch_size: int) -> dict[str, float]:
-    """Share of pairs with r(chosen) > r(rejected), and the mean r(chosen) - r(rejected)."""
+def pairwise_metrics(model: torch.nn.Module, world: World, pairs: list[Pair], pad: int,
+                     batch_size: int) -> dict[str, float]:
+    """Share of pairs with r(chosen) > r(rejected), and the mean r(chosen) - r(rejected). Each rank scores its
+    share of the pairs; a rank with fewer batches forwards idle ones (FSDP2 forwards are collectives)."""
     was_training = model.training
     model.eval()
+    mine = [pairs[i] for i in world.shard(len(pairs))]
     margins = []
-    for start in range(0, len(pairs), batch_size):
-        chosen, rejected = pair_scores(model, pairs[start : start + batch_size], pad)
+    for part in rank_micro_batches(world, len(mine), batch_size):
+        if part.start == part.stop:
+            idle_loss(model, world)
+            continue
+        chosen, rejected = pair_scores(model, mine[part], pad)
         margins += (chosen - rejected).tolist()
     model.train(was_training)
+    margins = [m for rank in world.all_gather(margins) for m in rank]
     return {"heldout_accuracy": round(sum(m > 0 for m in margins) / len(margins), 4),
             "heldout_margin": round(sum(margins) / len(margins), 4)}
 

@@ -21,6 +21,7 @@ from cascade.artifacts.layout import step_key
 from cascade.stages.config import OptimizerConfig, TrainingConfig
 from cascade.stages.context import (
     TRAIN_STATE_DIR,
+    ModelLoad,
     StageContext,
     StageResult,
     latest_step_checkpoint,
@@ -39,6 +40,7 @@ from cascade.stages.distributed import (
     save_train_state,
     world_for,
 )
+from cascade.stages.model import load_hf
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: OptimizerConfig) -> torch.optim.AdamW:
@@ -101,20 +103,25 @@ def idle_loss(model: torch.nn.Module, world: World) -> torch.Tensor:
 
 
 class TrainRun:
-    """A stage's model + optimizer, started fresh or restored from its newest step checkpoint."""
+    """A stage's model + optimizer, started fresh or restored from its newest step checkpoint.
 
-    def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None):
+    The model is a causal LM that starts from `start` (None: the recipe's initial model). A stage that trains
+    another model gives `fresh`, which returns its starting model and tokenizer, and `load`, which reads the model
+    of one of its step checkpoints (a reward model: a one-label classifier; `start` is then only the parent)."""
+
+    def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None,
+                 fresh: Callable[[], tuple[torch.nn.Module, Any]] | None = None, load: ModelLoad = load_hf):
         self.ctx, self.cfg, self.start = ctx, cfg, start
         self.world = world_for(ctx.recipe.compute_for(cfg))
         resume = latest_step_checkpoint(ctx, cfg)
         if resume is None:
-            model, self.tokenizer = load_policy(ctx, start)
+            model, self.tokenizer = load_policy(ctx, start) if fresh is None else fresh()
             self.model = prepare_model(model, self.world)
             self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             self.step, self.history = 0, []
             torch.manual_seed(ctx.recipe.seed)
         else:
-            model, self.tokenizer, state, local = load_step_state(ctx, resume)
+            model, self.tokenizer, state, local = load_step_state(ctx, resume, load)
             self.model = prepare_model(model, self.world)
             self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             if "optimizer" in state:  # a step checkpoint from before DCP train state: one process's optimizer

@@ -1,8 +1,8 @@
 """2-process gloo training (torchrun + FSDP2) equals one process, and step checkpoints resume across world sizes.
 
-Every run here is the micro recipe's tiny model in fp32 on CPU: SFT 5 steps through the stage launcher
-(stages/launch.py, the path the stage task takes), GRPO and MOPD one update each on fixed rollouts
-(tests/stages/dist_updates.py under torchrun)."""
+Every run here is the micro recipe's tiny model in fp32 on CPU: SFT 5 steps and a reward model 4 steps through
+the stage launcher (stages/launch.py, the path the stage task takes), GRPO and MOPD one update each on fixed
+rollouts (tests/stages/dist_updates.py under torchrun)."""
 
 import subprocess
 import sys
@@ -18,7 +18,8 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.distributed import world_for
 from cascade.stages.kinds import StageInputs
 from cascade.stages.launch import run_stage_where_configured
-from cascade.stages.model import build_tiny_model
+from cascade.stages.model import build_tiny_model, save_hf
+from cascade.stages.recipe import validate_recipe
 from cascade.stages.sft_data import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import micro_recipe
@@ -80,6 +81,41 @@ def test_sft_two_ranks_equal_one_process(sft_runs):
     assert losses2 == pytest.approx(losses1, abs=1e-5)
     assert_same_adamw_weights(w1, w2)
     assert [p for p, _ in two.rows] == [1, 2, 3, 4, 5]  # rank 0's metrics reached this process's sink
+
+
+# 5 pairs a step on 2 ranks are 2 and 3: the first rank runs an idle micro-batch; 7 held-out pairs split 3 and 4
+REWARD_MODEL = {"kind": "reward_model", "steps": 4, "batch_size": 5, "micro_batch_size": 2, "warmup_steps": 1,
+                "lr": 3e-3, "pairs": {"kind": "domain", "domain": "chat", "train": 20, "heldout": 7}}
+
+
+def run_reward_model(tmp, backbone, run_id, world):
+    raw = micro_recipe(tmp, *world).model_dump(mode="json")
+    raw["stages"].append({**REWARD_MODEL, "init": str(backbone)})
+    recipe = validate_recipe(raw)
+    sink = ListSink()
+    work = tmp / f"work-{run_id}"
+    work.mkdir()
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/05-rm", sink, workdir=work)
+    result = run_stage_where_configured(recipe.stage("rm"), ctx, StageInputs())
+    return sink, load_file(ctx.store.path(f"{result.checkpoint.key}/model/model.safetensors")), result.metrics
+
+
+def test_reward_model_two_ranks_equal_one_process(tmp_path):
+    tok = load_tokenizer()
+    backbone = tmp_path / "backbone"
+    save_hf(build_tiny_model(micro_recipe(tmp_path).model, len(tok), seed=0), tok, backbone)
+    one, w1, metrics1 = run_reward_model(tmp_path, backbone, "one", ONE)
+    two, w2, metrics2 = run_reward_model(tmp_path, backbone, "two", TWO)
+    initial = load_file(backbone / "model.safetensors")
+    moved = max((w1[k] - initial[k]).abs().max().item() for k in w1 if k in initial)
+    assert moved > 1e-3 and w1["score.weight"].abs().max() > 1e-3  # it trains: the backbone, and the zero head
+    losses1 = one.series("loss")
+    assert len(losses1) == 4 and two.series("loss") == pytest.approx(losses1, abs=1e-5)
+    assert two.series("train_accuracy") == one.series("train_accuracy")
+    assert_same_adamw_weights(w1, w2)
+    for key in ("heldout_accuracy", "heldout_margin", "heldout_pairs"):
+        assert metrics2[key] == pytest.approx(metrics1[key], abs=1e-4), key
+    assert metrics2["heldout_pairs"] == 7 and [p for p, _ in two.rows] == [1, 2, 3, 4, 4]  # rank 0's, and the eval
 
 
 @pytest.mark.parametrize("written, resumed", [("two", ONE), ("one", TWO)])

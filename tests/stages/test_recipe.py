@@ -79,6 +79,16 @@ def test_run_form_overrides_apply_to_the_recipe():
     assert recipe.storage.root == "file:///tmp/x"
 
 
+def test_run_form_overrides_a_reward_model_as_every_training_stage():
+    """It used to refuse one: "stages.rm: a reward_model stage has no steps or lr"."""
+    from cascade.flows.recipes import RunRequest, request_recipe
+
+    recipe = request_recipe(RunRequest(recipe="tiny-rlhf", steps=3, stages={"rm": {"lr": 1e-4}}))
+    assert recipe.stage("rm").steps == 3 and recipe.stage("rm").lr == 1e-4
+    assert recipe.stage("sft").steps == 3 and recipe.stage("sft").lr == load_recipe("tiny-rlhf").stage("sft").lr
+    assert "reward_model" in RunRequest.model_fields["steps"].description
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"steps": 0}, "greater than or equal to 1"),
     ({"domains": ["poetry"]}, "Input should be"),

@@ -111,6 +111,28 @@ def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_met
     assert manifest["metrics"]["dtype"] == "fp32"  # the recipe's compute.dtype, recorded with the stage's figures
 
 
+def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path):
+    """With `checkpoint_every` (none by default), a cut-off stage continues from its newest step checkpoint, read
+    back as the one-label classifier it trains, and ends where the straight run ended."""
+    from safetensors.torch import load_file
+
+    from cascade.artifacts.checkpoint import MANIFEST
+
+    stages = [{**s, "checkpoint_every": 3} if s["kind"] == "reward_model" else s for s in MICRO_RLHF["stages"]]
+    recipe = micro_rlhf(tmp_path, stages=stages)
+    made, sinks = run_stages(recipe, tmp_path, "rm")
+    store = Store.from_config(recipe.storage)
+    straight = load_file(store.path(f"{made['rm'].key}/model/model.safetensors"))
+    store.delete(f"{made['rm'].key}/{MANIFEST}")  # as if the stage died after its step-3 checkpoint
+    sink = ListSink()
+    ctx = StageContext(recipe, store, "r", made["rm"].key, sink, workdir=tmp_path)
+    resumed = run_reward_model(recipe.stage("rm"), ctx, StageInputs(stages={"sft": made["sft"]})).checkpoint
+    assert [step for step, _ in sink.rows] == [4, 5, 6, 6]  # steps 4-6, then the held-out metrics
+    assert sink.series("loss") == pytest.approx(sinks["rm"].series("loss")[3:], abs=1e-6)
+    weights = load_file(store.path(f"{resumed.key}/model/model.safetensors"))
+    assert all(torch.allclose(weights[k], straight[k], atol=1e-6) for k in straight)
+
+
 def test_rlhf_logs_reward_model_and_rubric_side_by_side_and_kl_starts_at_zero(tmp_path):
     recipe = micro_rlhf(tmp_path)
     made, sinks = run_stages(recipe, tmp_path, "rlhf")
