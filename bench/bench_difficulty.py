@@ -1,7 +1,7 @@
 """Difficulty filter throughput (prompts/s at k rollouts each): the stage's way vs the naive way, same model.
 
-- ours: the stage's rollout path (`stages.difficulty.rollouts`): one engine call per chunk of prompts with n = k,
-  which the HF engine serves from one prefill per prompt, then grading and keep/drop;
+- ours: the stage's rollout path (`stages.kinds.difficulty.run.rollouts`): one engine call per chunk of prompts
+  with n = k, which the HF engine serves from one prefill per prompt, then grading and keep/drop;
 - naive, per prompt: the issue's naive way, each prompt's k samples as k separate engine calls of n = 1;
 - naive, batched: k separate engine calls of n = 1, each over every prompt of the chunk (a stronger baseline:
   it still batches across prompts, and only re-prefills each prompt k times and decodes in k smaller batches).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.difficulty import Reference, keep_or_drop, rollouts
+from cascade.stages.kinds.difficulty.run import Reference, keep_or_drop, rollouts
 from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.model import initial_model

@@ -5,15 +5,15 @@
     PYTHONPATH=. .venv/bin/python bench/bench_learning.py --checkpoint URI_OR_HF_DIR --out DIR ...
 
 Both sides start from RUN's last committed SFT checkpoint (or --checkpoint) and run the recipe's GRPO stage on the
-domain (tiny: math_rl) with the given overrides: ours is `stages.grpo.run_grpo` in this process, its checkpoint in
-a scratch store; TRL 1.16's GRPOTrainer runs in .venv-trl (`bash bench/trl-venv.sh`; bench/learning_trl_peer.py).
-They get the same prompts step by step (our stage's draw, handed to TRL in that order), our grader as the reward,
-the same group size, temperature, top_p, max new tokens and steps, the same constant learning rate, AdamW betas,
-weight decay and grad clip, no KL, no gradient checkpointing, fp32 on the CPU. Then the SFT start, ours and
-TRL's are evaluated on the same items of the eval split with the same per-item seeds (stages.evaluate: the mean
-grade of k samples at the training temperature, greedy beside it), and paired differences over items give each
-side's gain over SFT and ours - TRL, with standard errors. Printed: one table and the verdict; --out gets
-rewards.png (both reward curves) and learning.json (settings, curves, per-item scores, gains).
+domain (tiny: math_rl) with the given overrides: ours is `stages.kinds.grpo.run.run_grpo` in this process, its
+checkpoint in a scratch store; TRL 1.16's GRPOTrainer runs in .venv-trl (`bash bench/trl-venv.sh`;
+bench/learning_trl_peer.py). They get the same prompts step by step (our stage's draw, handed to TRL in that order),
+our grader as the reward, the same group size, temperature, top_p, max new tokens and steps, the same constant
+learning rate, AdamW betas, weight decay and grad clip, no KL, no gradient checkpointing, fp32 on the CPU. Then the
+SFT start, ours and TRL's are evaluated on the same items of the eval split with the same per-item seeds
+(stages.evaluate: the mean grade of k samples at the training temperature, greedy beside it), and paired differences
+over items give each side's gain over SFT and ours - TRL, with standard errors. Printed: one table and the verdict;
+--out gets rewards.png (both reward curves) and learning.json (settings, curves, per-item scores, gains).
 
 Parity holds when ours gains at least as much as TRL's within one SE: ours - TRL >= -1 SE on the primary metric.
 If TRL gains and ours does not, that is a bug to find, not a setting to tune. Settings are chosen on --split dev;
@@ -54,7 +54,7 @@ from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.html_report import paired_gain
 from cascade.artifacts.report import GREEDY_COLUMN, RunReport
 from cascade.artifacts.store import Store
-from cascade.stages.config import GRPOConfig
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.recipe import Recipe, load_recipe, validate_recipe
 
 CURVE_ENDS = 5  # steps averaged at each end of a reward curve in the table
@@ -141,7 +141,7 @@ def sft_checkpoint(store_root: str, run_id: str) -> str:
 
 def prompt_schedule(cfg: GRPOConfig, ctx) -> list[list]:
     """The prompts of each of our stage's steps, in order: its pool and its per-step draw (stages.rollout)."""
-    from cascade.stages.grpo import train_prompts
+    from cascade.stages.kinds.grpo.run import train_prompts
     from cascade.stages.kinds import StageInputs
     from cascade.stages.rollout import step_prompts
 

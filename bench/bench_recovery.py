@@ -24,7 +24,7 @@ from cascade.stages.context import ListSink, StageContext, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages
 from cascade.artifacts.layout import recipe_key, step_key
-from cascade.stages.config import GRPOConfig
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds import StageInputs, run_stage
 from cascade.stages.recipe import Recipe
 

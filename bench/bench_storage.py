@@ -116,8 +116,8 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
     from cascade.stages.kinds import StageInputs
     from cascade.stages.context import ListSink, StageContext
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.sft import run_sft
-    from cascade.stages.sft_data import run_sft_data
+    from cascade.stages.kinds.sft.run import run_sft
+    from cascade.stages.kinds.sft_data.run import run_sft_data
 
     tmp.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(recipe_name, [f"storage.root=file://{tmp}/store", f"tracking.uri=sqlite:///{tmp}/mlflow.db",

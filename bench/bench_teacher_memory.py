@@ -23,7 +23,7 @@ from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.completions import completion_batch
 from cascade.stages.engines.base import Completion
 from cascade.stages.model import load_hf
-from cascade.stages.mopd import TeacherPool
+from cascade.stages.kinds.mopd.run import TeacherPool
 
 rows, tokens, micro = (int(a) for a in sys.argv[1:4])
 torch.set_num_threads(2)

@@ -16,7 +16,7 @@ from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
 from cascade.artifacts.layout import RUN_ID_PATTERN
-from cascade.stages.config import LearningRate, Steps
+from cascade.stages.config_base import LearningRate, Steps
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
 from cascade.stages.recipe import (  # load_recipe: re-exported, the name every flow and CLI command uses

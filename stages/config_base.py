@@ -1,15 +1,22 @@
-"""What every config module builds on: the bounds shared by fields of the same meaning, an earlier stage a
-stage reads (`Read`), an OpenAI-compatible endpoint, and how a registry row names its function without importing
-it (`imported_on_call`). Apart from `stages/config.py` so that the reward-source
-registry (`stages/reward_sources.py`), which `config.py` reads, can use them without an import cycle.
+"""What every stage config builds on: the bounds shared by fields of the same meaning, an earlier stage a stage
+reads (`Read`), the base classes of every kind's config (`StageConfig`, `TrainingConfig`, `OnPolicyConfig`, ...),
+where a training stage runs (`ComputeConfig`), the data sources and teachers a stage reads prompts and answers
+from, an OpenAI-compatible endpoint, and how a registry row names its function without importing it
+(`imported_on_call`).
+
+Each kind's own config lives with its kind (`stages/kinds/<kind>/__init__.py`), and the recipe's other sections
+in `stages/config.py`; this module imports neither, so that every kind's config, the kind registry
+(`stages/kinds/__init__.py`) and the reward-source registry (`stages/reward_sources.py`) import it without an
+import cycle.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Annotated, Any, Callable, Literal, NamedTuple
+from pathlib import Path
+from typing import Annotated, Any, Callable, ClassVar, Literal, NamedTuple, Union
 
-from pydantic import BeforeValidator, Field
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from cascade.artifacts.config import Strict
 
@@ -74,3 +81,257 @@ class Read(NamedTuple):
     stage: str
     product: Product
     hint: str = ""  # appended to the error when no such stage exists
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.model)
+
+
+def resolve_data_root(data_root: str | None) -> Path:
+    """The real data files (benchmarks, shared sources): None: <repo>/../shared/data; relative: to the repo."""
+    from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+
+    return DEFAULT_DATA_ROOT if data_root is None else (REPO_ROOT / data_root).resolve()
+
+
+def reference_kind(reference: str) -> Literal["endpoint", "model", "stage"]:
+    """How a model reference is read: a URL, a model source (path or named model), else a stage name."""
+    if reference.startswith(("http://", "https://")):
+        return "endpoint"
+    if reference == SMOLLM2 or "/" in reference or reference.startswith((".", "~")):
+        return "model"
+    return "stage"
+
+
+# --- where a training stage runs: the recipe's `compute`, and a stage's own keys over it ---
+
+Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
+Launcher = Literal["auto", "torchrun"]  # auto: torchrun when a stage has more than one rank, else in-process
+# bf16: autocast. auto: bf16 on a GPU that supports it; on a CPU, bf16 where it measures at least 10% faster than
+# fp32 on this host (stages/precision.py): hosts with the same bf16 flag ran it 1.6x faster or 2x slower.
+DType = Literal["auto", "bf16", "fp32"]
+Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
+RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
+
+
+class ComputeConfig(Strict):
+    """Where and how training runs. One process (the default) trains in the stage task's own process; more
+    launch `torchrun` with FSDP2 (stages/launch.py, docs/SCALE.md)."""
+
+    device: Device = "auto"
+    dtype: DType = "auto"
+    nproc_per_node: Processes = 1  # GPUs (or CPU processes) per node
+    nnodes: Processes = 1
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward: memory for time
+    launcher: Launcher = "auto"  # torchrun: FSDP2 in a process group even for one rank (the one-GPU check)
+
+    @model_validator(mode="after")
+    def _multi_node_needs_endpoint(self) -> ComputeConfig:
+        if self.nnodes > 1 and self.rdzv_endpoint is None:
+            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
+class ComputeOverride(Strict):
+    """A training stage's `compute:`: the keys it sets replace the recipe's; the rest stay the recipe's."""
+
+    device: Device | None = None
+    dtype: DType | None = None
+    nproc_per_node: Processes | None = None
+    nnodes: Processes | None = None
+    rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)
+    activation_checkpointing: bool | None = None
+    launcher: Launcher | None = None
+
+    def over(self, base: ComputeConfig) -> ComputeConfig:
+        return ComputeConfig.model_validate(base.model_dump() | self.model_dump(exclude_none=True))
+
+
+# --- data sources and teachers: where an sft_data stage (and a GRPO stage's prompts) reads rows and answers ---
+
+class SourceDraw(Strict):
+    """How many rows a source contributes, counted before filtering: a count, or a share of train_size."""
+
+    count: int | None = Field(None, strict=True, ge=0, le=100_000_000)
+    share: Positive | None = None  # of the domain's train_size
+    # Neither: a synthetic source draws train_size rows, a file source all of its rows.
+
+    @model_validator(mode="after")
+    def _count_or_share(self) -> SourceDraw:
+        if self.count is not None and self.share is not None:
+            raise ValueError("give a source `count` or a `share`, not both")
+        return self
+
+    def rows(self, train_size: int) -> int | None:
+        """Rows to draw; None: every row the source has."""
+        if self.count is not None:
+            return self.count
+        if self.share is not None:
+            return round(self.share * train_size)
+        return None
+
+
+class SyntheticSource(SourceDraw):
+    kind: Literal["synthetic"] = "synthetic"  # the domain's own generator, train split
+
+
+class SharedSource(SourceDraw):
+    kind: Literal["shared"] = "shared"
+    file: str  # relative to the stage's data_root, e.g. math/gsm8k_train.jsonl
+    format: str  # a benchmark whose native row format the file has (gsm8k: question, answer "... #### 72")
+
+
+class FileSource(SourceDraw):
+    kind: Literal["file"] = "file"
+    path: str  # a local path or any fsspec URL (s3://bucket/key); .jsonl, .jsonl.gz or .parquet
+    format: Literal["jsonl", "parquet"] | None = None  # None: from the suffix
+    prompt_field: str = "prompt"
+    reference_field: str = "reference"  # the oracle teacher's answer; other teachers do not need it
+    meta_field: str = "meta"  # what the domain's grader reads (math: {"answer": "72"}); optional
+
+
+DataSource = Annotated[Union[SyntheticSource, SharedSource, FileSource], Field(discriminator="kind")]
+
+
+class OracleTeacher(Strict):
+    kind: Literal["oracle"] = "oracle"  # the source's reference answer
+
+
+class GenerationTeacher(Strict):
+    temperature: Temperature = 0.0
+    max_new_tokens: Count | None = None  # None: the domain's max_new_tokens
+    batch_size: BatchSize = 64  # prompts per generate call (openai: requests in flight)
+
+
+class ModelTeacher(GenerationTeacher):
+    kind: Literal["model"] = "model"
+    source: str  # "tiny", "smollm2-135m", an HF model dir, or a checkpoint (URI or dir with MANIFEST.json)
+
+
+class OpenAITeacher(GenerationTeacher, OpenAIEndpoint):
+    kind: Literal["openai"] = "openai"
+
+
+TeacherConfig = Annotated[Union[OracleTeacher, ModelTeacher, OpenAITeacher], Field(discriminator="kind")]
+
+
+# --- stage configs: every kind's config derives from StageConfig ---
+
+class StageConfig(Strict):
+    """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
+    inputs, and what each must have made; the recipe checks them, the flow hands their checkpoints over."""
+
+    kind: str
+    name: str
+
+    def reads(self) -> list[Read]:
+        return []
+
+
+class OptimizerConfig(Strict):
+    """The optimizer every training stage uses: AdamW, weight decay on matrices only (norm gains and biases are
+    not pulled to 0; with tied embeddings the embedding matrix is decayed once)."""
+
+    weight_decay: NonNegative = 0.0
+    # beta2 0.95 rather than torch's 0.999: the second moment forgets a gradient spike within ~20 steps, as in
+    # small-model pretraining practice (docs/LOG.md)
+    adam_betas: tuple[AdamBeta, AdamBeta] = (0.9, 0.95)
+    grad_clip: Positive = 1.0
+
+
+class TrainingConfig(StageConfig, OptimizerConfig):
+    """What every training stage has: a step budget, a peak learning rate, its optimizer, step checkpoints."""
+
+    steps: Steps
+    lr: LearningRate
+    checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
+    keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
+    compute: ComputeOverride | None = None  # replaces keys of the recipe's `compute` for this stage
+    # Where and how a stage runs does not change what it computes (up to float rounding): the config hash
+    # leaves `compute` out, so a step checkpoint written by 2 processes resumes in 1 and the reverse.
+    not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
+
+
+class MicroBatched(Strict):
+    """A stage whose step is `batch_size` rows in forwards of `micro_batch_size`, after `warmup_steps` of warm-up.
+
+    A value the recipe changes from its default must fit: a micro-batch larger than the batch, or a warm-up longer
+    than the stage (the learning rate never reaches its peak), is a mistake. A default is left alone where a recipe
+    shortens the stage or its batch (a smoke run's `steps: 2`, the run form's steps): micro-batches are cut to the
+    batch, and the warm-up ramps the whole stage, as before; and a stored recipe, which spells out every default,
+    must validate again on resume."""
+
+    @model_validator(mode="after")
+    def _fits_its_batch_and_steps(self) -> MicroBatched:
+        if self._changed("micro_batch_size") and self.micro_batch_size > self.batch_size:
+            raise ValueError(f"micro_batch_size {self.micro_batch_size} is larger than batch_size {self.batch_size}")
+        if self._changed("warmup_steps") and self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps {self.warmup_steps} is more than steps {self.steps}")
+        return self
+
+    def _changed(self, name: str) -> bool:
+        return getattr(self, name) != type(self).model_fields[name].default
+
+
+class ReadsDataFiles(Strict):
+    """A stage that reads prompts from data files: `shared` sources resolve against its data root."""
+
+    data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
+
+    def resolved_data_root(self) -> Path:
+        return resolve_data_root(self.data_root)
+
+    def file_sources(self) -> dict[str, list[BaseModel]]:
+        """domain -> the sources the recipe gives it (checked for existence before any work)."""
+        raise NotImplementedError
+
+    def domain_sources(self, domain: str) -> list[BaseModel]:
+        """A domain's sources; one the recipe gives none reads its synthetic generator's train split."""
+        return self.file_sources().get(domain) or [SyntheticSource()]
+
+
+class OnPolicyConfig(TrainingConfig):
+    """What every on-policy stage (GRPO, MOPD) shares: sample from the current policy, one update per batch."""
+
+    steps: Steps = 60
+    prompts_per_step: BatchSize = 16
+    group_size: BatchSize = 8  # samples per prompt
+    micro_batch_size: BatchSize = 64  # sequences per forward/backward; the loss is normalized globally
+    lr: LearningRate = 5e-5
+    # the learning rate ramps linearly to lr over the first warmup_steps, then stays: a fresh AdamW's first steps
+    # divide by a second moment of one gradient, and its full-size steps at lr move a small policy too far
+    warmup_steps: Every = 0
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    # domain -> share of each step's prompts (normalized; e.g. the paper's multi-domain blend mcqa 0.55, tool 0.30,
+    # structured 0.15); None: prompts drawn uniformly from the pooled domains, so each in proportion to its pool
+    domain_weights: dict[str, Fraction] | None = None
+    # every domain (of positive weight) gets at least this many of each step's prompts: at 16 prompts a 0.15 share
+    # is 2 prompts, too few groups to carry signal; the rest is shared by weight
+    min_prompts_per_domain: Annotated[int, Field(strict=True, ge=0, le=BATCH_LIMIT)] = 0
+
+    @model_validator(mode="after")
+    def _weights_sum(self) -> OnPolicyConfig:
+        if self.domain_weights is not None and sum(self.domain_weights.values()) <= 0:
+            raise ValueError(f"stage {self.name!r}: domain_weights must not all be 0")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_fits(self) -> OnPolicyConfig:
+        domains = getattr(self, "domains", None) or []
+        if self.min_prompts_per_domain * len(domains) > self.prompts_per_step:
+            raise ValueError(f"stage {self.name!r}: min_prompts_per_domain {self.min_prompts_per_domain} x "
+                             f"{len(domains)} domains is more than prompts_per_step {self.prompts_per_step}")
+        return self
+
+    @model_validator(mode="after")
+    def _rollouts_fit(self) -> OnPolicyConfig:
+        rollouts = self.prompts_per_step * self.group_size  # a step's samples are all held at once
+        if rollouts > BATCH_LIMIT:
+            raise ValueError(f"prompts_per_step * group_size is {rollouts} rollouts per step; at most {BATCH_LIMIT}")
+        return self

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from cascade.stages.config import ComputeConfig
+from cascade.stages.config_base import ComputeConfig
 from cascade.stages.precision import Precision, resolve_dtype
 
 

@@ -1,5 +1,5 @@
 """What a stage kind's plan estimate is made of (stages/plan.py has the assumptions): the figures of one stage, and
-the helpers every kind's `estimate` (a row of stages/kinds.py) shares. Nothing here loads a model."""
+the helpers every kind's `estimate` (a row of stages/kinds/__init__.py) shares. Nothing here loads a model."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.scratch import owned_tempdir
-from cascade.stages.config import ComputeConfig
+from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult, stage_workdir
 from cascade.stages.kinds import StageInputs, kind_of, run_stage
 

@@ -29,7 +29,8 @@ from transformers.utils import logging as hf_logging
 from cascade.artifacts.checkpoint import CheckpointRef, committed, materialize
 from cascade.artifacts.config import cascade_home
 from cascade.artifacts.store import Store
-from cascade.stages.config import SMOLLM2, ModelConfig
+from cascade.stages.config import ModelConfig
+from cascade.stages.config_base import SMOLLM2
 from cascade.stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.stages.config import StageConfig
+from cascade.stages.config_base import StageConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import kind_of
 from cascade.stages.recipe import Recipe

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 
 from cascade.artifacts.home import cascade_home
-from cascade.stages.config import ComputeConfig
+from cascade.stages.config_base import ComputeConfig
 
 Precision = Literal["bf16", "fp32"]
 BF16_MIN_SPEEDUP = 1.10  # bf16's step must take at most 1/1.1 of fp32's

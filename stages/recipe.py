@@ -2,7 +2,7 @@
 
 A recipe YAML validates into `Recipe`: the run-wide sections (model, storage, tracking, engine, domains, eval,
 gate) and an ordered list of stages. Each stage's `kind` picks its config class from the stage-kind registry
-(`stages/kinds.py`), so a new kind needs no edit here. Validation checks, before any work starts, that every
+(`stages/kinds/__init__.py`), so a new kind needs no edit here. Validation checks, before any work starts, that every
 domain is known, stage names are unique, every stage reads only earlier stages that make what it needs, and
 what each kind's own check adds. Overrides (`key=value`, the Prefect run form) are applied by `flows/recipes.py`
 to the raw mapping before it comes here.
@@ -23,21 +23,23 @@ from cascade.artifacts.urls import credential_error
 from cascade.stages.config import (
     BENCHMARK_COLUMN,
     DEFAULT_EVAL_SAMPLES,
-    ComputeConfig,
     DomainSpec,
     EngineConfig,
     EvalConfig,
-    FileSource,
     GateConfig,
     ModelConfig,
+)
+from cascade.stages.config_base import (
+    ComputeConfig,
+    FileSource,
     OracleTeacher,
     ReadsDataFiles,
-    SFTDataConfig,
+    Seed,
     SharedSource,
     StageConfig,
 )
-from cascade.stages.config_base import Seed
 from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
+from cascade.stages.kinds.sft_data import SFTDataConfig
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one

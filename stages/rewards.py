@@ -27,7 +27,7 @@ from cascade.stages.domains import Item
 from cascade.stages.engines import Completion
 from cascade.stages.losses import length_normalized_rewards
 from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.reward_model import load_reward_model, sequence_scores
+from cascade.stages.kinds.reward_model.run import load_reward_model, sequence_scores
 from cascade.stages.reward_sources import (
     REWARD_SOURCES,
     CallableReward,

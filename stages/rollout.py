@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from cascade.stages.config import EngineConfig, OnPolicyConfig
+from cascade.stages.config import EngineConfig
+from cascade.stages.config_base import OnPolicyConfig
 from cascade.stages.distributed import full_weights_everywhere
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 
 from cascade.artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
 from cascade.artifacts.layout import step_key
-from cascade.stages.config import OptimizerConfig, TrainingConfig
+from cascade.stages.config_base import OptimizerConfig, TrainingConfig
 from cascade.stages.context import (
     TRAIN_STATE_DIR,
     ModelLoad,

@@ -40,7 +40,7 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, storage_options
 from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking_on
-from cascade.stages.config import StageConfig
+from cascade.stages.config_base import StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages, decide

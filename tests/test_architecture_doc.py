@@ -265,7 +265,7 @@ def drive_validate_recipe(recipe, toy) -> None:
 
 
 def drive_eval_prompts(recipe, toy) -> None:
-    from cascade.stages.sft_data import eval_prompts
+    from cascade.stages.kinds.sft_data.run import eval_prompts
 
     held = {it.prompt for split in ("heldout", "dev") for it in toy.generate(split, 4, recipe.seed)}
     assert set(eval_prompts(recipe.stage("sft_data"), recipe)) == held

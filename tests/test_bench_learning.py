@@ -24,7 +24,7 @@ from bench_learning import (  # noqa: E402
     unsupported,
 )
 
-from cascade.stages.config import GRPOConfig  # noqa: E402
+from cascade.stages.kinds.grpo import GRPOConfig  # noqa: E402
 from cascade.stages.recipe import load_recipe  # noqa: E402
 
 SFT = {"a": 0.0, "b": 0.25, "c": 0.5, "d": 0.0}

@@ -25,11 +25,15 @@ NOT_NAMES = {
     ("flows/cli/evals.py", "judge"): "`cascade eval --benchmark arena_hard`: the judge model's default name, "
                                      "and its URL's key in scores.json",
     ("tasks/regression.py", "judge"): "the regression eval's Prefect task that compares scores with a baseline",
+    # a kind's default stage name is its kind's name: these defaults name an earlier stage, not a kind
+    ("stages/kinds/sft/__init__.py", "sft_data"): "`data`: the stage whose dataset SFT trains on",
+    ("stages/kinds/difficulty/__init__.py", "sft"): "`reference`: the model stage that rolls out",
+    ("stages/kinds/reward_model/__init__.py", "sft"): "`init`: the policy stage the backbone starts from",
 }
 
 
 def module_file(module: str) -> str:
-    """`cascade.stages.sft` -> `stages/sft.py` (the checkout's path of one of our modules)."""
+    """`cascade.stages.kinds.sft.run` -> `stages/kinds/sft/run.py` (the checkout's path of one of our modules)."""
     return str(Path(sys.modules[module].__file__).resolve().relative_to(ROOT))
 
 

@@ -54,8 +54,9 @@ def test_no_file_imports_a_module_under_its_bare_name():
 def test_the_check_sees_a_bare_import(tmp_path):
     probe = ROOT / "tests" / "_probe_bare_import.py"
     try:
-        probe.write_text("def f():\n    from stages.sft import run_sft\n    import cascade.stages.sft\n")
-        assert bare_imports(probe) == ["tests/_probe_bare_import.py:2 stages.sft"]
+        probe.write_text("def f():\n    from stages.kinds.sft.run import run_sft\n"
+                         "    import cascade.stages.kinds.sft.run\n")
+        assert bare_imports(probe) == ["tests/_probe_bare_import.py:2 stages.kinds.sft.run"]
     finally:
         probe.unlink()
 

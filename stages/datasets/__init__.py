@@ -1,1 +1,2 @@
-"""The SFT data build's parts: sources, teachers, filters, Parquet shards and the data card (stages/sft_data.py)."""
+"""The SFT data build's parts: sources, teachers, filters, Parquet shards and the data card (the sft_data kind's run
+function, stages/kinds/sft_data/run.py)."""

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from cascade.stages.config import PreferenceFile
+from cascade.stages.kinds.reward_model import PreferenceFile
 
 
 @dataclass(frozen=True)

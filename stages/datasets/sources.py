@@ -18,7 +18,7 @@ import fsspec
 from cascade.artifacts.store import storage_options
 from cascade.stages.domains.base import Item
 from cascade.artifacts.config import StorageConfig
-from cascade.stages.config import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.config_base import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 
 if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates
     from cascade.stages.recipe import Recipe

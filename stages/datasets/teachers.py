@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cascade.stages.domains.base import Item
-from cascade.stages.config import ModelTeacher, OpenAIEndpoint, OracleTeacher
+from cascade.stages.config_base import ModelTeacher, OpenAIEndpoint, OracleTeacher
 from cascade.stages.recipe import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row

@@ -10,10 +10,10 @@ import cascade.stages.domains
 from cascade.stages.kinds import StageInputs
 from cascade.stages.context import ListSink
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.recipe import validate_recipe
-from cascade.stages.sft import run_sft
-from cascade.stages.sft_data import run_sft_data
+from cascade.stages.kinds.sft.run import run_sft
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
-from cascade.stages.config import Read, StageConfig
+from cascade.stages.config_base import Read, StageConfig
 from cascade.stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
 from cascade.stages.kinds import KINDS, StageInputs, StageKind, kind_of, register_kind, run_stage, unregister_kind
 from cascade.stages.recipe import RecipeError, validate_recipe

@@ -94,7 +94,7 @@ def test_flex_attention_gives_the_padded_loss_and_gradients_on_cuda():
     from cascade.stages.config import ModelConfig
     from cascade.stages.losses import sft_loss, token_logprobs
     from cascade.stages.model import build_tiny_model
-    from cascade.stages.sft import model_rows
+    from cascade.stages.kinds.sft.run import model_rows
     from cascade.stages.training import backward_micro_batches
 
     rng = torch.Generator().manual_seed(0)

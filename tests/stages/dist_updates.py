@@ -11,13 +11,16 @@ from types import SimpleNamespace
 import torch
 
 from cascade.stages.completions import completion_batch, completion_logprobs
-from cascade.stages.config import ComputeConfig, GRPOConfig, ModelConfig, MOPDConfig
+from cascade.stages.config import ModelConfig
+from cascade.stages.config_base import ComputeConfig
+from cascade.stages.kinds.grpo import GRPOConfig
+from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.distributed import World, full_state_dict, prepare_model, world_for
 from cascade.stages.engines.base import Completion
-from cascade.stages.grpo import policy_update
+from cascade.stages.kinds.grpo.run import policy_update
 from cascade.stages.losses import grpo_advantages, groups_with_signal
 from cascade.stages.model import build_tiny_model
-from cascade.stages.mopd import distill_update
+from cascade.stages.kinds.mopd.run import distill_update
 from cascade.stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)

@@ -9,7 +9,7 @@ from cascade.artifacts.checkpoint import materialize
 from cascade.artifacts.store import Store
 from cascade.stages.kinds import StageInputs
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.difficulty import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
+from cascade.stages.kinds.difficulty.run import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.model import build_tiny_model, save_hf

@@ -13,14 +13,14 @@ from safetensors.torch import load_file
 
 from cascade.artifacts.checkpoint import MANIFEST, committed
 from cascade.artifacts.store import Store
-from cascade.stages.config import ComputeConfig
+from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.distributed import world_for
 from cascade.stages.kinds import StageInputs
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.recipe import validate_recipe
-from cascade.stages.sft_data import run_sft_data
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import micro_recipe
 from tests.stages.dist_updates import SMALL, updates

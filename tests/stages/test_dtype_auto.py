@@ -12,7 +12,8 @@ import torch
 
 from cascade.artifacts.config import config_hash
 from cascade.stages import precision
-from cascade.stages.config import ComputeConfig, ComputeOverride, SFTConfig
+from cascade.stages.config_base import ComputeConfig, ComputeOverride
+from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.distributed import process_world
 from cascade.stages.precision import cache_path, resolve_dtype
 

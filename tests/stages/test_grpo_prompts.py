@@ -10,7 +10,7 @@ import pytest
 import cascade.stages.domains
 from cascade.stages.context import ListSink
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
-from cascade.stages.grpo import run_grpo, train_prompts
+from cascade.stages.kinds.grpo.run import run_grpo, train_prompts
 from cascade.stages.kinds import StageInputs
 from cascade.stages.recipe import RecipeError, validate_recipe
 from tests.stages.test_training import SMALL, VowelDomain, stage_ctx

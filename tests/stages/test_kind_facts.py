@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from cascade.stages.config import StageConfig, TrainingConfig
+from cascade.stages.config_base import StageConfig, TrainingConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import StageKind, kind_of, recovery_kinds, register_kind, unregister_kind
 from cascade.stages.plan import ModelSize, estimate_stage

@@ -27,10 +27,10 @@ ALLOWED = {"torch", "transformers", "huggingface_hub", "tokenizers", "safetensor
 HEAVY = {"boto3", "botocore", "s3transfer", "s3fs", "aiobotocore", "aiohttp", "prefect", "mlflow", "matplotlib",
          "scipy", "pyarrow", "sympy", "math_verify", "datasets", "nltk", "jinja2", "PIL", "sklearn", "pandas",
          "jsonschema", "datasketch", "if_verifiable"}
-STAGE_CORE = ["cascade.stages.sft", "cascade.stages.grpo", "cascade.stages.mopd", "cascade.stages.kinds",
-              "cascade.stages.recipe", "cascade.artifacts.store", "cascade.artifacts.checkpoint",
-              "cascade.artifacts.steplog", "cascade.stages.context", "cascade.stages.training",
-              "cascade.stages.engines.hf", "cascade.stages.launch", "cascade.stages.run"]
+STAGE_CORE = ["cascade.stages.kinds.sft.run", "cascade.stages.kinds.grpo.run", "cascade.stages.kinds.mopd.run",
+              "cascade.stages.kinds", "cascade.stages.recipe", "cascade.artifacts.store",
+              "cascade.artifacts.checkpoint", "cascade.artifacts.steplog", "cascade.stages.context",
+              "cascade.stages.training", "cascade.stages.engines.hf", "cascade.stages.launch", "cascade.stages.run"]
 
 # Notes every third-party top-level package that a cascade module imports, also one that something else loaded
 # first (transformers loads yaml and, where installed, boto3 before any cascade module asks for them).

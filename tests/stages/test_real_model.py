@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 import cascade.stages.domains
 import cascade.stages.training
-from cascade.stages.config import SMOLLM2
+from cascade.stages.config_base import SMOLLM2
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.model import completion_ids, prompt_ids

@@ -11,12 +11,12 @@ from cascade.flows.recipes import load_recipe
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.chat import NEAR_MISSES, near_miss, rubric
-from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
 from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.reward_model import run_reward_model
-from cascade.stages.sft import run_sft
-from cascade.stages.sft_data import run_sft_data
+from cascade.stages.kinds.reward_model.run import run_reward_model
+from cascade.stages.kinds.sft.run import run_sft
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.artifacts.store import Store
 
@@ -148,8 +148,8 @@ def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from cascade.stages.config import RewardModelConfig
-    from cascade.stages.reward_model import load_pairs
+    from cascade.stages.kinds.reward_model import RewardModelConfig
+    from cascade.stages.kinds.reward_model.run import load_pairs
 
     rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "extra": i} for i in range(10)]
     path = tmp_path / f"pairs.{suffix}"

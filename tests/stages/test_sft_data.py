@@ -24,7 +24,7 @@ from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.sft_data import run_sft_data
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 
 LONG = ("the quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light "
@@ -212,7 +212,7 @@ def test_refused_and_cut_off_answers_are_teacher_errors(tmp_path, canned_server)
 
 
 def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypatch):
-    import cascade.stages.sft_data as sft_data
+    import cascade.stages.kinds.sft_data.run as sft_data
 
     stage = {"shard_rows": 16}
     domains = {"math": {"train_size": 40, "heldout_size": 16}, "instruct": {"train_size": 24, "heldout_size": 16}}

@@ -12,13 +12,13 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.grpo import run_grpo
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.engines.base import Completion
 from cascade.stages.losses import grpo_loss, sft_loss, token_logprobs
 from cascade.stages.model import build_tiny_model
 from cascade.stages.config import ModelConfig
-from cascade.stages.sft import pad_batch, run_sft
-from cascade.stages.sft_data import run_sft_data
+from cascade.stages.kinds.sft.run import pad_batch, run_sft
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
@@ -151,7 +151,7 @@ def test_sft_resume_parity(tmp_path, monkeypatch):
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "sft", sink)
         if crash:
-            crash_at_step(monkeypatch, "cascade.stages.sft.clip_and_step", 4)
+            crash_at_step(monkeypatch, "cascade.stages.kinds.sft.run.clip_and_step", 4)
             with pytest.raises(RuntimeError, match="preempted"):
                 run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
             monkeypatch.undo()
@@ -236,14 +236,15 @@ def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
 def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypatch):
     """Off, the step never forwards the dropped groups (only the mismatch metric needs them), and learns the same:
     the update touches the kept groups only, so the weights after 3 steps are identical either way."""
-    import cascade.stages.grpo
+    import cascade.stages.kinds.grpo.run
 
     trained = {}
     for flag in (True, False):
         recipe = vowel_recipe(tmp_path / str(flag), monkeypatch, steps=3, mismatch_over_dropped=flag)
         calls = []
-        real = cascade.stages.grpo.mismatch_sum
-        monkeypatch.setattr(cascade.stages.grpo, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k))
+        real = cascade.stages.kinds.grpo.run.mismatch_sum
+        monkeypatch.setattr(cascade.stages.kinds.grpo.run, "mismatch_sum",
+                            lambda *a, **k: calls.append(1) or real(*a, **k))
         sink = ListSink()
         (tmp_path / str(flag)).mkdir(exist_ok=True)
         ctx = stage_ctx(recipe, tmp_path / str(flag), "rl", sink)
@@ -280,7 +281,7 @@ def test_grpo_can_keep_flat_groups_as_trl_does(tmp_path, monkeypatch):
 
 
 def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
-    from cascade.stages.config import SFTConfig
+    from cascade.stages.kinds.sft import SFTConfig
     from cascade.stages.training import make_optimizer
 
     model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), 300, 0)

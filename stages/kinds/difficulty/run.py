@@ -46,7 +46,8 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids, resolve_model_dir
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
-from cascade.stages.config import DifficultyConfig, reference_kind
+from cascade.stages.config_base import reference_kind
+from cascade.stages.kinds.difficulty import DifficultyConfig
 from cascade.stages.rollout import prompt_pool, score_texts, step_seed
 from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 

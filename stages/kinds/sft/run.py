@@ -28,7 +28,7 @@ from cascade.stages.context import StageContext, StageResult
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.recipe import RecipeError
-from cascade.stages.config import SFTConfig
+from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.kinds import StageInputs
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
 from cascade.stages.distributed import World, decoder_layers

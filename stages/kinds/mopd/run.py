@@ -23,7 +23,7 @@ import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from cascade.stages.config import MOPDConfig
+from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import mopd_loss, truncated_fraction

@@ -15,7 +15,7 @@ The paper refills dropped groups by over-sampling prompts; `refill_rounds` does 
 sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
 phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
 so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
-difficulty stage kept (stages/difficulty.py), or real data files per domain (GSM8K train, a user's JSONL or
+difficulty stage kept (stages/kinds/difficulty/), or real data files per domain (GSM8K train, a user's JSONL or
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
 
 Each phase of a step runs in a `torch.profiler.record_function` range named `grpo.<phase>` (bench/bench_grpo.py
@@ -31,10 +31,10 @@ import torch
 from torch.profiler import record_function
 
 from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from cascade.stages.config import GRPOConfig
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.datasets.sources import iter_rows
-from cascade.stages.difficulty import load_kept_prompts
+from cascade.stages.kinds.difficulty.run import load_kept_prompts
 from cascade.stages.domains import Item
 from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy

@@ -42,7 +42,8 @@ from cascade.stages.domains import get_domain
 from cascade.stages.domains.base import EVAL_SPLITS, Domain
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import shard_key, shards_dir
-from cascade.stages.config import OracleTeacher, SFTDataConfig
+from cascade.stages.config_base import OracleTeacher
+from cascade.stages.kinds.sft_data import SFTDataConfig
 from cascade.stages.kinds import StageInputs
 from cascade.stages.recipe import Recipe
 

@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
-from cascade.stages.config import DomainPairs, PreferenceFile, RewardModelConfig
+from cascade.stages.kinds.reward_model import DomainPairs, PreferenceFile, RewardModelConfig
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.domains import get_domain
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
@@ -38,7 +38,7 @@ from cascade.stages.datasets.sources import _file_records
 from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import bradley_terry_loss
 from cascade.stages.model import completion_ids, prompt_ids, resolve_model_dir
-from cascade.stages.sft import batch_for_step
+from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.distributed import World, rank_micro_batches
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_cosine

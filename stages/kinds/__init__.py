@@ -8,6 +8,11 @@ its config's `reads()` (earlier stage name -> the product that stage must have m
 one signature, `run(cfg, ctx, inputs) -> StageResult`. Nothing outside a kind's row and its own modules names
 the kind (tests/test_kind_names.py).
 
+Each built-in kind is a package beside this module, `stages/kinds/<kind>/`: its config in its `__init__.py`, which
+this registry imports, and its run function in its `run.py`, which the row names by string and imports on the
+first call (`imported_on_call`), so validating a recipe never loads torch, and a run function may import the
+registry and the recipe without an import cycle.
+
 Who reads the registry:
 - the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
   that make the right product; a row's `check` adds what only that kind knows; `recovers` admits the gate's
@@ -28,25 +33,19 @@ from typing import Any, Callable
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import Breakdown, ReportCard
-from cascade.stages.config import (
-    DifficultyConfig,
-    GRPOConfig,
-    MOPDConfig,
-    OnPolicyConfig,
-    PreferenceFile,
-    RewardModelConfig,
-    SFTConfig,
-    SFTDataConfig,
-    StageConfig,
-    TrainingConfig,
-)
-from cascade.stages.config_base import Product, imported_on_call
+from cascade.stages.config_base import OnPolicyConfig, Product, StageConfig, TrainingConfig, imported_on_call
 from cascade.stages.estimate import (
     DATA_BYTES_PER_TOKEN,
     StageEstimate,
     mean_new_tokens,
     training_storage,
 )
+from cascade.stages.kinds.difficulty import DifficultyConfig
+from cascade.stages.kinds.grpo import GRPOConfig
+from cascade.stages.kinds.mopd import MOPDConfig
+from cascade.stages.kinds.reward_model import PreferenceFile, RewardModelConfig
+from cascade.stages.kinds.sft import SFTConfig
+from cascade.stages.kinds.sft_data import SFTDataConfig
 from cascade.stages.reward_sources import REWARD_SOURCES, reward_terms
 
 # A stage's run function: run(cfg, ctx: stages.context.StageContext, inputs: StageInputs) -> StageResult.
@@ -253,7 +252,8 @@ def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, pro
     return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=training_storage(cfg, params))
 
 
-# The data cards of the report (stages/datasets/card.py and stages/difficulty.py write these metrics and the plot).
+# The data cards of the report (stages/datasets/card.py and stages/kinds/difficulty/run.py write these metrics and
+# the plot).
 SFT_DATA_CARD = ReportCard(
     title="SFT data card",
     totals=(("rows kept", "rows"), ("tokens", "tokens"), ("input rows", "input_rows"), ("shards", "shards")),
@@ -267,20 +267,23 @@ DIFFICULTY_CARD = ReportCard(
 
 
 for _row in (
-    StageKind("sft_data", SFTDataConfig, imported_on_call("cascade.stages.sft_data", "run_sft_data"), makes="dataset",
-              takes_policy=False, holds_compute=False, check=_check_sft_data, estimate=_estimate_sft_data,
-              report_card=SFT_DATA_CARD),
-    StageKind("sft", SFTConfig, imported_on_call("cascade.stages.sft", "run_sft"), makes="policy", takes_policy=True,
-              holds_compute=True, estimate=_estimate_sft, distributable=True),
-    StageKind("difficulty", DifficultyConfig, imported_on_call("cascade.stages.difficulty", "run_difficulty"), makes="prompts",
-              takes_policy=False, holds_compute=False, estimate=_estimate_difficulty, report_card=DIFFICULTY_CARD),
-    StageKind("grpo", GRPOConfig, imported_on_call("cascade.stages.grpo", "run_grpo"), makes="policy", takes_policy=True,
-              holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains), estimate=_estimate_grpo,
+    StageKind("sft_data", SFTDataConfig, imported_on_call("cascade.stages.kinds.sft_data.run", "run_sft_data"),
+              makes="dataset", takes_policy=False, holds_compute=False, check=_check_sft_data,
+              estimate=_estimate_sft_data, report_card=SFT_DATA_CARD),
+    StageKind("sft", SFTConfig, imported_on_call("cascade.stages.kinds.sft.run", "run_sft"), makes="policy",
+              takes_policy=True, holds_compute=True, estimate=_estimate_sft, distributable=True),
+    StageKind("difficulty", DifficultyConfig, imported_on_call("cascade.stages.kinds.difficulty.run", "run_difficulty"),
+              makes="prompts", takes_policy=False, holds_compute=False, estimate=_estimate_difficulty,
+              report_card=DIFFICULTY_CARD),
+    StageKind("grpo", GRPOConfig, imported_on_call("cascade.stages.kinds.grpo.run", "run_grpo"), makes="policy",
+              takes_policy=True, holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains),
+              estimate=_estimate_grpo, distributable=True),
+    StageKind("reward_model", RewardModelConfig,
+              imported_on_call("cascade.stages.kinds.reward_model.run", "run_reward_model"), makes="reward_model",
+              takes_policy=False, holds_compute=True, check=_check_reward_model, estimate=_estimate_reward_model,
               distributable=True),
-    StageKind("reward_model", RewardModelConfig, imported_on_call("cascade.stages.reward_model", "run_reward_model"),
-              makes="reward_model", takes_policy=False, holds_compute=True, check=_check_reward_model,
-              estimate=_estimate_reward_model, distributable=True),
-    StageKind("mopd", MOPDConfig, imported_on_call("cascade.stages.mopd", "run_mopd"), makes="policy", takes_policy=True,
-              holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True, recovers=True),
+    StageKind("mopd", MOPDConfig, imported_on_call("cascade.stages.kinds.mopd.run", "run_mopd"), makes="policy",
+              takes_policy=True, holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True,
+              recovers=True),
 ):
     register_kind(_row)

@@ -1,0 +1,52 @@
+"""The grpo stage kind: its config (here) and, in `run.py`, its run function: on-policy RL with group-relative
+advantages.
+
+The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
+validating a recipe never loads torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from cascade.stages.config_base import DataSource, NonNegative, OnPolicyConfig, Positive, Read, ReadsDataFiles
+from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
+
+
+class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
+    kind: Literal["grpo"] = "grpo"
+    name: str
+    domains: list[str]
+    std_eps: Positive = 1e-6
+    # None: each domain's synthetic train split; a name: the prompts an earlier difficulty stage kept; a mapping:
+    # domain -> sources, as sft_data reads them (a domain not listed: its synthetic train split)
+    prompts: str | dict[str, list[DataSource]] | None = None
+    # one reward source ({kind: grader}), or a list of {source, weight} whose rewards are summed
+    # (stages/reward_sources.py: the registry of sources)
+    reward: RewardSpec = GraderReward()
+    # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.losses.kl_k3); the paper uses it in RLHF only
+    kl_coef: NonNegative = 0.0
+    reference: str | None = None  # with kl_coef > 0: an earlier policy stage, frozen; None: this stage's start
+    # logprob_mismatch (mean |log pi_train - log pi_inf|) covers the kept groups' tokens, from the update's own
+    # forward; on, it covers every sampled token at the cost of a no-grad forward over the dropped groups
+    # (6-7.5% of a step when measured, for a metric only)
+    mismatch_over_dropped: bool = False
+    # dynamic-sampling refill: up to this many extra rollout rounds per step replace groups without signal with
+    # fresh prompts' groups (0: off; a step then trains on fewer groups)
+    refill_rounds: int = Field(0, strict=True, ge=0, le=16)
+    # False: every group takes its backward, as TRL's GRPOTrainer does (bench/bench_grpo.py's "same work"). A
+    # group whose rewards are all equal has zero advantage and adds no gradient: it costs compute and, counted in
+    # the loss's token normalizer, scales the gradient down.
+    drop_flat_groups: bool = True
+
+    def reads(self) -> list[Read]:
+        reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []
+        reads += reward_reads(self.reward, "reward")
+        if self.reference is not None:
+            reads.append(Read("reference", self.reference, "policy"))
+        return reads
+
+    def file_sources(self) -> dict[str, list[BaseModel]]:
+        return dict(self.prompts) if isinstance(self.prompts, dict) else {}

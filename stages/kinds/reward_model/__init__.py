@@ -1,0 +1,78 @@
+"""The reward_model stage kind: its config and the preference pairs it reads (here) and, in `run.py`, its run
+function: a Bradley-Terry reward model.
+
+The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
+validating a recipe never loads torch.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import Field
+
+from cascade.artifacts.config import Strict
+from cascade.stages.config_base import (
+    SMOLLM2,
+    BatchSize,
+    Count,
+    Every,
+    Fraction,
+    LearningRate,
+    MicroBatched,
+    NonNegative,
+    Read,
+    Steps,
+    TrainingConfig,
+    reference_kind,
+)
+
+
+class DomainPairs(Strict):
+    """Preference pairs built by a domain (`pairs(split, n, seed)`): the oracle answer over a near-miss."""
+
+    kind: Literal["domain"] = "domain"
+    domain: str = "chat"
+    train: Count = 2000
+    heldout: Count = 400
+
+
+class PreferenceFile(Strict):
+    """Real preference pairs, one per row: JSONL (.jsonl, .jsonl.gz) or Parquet, local or any fsspec URL."""
+
+    kind: Literal["file"] = "file"
+    path: str
+    format: Literal["jsonl", "parquet"] | None = None  # None: from the suffix
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    heldout_share: Fraction = 0.1  # the last rows, held out for pairwise accuracy
+
+
+PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
+
+
+class RewardModelConfig(TrainingConfig, MicroBatched):
+    """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
+
+    kind: Literal["reward_model"] = "reward_model"
+    name: str = "rm"
+    init: str = "sft"  # an earlier policy stage, an HF model dir or "smollm2-135m": the backbone
+    pairs: PairSource = DomainPairs()
+    steps: Steps = 300
+    batch_size: BatchSize = 32  # pairs per optimizer step
+    micro_batch_size: BatchSize = 32
+    lr: LearningRate = 3e-4
+    warmup_steps: Every = 20
+    min_lr_ratio: Fraction = 0.1
+    margin: NonNegative = 0.0  # Bradley-Terry margin: chosen must beat rejected by this much
+    # none: the stage is minutes long on a CPU, so a cut-off run repeats it; set it for a long one
+    checkpoint_every: Every = 0
+    # A step checkpoint does not change what the stage computes (a resume continues exactly). The stage had none
+    # before, and its hash left them out: it still does, so a reward model trained before keeps its hash and cache.
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"checkpoint_every", "keep_step_checkpoints"}
+
+    def reads(self) -> list[Read]:
+        if reference_kind(self.init) != "stage":
+            return []
+        return [Read("init", self.init, "policy", hint=f"; a model is an HF model dir (a path) or {SMOLLM2!r}")]

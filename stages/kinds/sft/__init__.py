@@ -1,0 +1,57 @@
+"""The sft stage kind: its config (here) and, in `run.py`, its run function: supervised fine-tuning on an
+sft_data stage's rows.
+
+The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
+validating a recipe never loads torch.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from cascade.stages.config_base import (
+    BatchSize,
+    Count,
+    Every,
+    Fraction,
+    LearningRate,
+    MicroBatched,
+    NonNegative,
+    Read,
+    Steps,
+    TrainingConfig,
+)
+
+
+class SFTConfig(TrainingConfig, MicroBatched):
+    kind: Literal["sft"] = "sft"
+    name: str = "sft"
+    data: str = "sft_data"  # the sft_data stage whose dataset this trains on
+    steps: Steps = 600
+    batch_size: BatchSize = 32
+    micro_batch_size: BatchSize = 32
+    # 1e-3 after 100 warm-up steps: at 3e-3 / 30 the tiny SFT was chaotic (gradient spikes of 5-9 against a clip of
+    # 1; held-out math 0.14-0.26 by seed and row order) and ended 0.7x to 0.15x as good on dev (docs/LOG.md)
+    lr: LearningRate = 1e-3
+    min_lr_ratio: Fraction = 0.1
+    warmup_steps: Every = 100
+    weight_decay: NonNegative = 0.01
+    checkpoint_every: Every = 200
+    # Packing lays a step's rows end to end (position ids restart per row, attention stays inside it) instead
+    # of padding each to the longest: the same loss per token (tested to 1e-5), fewer tokens through the model.
+    # 2.4x the padded tokens/s on a length-skewed mix (bench/RESULTS.md); micro_batch_size then counts packed rows.
+    # A batch in which no two rows fit together is left exactly as padding lays it out (docs/LOG.md).
+    packing: bool = True
+    pack_length: Count | None = None  # tokens per packed row; None: the step's longest row (never less than it)
+    # How the forward runs, not what it computes (so neither is hashed). flex_attention: torch's block-sparse
+    # attention, which skips the blocks a packed row's mask shuts (rows of ~50 tokens in 2,048: most of them);
+    # sdpa builds a dense mask and attends over all of it. compile: torch.compile each decoder layer (fused norms,
+    # rotary and activations) and the loss's log-softmax (read from the bf16 logits, no fp32 copy of [T, V]); a
+    # compile of under a minute at the first steps. One process only for now.
+    # Figures per device: bench/RESULTS.md.
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    compile: bool = False
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"attention", "compile"}
+
+    def reads(self) -> list[Read]:
+        return [Read("data", self.data, "dataset")]
