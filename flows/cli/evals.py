@@ -156,14 +156,18 @@ def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens
 
 
 def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
-    """Every recipe domain's held-out split, greedy pass@1 (the behaviour before --benchmark existed)."""
+    """Every recipe domain's eval split (the recipe's `eval.split`), scored as a run's evals score it: the primary
+    metric per domain and `greedy/<domain>` beside it."""
     from cascade.stages.evaluate import evaluate_model
 
-    scores, _ = evaluate_model(_recipe_on(recipe, model))
+    loaded = _recipe_on(recipe, model)
+    scores, _ = evaluate_model(loaded)
     if as_json:
         typer.echo(json.dumps({"model": model, "scores": scores}))
         return
-    table = Table("domain", "score", title=f"held-out pass@1: {model}")
+    table = Table("domain", "score", title=f"{loaded.eval.split} split: {model}",
+                  caption="each domain: the mean grade of k answers sampled at its RL temperature; "
+                          "greedy/<domain>: greedy pass@1")
     for d, s in scores.items():
         table.add_row(d, f"{s:.3f}")
     console.print(table)

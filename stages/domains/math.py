@@ -4,7 +4,9 @@ Synthetic items: `num_ops` operations of + and - on operands 0..`max_operand`, w
 (two operations, operands 0-12: 8,788 problems, ~880 each for held-out and dev) is what the ~3M tiny model learns
 almost fully in 1,200 SFT steps (0.89-0.96 sampled on dev), above the band where GRPO's groups carry signal; a
 third operation changes little (0.94). Operands 0-30 (`domains.math.options: {max_operand: 30}`, recipes/tiny.yaml)
-land SFT at 0.18-0.31, where math RL has something to learn (docs/LOG.md, 2026-11-26).
+land SFT mid-band, where math RL has something to learn: 0.18-0.31 from 3,000 train sums, whose spread comes from
+the seed-dependent step at which the model learns two-digit addition, and 0.24-0.30 from 8,000 (docs/LOG.md,
+2026-11-26).
 
 Grader (the RL reward and the eval metric, synthetic and real alike): the content of the *last* `\\boxed{...}`
 (braces balanced, so `\\boxed{\\frac{1}{2}}` works) is compared with the gold answer by `math-verify`
