@@ -16,9 +16,18 @@ import importlib
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, NamedTuple, Union
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
 from cascade.artifacts.config import Strict
+
+
+def first_error(e: ValidationError, *path: str) -> str:
+    """A validation's first error as one line, `<path>.<location>: <message>`, without pydantic's "Value error, "
+    prefix; what both registries (stage kinds, reward sources) print for a mapping their config refuses."""
+    err = e.errors()[0]
+    where = ".".join(str(p) for p in (*path, *err["loc"]))
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
 
 
 def imported_on_call(module: str, name: str) -> Callable[..., Any]:

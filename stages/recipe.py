@@ -37,6 +37,7 @@ from cascade.stages.config_base import (
     Seed,
     SharedSource,
     StageConfig,
+    first_error,
 )
 from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
 from cascade.stages.kinds.sft_data import SFTDataConfig
@@ -175,9 +176,7 @@ def _stage_config(path: str, entry: Any) -> StageConfig:
     try:
         return KINDS[kind].config.model_validate(entry)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in (path, kind, *err["loc"]))
-        raise _stage_error(f"{where}: {err['msg']}") from None
+        raise _stage_error(first_error(e, path, kind)) from None
 
 
 def _stage_error(message: str) -> PydanticCustomError:
@@ -352,11 +351,9 @@ def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
         return Recipe.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "stage" or not err["loc"]:  # a stage's own error carries its full path
-            raise RecipeError(f"{source}: {msg}") from None
-        where = ".".join(str(p) for p in err["loc"])
-        raise RecipeError(f"{source}: {where}: {msg}") from None
+        if err["type"] == "stage":  # a stage's own error carries its full path
+            raise RecipeError(f"{source}: {err['msg']}") from None
+        raise RecipeError(f"{source}: {first_error(e)}") from None
 
 
 def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:

@@ -21,7 +21,7 @@ from pydantic import BeforeValidator, Discriminator, Field, SerializeAsAny, Tag,
 from pydantic import model_validator
 
 from cascade.artifacts.config import Strict
-from cascade.stages.config_base import (BatchSize, Count, NonNegative, OpenAIEndpoint, Read, _no_bool,
+from cascade.stages.config_base import (BatchSize, Count, NonNegative, OpenAIEndpoint, Read, _no_bool, first_error,
                                          imported_on_call)
 
 
@@ -127,10 +127,7 @@ def source_config(raw: Any) -> Any:
     try:
         return REWARD_SOURCES[kind].config.model_validate(raw)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{where}: {message}" if where else message) from None
+        raise ValueError(first_error(e)) from None
 
 
 Weight = Annotated[float, BeforeValidator(_no_bool), Field(ge=-1e6, le=1e6, allow_inf_nan=False)]

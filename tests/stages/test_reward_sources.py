@@ -83,14 +83,14 @@ def test_a_weighted_sum_adds_its_sources_rewards():
 
 @pytest.mark.parametrize("reward, message", [
     ({"kind": "callable", "function": "no_such_module_xyz:f"},
-     "stages.2.grpo.reward: Value error, reward function 'no_such_module_xyz:f': cannot import no_such_module_xyz: "
+     "stages.2.grpo.reward: reward function 'no_such_module_xyz:f': cannot import no_such_module_xyz: "
      "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     ({"kind": "callable", "function": f"{__name__}:NOT_CALLABLE"},
-     f"stages.2.grpo.reward: Value error, reward function '{__name__}:NOT_CALLABLE': {__name__} has no callable 'NOT_CALLABLE'"),
-    ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: Value error, function: String should match pattern"),
-    ({"kind": "nope"}, "stages.2.grpo.reward: Value error, unknown reward source 'nope'; known: callable, grader, judge, "
+     f"stages.2.grpo.reward: reward function '{__name__}:NOT_CALLABLE': {__name__} has no callable 'NOT_CALLABLE'"),
+    ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: function: String should match pattern"),
+    ({"kind": "nope"}, "stages.2.grpo.reward: unknown reward source 'nope'; known: callable, grader, judge, "
                        "reward_model"),
-    ([{"source": {"kind": "grader"}, "weight": True}], "stages.2.grpo.reward.sum.0.weight: Value error, Input should be a number"),
+    ([{"source": {"kind": "grader"}, "weight": True}], "stages.2.grpo.reward.sum.0.weight: Input should be a number"),
     ([{"source": {"kind": "reward_model", "stage": "sft"}}],
      "stage 'rl' reads reward.0.source.stage 'sft', which no earlier reward_model stage writes"),
 ])
