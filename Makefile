@@ -31,7 +31,7 @@ run: $(STAMP)
 # the first part in one process.
 TEST_WORKERS ?= 3
 test: $(STAMP) vllm
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not serial" --durations=15; \
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15; \
 	  parallel=$$?; $(BIN)/python -m pytest -q -ra -m serial --durations=5 && exit $$parallel
 
 # Only the fault trials; CASCADE_KILL_TRIALS=N runs more kill -9 trials (a soak).

@@ -74,7 +74,7 @@ def eval_cmd(
     if benchmark is None:
         if limit is not None or samples != 1 or data is not None or out is not None:
             raise CLIError("--limit, --samples, --data and --out apply to --benchmark runs only")
-        _eval_heldout(model, recipe, as_json)
+        _eval_split(model, recipe, as_json)
         return
     specs = _benchmark_specs(benchmark, data)
     if data is not None:
@@ -155,7 +155,7 @@ def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens
         engine.close()
 
 
-def _eval_heldout(model: str, recipe: str, as_json: bool) -> None:
+def _eval_split(model: str, recipe: str, as_json: bool) -> None:
     """Every recipe domain's eval split (the recipe's `eval.split`), scored as a run's evals score it: the primary
     metric per domain and `greedy/<domain>` beside it."""
     from cascade.stages.evaluate import evaluate_model
