@@ -23,7 +23,8 @@ from cascade.artifacts.config import Strict
 
 def first_error(e: ValidationError, *path: str) -> str:
     """A validation's first error as one line, `<path>.<location>: <message>`, without pydantic's "Value error, "
-    prefix; what both registries (stage kinds, reward sources) print for a mapping their config refuses."""
+    prefix: what the recipe prints for a field it refuses, and both registries (stage kinds, reward sources) for a
+    mapping their config refuses."""
     err = e.errors()[0]
     where = ".".join(str(p) for p in (*path, *err["loc"]))
     message = err["msg"].removeprefix("Value error, ")
