@@ -48,6 +48,12 @@ def logs_to_file(path) -> None:
         root.removeHandler(console_handler)
     root.addHandler(handler)
     logging.captureWarnings(True)
+    # transformers' loggers write to their own stderr handler, not through the root (a reward model's load report
+    # of its new score head reached the terminal)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
     LOG_FILE[:] = [str(path)]
 
 

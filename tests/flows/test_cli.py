@@ -240,3 +240,33 @@ def test_a_failed_stage_is_one_line_naming_the_log_that_holds_prefects_traceback
         f"for it); use sdpa (log: {log})"]
     assert "Traceback" not in result.stdout + result.stderr
     assert "Traceback" in log.read_text() and "flex_attention trains on cuda only" in log.read_text()
+
+
+def test_a_transformers_warning_goes_to_the_run_log_not_the_terminal(tmp_path, capfd):
+    """transformers' loggers have their own stderr handler; under a run's log file they must write to the file
+    (a reward model's load report of its new score head reached the terminal of `cascade run tiny-rlhf`)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from cascade.flows.cli.common import LOG_FILE, logs_to_file
+
+    root = logging.getLogger()
+    saved = list(root.handlers), list(LOG_FILE)
+    try:
+        logs_to_file(tmp_path / "run.log")
+        hf_logging.get_logger("transformers.modeling_utils").warning("score.weight | MISSING")
+        for handler in root.handlers:
+            handler.flush()
+        assert "MISSING" not in capfd.readouterr().err
+        assert "WARNING transformers.modeling_utils: score.weight | MISSING" in (tmp_path / "run.log").read_text()
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in saved[0]:
+            root.addHandler(handler)
+        LOG_FILE[:] = saved[1]
+        logging.captureWarnings(False)
+        hf_logging.disable_propagation()
+        hf_logging.enable_default_handler()
