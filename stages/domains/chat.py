@@ -12,7 +12,9 @@ in 5 to 8 words."). The rubric (`grade`) has five checks, each worth 1/5:
 
 The rubric is the domain's grader, so it is the eval score, but the RLHF policy never sees it: its reward comes
 from a reward model trained on preference `pairs()`, where the chosen answer is the oracle's and the rejected one
-is a realistic near-miss of it (off topic, wrong tone, padded, repetitive, or about someone else). Partial credit
+is a realistic near-miss of it (off topic, wrong tone, padded, repetitive, about someone else, cut off before its
+tone word, or garbled into non-words: the last two are how an RL policy at T=1 breaks, and without them the
+reward model scored garbled and short answers above the oracle's, docs/LOG.md 2026-11-26). Partial credit
 makes the score a mean of fifths, so its standard error is the sample std over sqrt(n), not a binomial one.
 """
 
@@ -32,7 +34,8 @@ TONES = {"cheerful": ["yay", "fun", "glad"], "gloomy": ["alas", "grim", "sadly"]
 FILLER = ["really", "very", "truly", "quite", "so", "just", "much"]  # padding: words with no content
 SPAN = 3  # a request allows lo..lo+SPAN words
 RUBRIC = ("on_topic", "entity", "tone", "length", "no_repetition")
-NEAR_MISSES = ("off_topic", "wrong_tone", "padded", "repetitive", "other_entity")
+NEAR_MISSES = ("off_topic", "wrong_tone", "padded", "repetitive", "other_entity", "cut_off", "garbled")
+JUNK_CHARS = "bcdfghjklmnprstvwxzaeiou" * 2 + "(=$\ufffd"  # a garbled word: mostly letters, as a byte-level model's
 
 
 def rubric(meta: dict, text: str) -> dict[str, bool]:
@@ -69,7 +72,21 @@ def near_miss(meta: dict, chosen: str, kind: str, rng: random.Random) -> str:
         return " ".join([words[0], *[body[0]] * len(body), words[-1]])
     if kind == "other_entity":
         return " ".join([rng.choice([e for e in ENTITIES if e != meta["entity"]]), *words[1:]])
+    if kind == "cut_off":  # stopped after two topic words: too short, and no tone word
+        return " ".join(words[:3])
+    if kind == "garbled":
+        return " ".join([words[0], *junk_words(len(body), rng), words[-1]])
     raise ValueError(f"unknown near-miss kind {kind!r}")
+
+
+def junk_words(n: int, rng: random.Random) -> list[str]:
+    """n distinct non-words of 3-8 characters."""
+    junk: list[str] = []
+    while len(junk) < n:
+        word = "".join(rng.choice(JUNK_CHARS) for _ in range(rng.randint(3, 8)))
+        if word not in junk and not any(word in topic for topic in TOPIC_WORDS.values()):
+            junk.append(word)
+    return junk
 
 
 class ChatDomain(Domain):

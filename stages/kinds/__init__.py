@@ -191,7 +191,8 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
     if not isinstance(cfg.pairs, PreferenceFile):
         from cascade.stages.domains import domain_names, get_domain
 
-        if cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
+        labelled = cfg.pairs.kind == "on_policy"  # any domain's grader labels the policy's samples
+        if cfg.pairs.domain not in domain_names() or not (labelled or hasattr(get_domain(cfg.pairs.domain), "pairs")):
             raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
     from pathlib import Path

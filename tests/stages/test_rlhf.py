@@ -21,7 +21,8 @@ from cascade.stages.tokenizer import load_tokenizer
 from cascade.artifacts.store import Store
 
 BROKEN = {"off_topic": {"on_topic"}, "wrong_tone": {"tone"}, "padded": {"length"},
-          "repetitive": {"no_repetition", "on_topic"}, "other_entity": {"entity"}}
+          "repetitive": {"no_repetition", "on_topic"}, "other_entity": {"entity"},
+          "cut_off": {"length", "tone"}, "garbled": {"on_topic"}}
 
 
 def test_chat_gold_passes_every_check_and_each_near_miss_breaks_its_own():
@@ -161,3 +162,43 @@ def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
     train, heldout = load_pairs(cfg, seed=0)
     assert [p.prompt for p in train] == [f"q{i}" for i in range(8)]
     assert [(p.prompt, p.chosen, p.rejected) for p in heldout] == [("q8", "good 8", "bad 8"), ("q9", "good 9", "bad 9")]
+
+
+def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_skip_ties(tmp_path):
+    """`pairs: {kind: on_policy}` samples the init policy `samples` times per prompt and labels with the domain's
+    grader: chosen is a best-graded answer, rejected a worst one, and a prompt whose answers all grade the same
+    gives no pair. The same seed gives the same pairs."""
+    from cascade.stages.engines import SamplingParams, make_engine
+    from cascade.stages.kinds.reward_model.run import load_pairs
+    from cascade.stages.rollout import step_seed
+
+    pairs_cfg = {"kind": "on_policy", "domain": "chat", "train": 24, "heldout": 8, "samples": 4}
+    stages = [{**s, "pairs": pairs_cfg} if s["kind"] == "reward_model" else s for s in MICRO_RLHF["stages"]]
+    recipe = micro_rlhf(tmp_path, stages=stages)
+    made, _ = run_stages(recipe, tmp_path, "sft")
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), "r", "runs/r/02-rm", ListSink(), workdir=tmp_path)
+    train, heldout = load_pairs(recipe.stage("rm"), ctx, StageInputs(stages={"sft": made["sft"]}))
+    assert (train, heldout) == load_pairs(recipe.stage("rm"), ctx, StageInputs(stages={"sft": made["sft"]}))
+
+    chat = get_domain("chat")
+    items = chat.generate("train", 24, seed=0)
+    model, tok = load_checkpoint_of(recipe, made["sft"], tmp_path)
+    engine = make_engine(recipe.engine, model, tok, seed=0)
+    groups = engine.generate([prompt_ids(tok, it.prompt) for it in items], 4,
+                             SamplingParams(max_new_tokens=12, seed=step_seed(0, "rm-pairs:train", 0)))
+    expected = []
+    for item, group in zip(items, groups):
+        grades = [chat.grade(item, c.text) for c in group]
+        if max(grades) > min(grades):
+            expected.append((item.prompt, max(grades), min(grades)))
+    assert 0 < len(expected) < 24  # some prompts tie (no pair), some do not
+    by_prompt = {it.prompt: it for it in items}
+    assert [(p.prompt, chat.grade(by_prompt[p.prompt], p.chosen), chat.grade(by_prompt[p.prompt], p.rejected))
+            for p in train] == expected
+    assert len(heldout) <= 8 and {p.prompt for p in heldout} <= {it.prompt for it in chat.generate("heldout", 8, 0)}
+
+
+def load_checkpoint_of(recipe, ref, workdir):
+    from cascade.stages.context import load_checkpoint
+
+    return load_checkpoint(recipe, Store.from_config(recipe.storage), ref, workdir)

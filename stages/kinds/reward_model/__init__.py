@@ -37,6 +37,19 @@ class DomainPairs(Strict):
     heldout: Count = 400
 
 
+class OnPolicyPairs(Strict):
+    """Pairs of the init policy's own answers, labelled by a domain's grader as a human labeller compares two
+    samples (InstructGPT's reward-model data): `samples` answers per prompt at T=1, the best-graded over the
+    worst; a prompt whose answers all grade the same gives no pair. The grader labels pairs only: it is never
+    the RL reward."""
+
+    kind: Literal["on_policy"] = "on_policy"
+    domain: str = "chat"
+    train: Count = 2000  # prompts of the domain's train split; the pairs are fewer (ties give none)
+    heldout: Count = 400  # prompts of its held-out split, for pairwise accuracy
+    samples: Annotated[int, Field(strict=True, ge=2, le=16)] = 4
+
+
 class PreferenceFile(Strict):
     """Real preference pairs, one per row: JSONL (.jsonl, .jsonl.gz) or Parquet, local or any fsspec URL."""
 
@@ -49,7 +62,7 @@ class PreferenceFile(Strict):
     heldout_share: Fraction = 0.1  # the last rows, held out for pairwise accuracy
 
 
-PairSource = Annotated[Union[DomainPairs, PreferenceFile], Field(discriminator="kind")]
+PairSource = Annotated[Union[DomainPairs, OnPolicyPairs, PreferenceFile], Field(discriminator="kind")]
 
 
 class RewardModelConfig(TrainingConfig, MicroBatched):

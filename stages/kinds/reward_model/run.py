@@ -7,8 +7,10 @@ For preference pairs (x, y_c, y_r), a scalar head r_phi on a language-model back
 (stages.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
 chat-formatted prompt + answer (the end-of-turn token): the checkpoint is an ordinary one-label
 `AutoModelForSequenceClassification` that `transformers` loads, with a manifest like every checkpoint.
-Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it) or from a file of real pairs in the
-ecosystem's `prompt`/`chosen`/`rejected` format. Metrics: pairwise accuracy (share of held-out pairs with
+Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it), from the init policy's own
+samples labelled by a domain's grader (`on_policy`: the best of k answers over the worst, as labellers compare
+the policy's samples in InstructGPT), or from a file of real pairs in the ecosystem's `prompt`/`chosen`/`rejected`
+format. Metrics: pairwise accuracy (share of held-out pairs with
 r(chosen) > r(rejected)) and the mean reward margin on them.
 
 It trains as SFT does (`TrainRun`, stages/training.py): in one process, or under torchrun (FSDP2) with each rank
@@ -30,14 +32,17 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
-from cascade.stages.kinds.reward_model import DomainPairs, PreferenceFile, RewardModelConfig
-from cascade.stages.context import StageContext, StageResult
-from cascade.stages.domains import get_domain
+from cascade.stages.config import DomainSpec
+from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
+from cascade.stages.context import StageContext, StageResult, load_policy
+from cascade.stages.domains import Domain, Item, get_domain
+from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
 from cascade.stages.datasets.sources import _file_records
 from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import bradley_terry_loss
-from cascade.stages.model import completion_ids, prompt_ids, resolve_model_dir
+from cascade.stages.model import completion_ids, load_hf, prompt_ids, resolve_model_dir
+from cascade.stages.rollout import step_seed
 from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.distributed import World, rank_micro_batches
@@ -52,7 +57,7 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
     run = TrainRun(ctx, cfg, inputs.stages.get(cfg.init), fresh=lambda: load_backbone(ctx, cfg, inputs),
                    load=load_reward_model)
     world = run.world
-    train, heldout = load_pairs(cfg, ctx.recipe.seed)
+    train, heldout = load_pairs(cfg, ctx, inputs)
     train_ids, heldout_ids = encode_pairs(run.tokenizer, train), encode_pairs(run.tokenizer, heldout)
     pad = run.tokenizer.pad_token_id
     while run.step < cfg.steps:
@@ -107,16 +112,53 @@ def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
     return model, tokenizer
 
 
-def load_pairs(cfg: RewardModelConfig, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, held-out) pairs: a domain's two splits, or a file's rows with the last heldout_share held out."""
+def load_pairs(cfg: RewardModelConfig, ctx: StageContext,
+               inputs: StageInputs) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs: a domain's two splits, the init policy's labelled samples, or a file's rows with
+    the last heldout_share held out."""
+    seed = ctx.recipe.seed
     if isinstance(cfg.pairs, DomainPairs):
         domain = get_domain(cfg.pairs.domain)
         return domain.pairs("train", cfg.pairs.train, seed), domain.pairs("heldout", cfg.pairs.heldout, seed)
+    if isinstance(cfg.pairs, OnPolicyPairs):
+        return on_policy_pairs(cfg, ctx, inputs)
     rows = read_preference_file(cfg.pairs)
     cut = len(rows) - max(1, round(cfg.pairs.heldout_share * len(rows)))
     if cut < 1:
         raise ValueError(f"{cfg.pairs.path}: {len(rows)} pair(s), too few to hold out {cfg.pairs.heldout_share:g}")
     return rows[:cut], rows[cut:]
+
+
+def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
+                    inputs: StageInputs) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """The init policy's samples on the domain's train and held-out prompts, labelled by its grader."""
+    src = cfg.pairs
+    if cfg.init in inputs.stages:
+        model, tokenizer = load_policy(ctx, inputs.stages[cfg.init])
+    else:
+        model, tokenizer = load_hf(resolve_model_dir(cfg.init, ctx.workdir))
+    engine = make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed)
+    domain, seed = get_domain(src.domain), ctx.recipe.seed
+    max_new_tokens = ctx.recipe.domains.get(src.domain, DomainSpec()).max_new_tokens
+    try:
+        return tuple(labelled_pairs(domain, engine, tokenizer, domain.generate(split, n, seed), src.samples,
+                                    SamplingParams(max_new_tokens=max_new_tokens, seed=step_seed(seed, f"rm-pairs:{split}", 0)))
+                     for split, n in (("train", src.train), ("heldout", src.heldout)))
+    finally:
+        engine.close()
+
+
+def labelled_pairs(domain: Domain, engine: RolloutEngine, tokenizer, items: list[Item], samples: int,
+                   sampling: SamplingParams) -> list[PreferencePair]:
+    """Per item: `samples` answers; the best-graded over the worst, none when all grade the same."""
+    groups = engine.generate([prompt_ids(tokenizer, item.prompt) for item in items], samples, sampling)
+    pairs = []
+    for item, group in zip(items, groups):
+        graded = sorted(((domain.grade(item, c.text), c.text) for c in group), key=lambda g: g[0])
+        (worst, rejected), (best, chosen) = graded[0], graded[-1]
+        if best > worst:
+            pairs.append(PreferencePair(item.prompt, chosen, rejected))
+    return pairs
 
 
 def read_preference_file(src: PreferenceFile) -> list[PreferencePair]:
