@@ -45,6 +45,9 @@ PANELS: list[tuple[str, list[str]]] = [
     ("KL to the reference", ["kl"]),
     ("learning rate", ["lr"]),
 ]
+# drawn on the panel's right-hand axis: the rubric is a 0-1 score beside a reward model's unbounded one, and on one
+# axis its trend would be flattened to a line
+RIGHT_AXIS = {"rubric_score"}
 SECTIONS = [("matrix", "Forgetting matrix"), ("curves", "Training curves"), ("data", "Data"),
             ("gate", "Gate timeline"), ("cost", "Cost per stage"), ("links", "Links")]
 
@@ -274,16 +277,25 @@ def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> byte
     fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.4 * nrows), squeeze=False)
     styles = ["-", "--"]
     for ax, (title, per_run) in zip(axes.flat, panels):
+        right = None
         for k, (label, series) in enumerate(per_run):
-            for metric, (xs, ys) in sorted(series.items()):
+            for n, (metric, (xs, ys)) in enumerate(sorted(series.items())):
                 name = metric if len(series) > 1 else ""
                 tag = " ".join(p for p in (label if len(runs) > 1 else "", name) if p)
-                ax.plot(xs, ys, styles[k % 2], marker="." if len(xs) < 30 else None, label=tag or None)
+                on = ax
+                if metric in RIGHT_AXIS:
+                    right = right or ax.twinx()
+                    on = right
+                    right.tick_params(labelsize=7)
+                on.plot(xs, ys, styles[k % 2], color=f"C{n}", marker="." if len(xs) < 30 else None, label=tag or None)
         ax.set_title(title, fontsize=8)
         ax.set_xlabel("step", fontsize=7)
         ax.tick_params(labelsize=7)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+        handles, labels = ax.get_legend_handles_labels()
+        if right is not None:
+            handles, labels = handles + right.get_legend_handles_labels()[0], labels + right.get_legend_handles_labels()[1]
+        if handles:
+            ax.legend(handles, labels, fontsize=6)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(f"stage {stage}", fontsize=9)

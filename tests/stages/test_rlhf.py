@@ -150,7 +150,7 @@ def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
     import pyarrow.parquet as pq
 
     from cascade.stages.kinds.reward_model import RewardModelConfig
-    from cascade.stages.kinds.reward_model.run import load_pairs
+    from cascade.stages.kinds.reward_model.run import file_pairs
 
     rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "extra": i} for i in range(10)]
     path = tmp_path / f"pairs.{suffix}"
@@ -159,7 +159,7 @@ def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
     else:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = RewardModelConfig(init="sft", pairs={"kind": "file", "path": str(path), "heldout_share": 0.2})
-    train, heldout = load_pairs(cfg, seed=0)
+    train, heldout = file_pairs(cfg.pairs)
     assert [p.prompt for p in train] == [f"q{i}" for i in range(8)]
     assert [(p.prompt, p.chosen, p.rejected) for p in heldout] == [("q8", "good 8", "bad 8"), ("q9", "good 9", "bad 9")]
 

@@ -122,10 +122,15 @@ def load_pairs(cfg: RewardModelConfig, ctx: StageContext,
         return domain.pairs("train", cfg.pairs.train, seed), domain.pairs("heldout", cfg.pairs.heldout, seed)
     if isinstance(cfg.pairs, OnPolicyPairs):
         return on_policy_pairs(cfg, ctx, inputs)
-    rows = read_preference_file(cfg.pairs)
-    cut = len(rows) - max(1, round(cfg.pairs.heldout_share * len(rows)))
+    return file_pairs(cfg.pairs)
+
+
+def file_pairs(src: PreferenceFile) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """A file's rows, the last heldout_share of them held out."""
+    rows = read_preference_file(src)
+    cut = len(rows) - max(1, round(src.heldout_share * len(rows)))
     if cut < 1:
-        raise ValueError(f"{cfg.pairs.path}: {len(rows)} pair(s), too few to hold out {cfg.pairs.heldout_share:g}")
+        raise ValueError(f"{src.path}: {len(rows)} pair(s), too few to hold out {src.heldout_share:g}")
     return rows[:cut], rows[cut:]
 
 
