@@ -191,8 +191,11 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
     if not isinstance(cfg.pairs, PreferenceFile):
         from cascade.stages.domains import domain_names, get_domain
 
-        labelled = cfg.pairs.kind == "on_policy"  # any domain's grader labels the policy's samples
-        if cfg.pairs.domain not in domain_names() or not (labelled or hasattr(get_domain(cfg.pairs.domain), "pairs")):
+        if cfg.pairs.kind == "on_policy":  # the policy answers at the domain's max_new_tokens; its grader labels
+            if cfg.pairs.domain not in domains:
+                raise ValueError(f"stage {cfg.name!r}: on_policy pairs' domain {cfg.pairs.domain!r} is not declared "
+                                 f"in `domains`")
+        elif cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
             raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
     from pathlib import Path
@@ -250,7 +253,12 @@ def _estimate_mopd(cfg: MOPDConfig, recipe: Any, params: int, prompt_tokens: int
 
 def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
     trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(mean_new_tokens(recipe, None)))  # both answers
-    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=training_storage(cfg, params))
+    sampled = 0
+    if cfg.pairs.kind == "on_policy":  # the init policy answers every request `samples` times
+        src = cfg.pairs
+        sampled = (src.train + src.heldout) * src.samples * recipe.domains[src.domain].max_new_tokens
+    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=trained,
+                         storage_bytes=training_storage(cfg, params))
 
 
 # The data cards of the report (stages/datasets/card.py and stages/kinds/difficulty/run.py write these metrics and

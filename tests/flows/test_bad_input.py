@@ -192,6 +192,7 @@ stages:
     ("{kind: file, path: PAIRS}", "rm", "pairs.jsonl: row 1: no 'chosen' string"),
     ("{kind: file, path: /no/such/pairs.jsonl}", "rm", "stage 'rm': preference file not found: /no/such/pairs.jsonl"),
     ("{kind: domain, domain: math}", "rm", "stage 'rm': domain 'math' builds no preference pairs"),
+    ("{kind: on_policy, domain: math}", "rm", "stage 'rm': on_policy pairs' domain 'math' is not declared in `domains`"),
 ])
 def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_stage, message):
     pair_file = tmp_path / "pairs.jsonl"

@@ -32,7 +32,6 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
-from cascade.stages.config import DomainSpec
 from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Domain, Item, get_domain
@@ -144,7 +143,7 @@ def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
         model, tokenizer = load_hf(resolve_model_dir(cfg.init, ctx.workdir))
     engine = make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed)
     domain, seed = get_domain(src.domain), ctx.recipe.seed
-    max_new_tokens = ctx.recipe.domains.get(src.domain, DomainSpec()).max_new_tokens
+    max_new_tokens = ctx.recipe.domains[src.domain].max_new_tokens
     try:
         return tuple(labelled_pairs(domain, engine, tokenizer, domain.generate(split, n, seed), src.samples,
                                     SamplingParams(max_new_tokens=max_new_tokens, seed=step_seed(seed, f"rm-pairs:{split}", 0)))
