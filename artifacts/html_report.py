@@ -292,8 +292,9 @@ def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> byte
         ax.set_xlabel("step", fontsize=7)
         ax.tick_params(labelsize=7)
         handles, labels = ax.get_legend_handles_labels()
-        if right is not None:
-            handles, labels = handles + right.get_legend_handles_labels()[0], labels + right.get_legend_handles_labels()[1]
+        if right is not None:  # one legend for both axes
+            more_handles, more_labels = right.get_legend_handles_labels()
+            handles, labels = handles + more_handles, labels + more_labels
         if handles:
             ax.legend(handles, labels, fontsize=6)
     for ax in list(axes.flat)[len(panels):]:

@@ -18,6 +18,8 @@ taking a contiguous share of every batch's pairs, the loss normalized by the who
 checkpoint committed by rank 0. Deviations: the score head starts at zero (transformers initializes it randomly),
 so every pair starts at loss log 2 and the first steps are not spent undoing a random head; no step checkpoints
 by default (the stage is minutes long on CPU, so a cut-off run repeats it; `checkpoint_every` sets them);
+with `on_policy` pairs every rank samples all the pairs itself (the same seeded draws, so the same pairs on every
+rank), where one rank could sample them and broadcast them;
 Cascade 2's generative pairwise reward model is the `judge` reward instead.
 """
 
@@ -144,10 +146,13 @@ def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
     engine = make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed)
     domain, seed = get_domain(src.domain), ctx.recipe.seed
     max_new_tokens = ctx.recipe.domains[src.domain].max_new_tokens
+
+    def split_pairs(split: str, prompts: int) -> list[PreferencePair]:
+        sampling = SamplingParams(max_new_tokens=max_new_tokens, seed=step_seed(seed, f"rm-pairs:{split}", 0))
+        return labelled_pairs(domain, engine, tokenizer, domain.generate(split, prompts, seed), src.samples, sampling)
+
     try:
-        return tuple(labelled_pairs(domain, engine, tokenizer, domain.generate(split, n, seed), src.samples,
-                                    SamplingParams(max_new_tokens=max_new_tokens, seed=step_seed(seed, f"rm-pairs:{split}", 0)))
-                     for split, n in (("train", src.train), ("heldout", src.heldout)))
+        return split_pairs("train", src.train), split_pairs("heldout", src.heldout)
     finally:
         engine.close()
 
