@@ -35,7 +35,7 @@ from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
 from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
-from cascade.stages.context import StageContext, StageResult, load_policy
+from cascade.stages.context import StageContext, StageResult
 from cascade.stages.domains import Domain, Item, get_domain
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
@@ -92,13 +92,16 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
 
 
 def load_backbone(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInputs):
-    """A one-label sequence classifier on cfg.init's weights (an earlier stage's checkpoint or a model source)."""
+    """A one-label sequence classifier on cfg.init's weights."""
+    return load_reward_model(init_model_dir(ctx, cfg, inputs))
+
+
+def init_model_dir(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInputs) -> Path:
+    """cfg.init's HF model dir: an earlier stage's checkpoint (downloaded and verified), or a model source."""
     if cfg.init in inputs.stages:
         local = materialize(ctx.store, inputs.stages[cfg.init], Path(tempfile.mkdtemp(dir=ctx.workdir)))
-        model_dir = local / "model"
-    else:
-        model_dir = resolve_model_dir(cfg.init, ctx.workdir)
-    return load_reward_model(model_dir)
+        return local / "model"
+    return resolve_model_dir(cfg.init, ctx.workdir)
 
 
 def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
@@ -139,10 +142,7 @@ def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
                     inputs: StageInputs) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """The init policy's samples on the domain's train and held-out prompts, labelled by its grader."""
     src = cfg.pairs
-    if cfg.init in inputs.stages:
-        model, tokenizer = load_policy(ctx, inputs.stages[cfg.init])
-    else:
-        model, tokenizer = load_hf(resolve_model_dir(cfg.init, ctx.workdir))
+    model, tokenizer = load_hf(init_model_dir(ctx, cfg, inputs))
     engine = make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed)
     domain, seed = get_domain(src.domain), ctx.recipe.seed
     max_new_tokens = ctx.recipe.domains[src.domain].max_new_tokens
