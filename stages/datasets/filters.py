@@ -78,12 +78,19 @@ class NearDedup:
 
 
 class ContaminationIndex:
-    """n-grams of the eval prompts, and the whole token sequence of eval prompts shorter than n."""
+    """n-grams of the eval prompts, the whole token sequence of eval prompts shorter than n, and the content of
+    templated eval prompts whose own words are fewer than n.
+
+    An n-gram that two or more eval prompts share is their loader's template, not any item's content. A templated
+    prompt is matched by its content, the tokens outside template n-grams: by its own n-grams when it has some,
+    else by equality with a train prompt's content under the same template. (Matching such a few-token content as
+    a substring of any train prompt would drop every prompt that shares one number with an eval item.)"""
 
     def __init__(self, eval_prompts: Iterable[str], n: int):
         self.n = n
         self.short: dict[int, set[int]] = {}  # length -> hashes of whole eval prompts of that length
         self.ngrams: set[int] = set()
+        self.contents: set[int] = set()  # hashes of templated eval prompts' contents shorter than n
         long_prompts = []
         self.prompts = 0
         for prompt in eval_prompts:
@@ -92,19 +99,26 @@ class ContaminationIndex:
             if len(tokens) >= n:
                 long_prompts.append(tokens)
             elif tokens:
-                self._add_short(tokens)
-        template = self._template_ngrams(long_prompts)
-        self.template_ngrams = len(template)
+                self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
+        self.template = self._template_ngrams(long_prompts)
+        self.template_ngrams = len(self.template)
         for tokens in long_prompts:
-            grams = self._windows(tokens)
-            in_template = [False] * len(tokens)  # positions inside a template n-gram
-            for i, gram in enumerate(grams):
-                if gram in template:
-                    in_template[i : i + n] = [True] * n
-            content = [gram for i, gram in enumerate(grams) if not any(in_template[i : i + n])]
-            self.ngrams.update(content)
-            if not content:  # a question shorter than n beside its template: its own words count whole
-                self._add_short([t for t, templated in zip(tokens, in_template) if not templated])
+            content, grams = self._content(tokens)
+            if grams:
+                self.ngrams.update(grams)
+            else:  # a question shorter than n beside its template
+                self.contents.add(hash(tuple(content)))
+
+    def _content(self, tokens: list[str]) -> tuple[list[str], list[int]]:
+        """(the tokens outside template n-grams, the n-grams that hold none of the template's tokens)"""
+        n = self.n
+        grams = self._windows(tokens)
+        in_template = [False] * len(tokens)
+        for i, gram in enumerate(grams):
+            if gram in self.template:
+                in_template[i : i + n] = [True] * n
+        content = [t for t, templated in zip(tokens, in_template) if not templated]
+        return content, [gram for i, gram in enumerate(grams) if not any(in_template[i : i + n])]
 
     def _windows(self, tokens: list[str]) -> list[int]:
         return [hash(tuple(tokens[i : i + self.n])) for i in range(len(tokens) - self.n + 1)]
@@ -117,14 +131,10 @@ class ContaminationIndex:
                 prompts_with[gram] = prompts_with.get(gram, 0) + 1
         return {gram for gram, count in prompts_with.items() if count > 1}
 
-    def _add_short(self, tokens: list[str]) -> None:
-        if tokens:
-            self.short.setdefault(len(tokens), set()).add(hash(tuple(tokens)))
-
     def is_contaminated(self, prompt: str) -> bool:
         tokens = normalized_tokens(prompt)
         windows = [(self.n, self.ngrams)] + sorted(self.short.items())
         for size, hashes in windows:
             if any(hash(tuple(tokens[i : i + size])) in hashes for i in range(len(tokens) - size + 1)):
                 return True
-        return False
+        return bool(self.contents) and hash(tuple(self._content(tokens)[0])) in self.contents

@@ -116,6 +116,23 @@ def test_a_template_the_eval_prompts_share_does_not_contaminate_every_prompt_of_
     assert index.is_contaminated(item(" ".join(f"q0w{i}" for i in range(13))))  # a 13-token copy of a question
 
 
+def test_a_templated_eval_item_with_a_few_words_of_its_own_matches_only_its_own_content():
+    """Chat's requests share most of their words with other requests: a few words of each are its own. Those few
+    words were once matched as a substring of any prompt, which dropped 320 of 400 chat train prompts (and, through
+    a one-number content, every mcqa and code prompt of tiny-paper's build)."""
+    from cascade.stages.domains.chat import ChatDomain
+
+    domain = ChatDomain()
+    held_out = [item.prompt for split in ("heldout", "dev") for item in domain.iter_items(split, 800, 0)]
+    index = ContaminationIndex(held_out, n=13)
+    assert len(index.contents) == 25 and index.short == {}  # 25 requests have no 13-gram outside the template
+    train = [item.prompt for item in domain.iter_items("train", 400, 0)]
+    # 13 share a content with an eval request ("Tell me about Gus" with another tone and word count): the
+    # coarseness of template n-grams, not a substring of digits
+    assert sum(index.is_contaminated(p) for p in train) == 13
+    assert all(index.is_contaminated(p) for p in held_out)
+
+
 def test_exact_and_near_duplicates_are_dropped_and_counted(tmp_path):
     words = LONG.split()
     near = [" ".join(words[:i] + ["otter"] + words[i + 1 :]) for i in (5, 30)]  # one word swapped each
