@@ -12,9 +12,10 @@ in the format coding assistants use:
     >>>>>>> REPLACE
 
 The edit is applied to the repository and the tests run in the sandbox; the reward is execution-based. A
-repository has two modules of the `shop` package, each with two or three one-line functions, and
-`tests/test_shop.py`, which imports the buggy function from its module and fails on it. One function has a bug of
-one of two families, each fixed by one regular edit so that a ~3M model can learn the repair in minutes:
+repository has `num_modules` modules of the `shop` package (default 2) holding `num_functions` one-line
+functions between them (default 5), and `tests/test_shop.py`, which imports the buggy function from its module
+and fails on it. One function has a bug of one of two families, each fixed by one regular edit so that a ~3M
+model can learn the repair in minutes:
 - boundary (off-by-one at a comparison): `>` where `>=` was meant, or the reverse; the failing test sits on the
   boundary;
 - sign (wrong operator): `x * a - b` where `x * a + b` was meant, or the reverse.
@@ -83,13 +84,14 @@ def _function(name: str, body: str) -> str:
     return f"def {name}(x):\n    return {body}\n"
 
 
-def make_repository(rng: random.Random) -> dict[str, Any]:
+def make_repository(rng: random.Random, num_modules: int = 2, num_functions: int = 5) -> dict[str, Any]:
     """Files, the buggy function's place and fix, and the hidden cases of every function."""
-    names = rng.sample(FUNCTION_NAMES, 5)
+    modules = MODULES[:num_modules]
+    names = rng.sample(FUNCTION_NAMES, num_functions)
     family = "sign" if rng.random() < 0.3 else "boundary"
     buggy, fixed, cases, shown = (sign_body if family == "sign" else boundary_body)(rng)
-    bug_module = rng.choice(MODULES)
-    functions: dict[str, list[tuple[str, str, list[list[int]]]]] = {m: [] for m in MODULES}
+    bug_module = rng.choice(modules)
+    functions: dict[str, list[tuple[str, str, list[list[int]]]]] = {m: [] for m in modules}
     functions[bug_module].append((names[0], buggy, cases))
     bodies = {buggy, fixed}  # every line distinct: the fix's SEARCH text occurs exactly once
     for i, name in enumerate(names[1:]):
@@ -97,15 +99,15 @@ def make_repository(rng: random.Random) -> dict[str, Any]:
         while body in bodies:
             body, decoy_cases = correct_body(rng)
         bodies.add(body)
-        functions[MODULES[i % 2]].append((name, body, decoy_cases))
-    for module in MODULES:
+        functions[modules[i % num_modules]].append((name, body, decoy_cases))
+    for module in modules:
         rng.shuffle(functions[module])
-    files = {m: "\n".join(_function(n, b) for n, b, _ in functions[m]) for m in MODULES}
+    files = {m: "\n".join(_function(n, b) for n, b, _ in functions[m]) for m in modules}
     package = bug_module.removesuffix(".py").replace("/", ".")
     x, want = shown
     files[TEST_FILE] = (f"from {package} import {names[0]}\n\n\ndef test_{names[0]}():\n"
                         f"    assert {names[0]}({x}) == {want}\n")
-    hidden = {m: [[n, c] for n, _, c in functions[m]] for m in MODULES}
+    hidden = {m: [[n, c] for n, _, c in functions[m]] for m in modules}
     return {"files": files, "family": family, "bug_file": bug_module, "bug_function": names[0],
             "search": f"    return {buggy}", "replace": f"    return {fixed}", "hidden": hidden}
 
@@ -190,8 +192,16 @@ def edited_job(files: dict[str, str] | None, hidden: dict[str, list], fast: bool
 class SWEDomain(Domain):
     name = "swe"
 
+    def __init__(self, num_modules: int = 2, num_functions: int = 5):
+        if not 1 <= num_modules <= len(MODULES):
+            raise ValueError(f"num_modules must be in 1..{len(MODULES)}")
+        if not num_modules <= num_functions <= len(FUNCTION_NAMES):
+            raise ValueError(f"num_functions must be in num_modules..{len(FUNCTION_NAMES)}")
+        self.num_modules = num_modules
+        self.num_functions = num_functions
+
     def sample(self, rng: random.Random) -> Item:
-        repo = make_repository(rng)
+        repo = make_repository(rng, self.num_modules, self.num_functions)
         meta = {k: repo[k] for k in ("files", "family", "bug_file", "bug_function", "hidden")}
         reference = render_edit(repo["bug_file"], repo["search"], repo["replace"])
         return Item(self.name, "", render_prompt(repo["files"], f"test_{repo['bug_function']}"), reference, meta,

@@ -2,6 +2,8 @@
 and say why, an edit that breaks a correct function fails, the fast path gives the sandbox's verdict, and hostile
 edits get nothing."""
 
+import hashlib
+
 import pytest
 
 from cascade.stages.domains import get_domain
@@ -96,3 +98,21 @@ def test_heldout_split_is_disjoint_and_deterministic():
     assert len({key(it) for it in heldout}) == 300
     assert not {key(it) for it in train} & {key(it) for it in heldout}
     assert SWE.generate("heldout", 300, seed=0) == heldout
+
+
+def test_a_smaller_repository_keeps_the_task_and_the_default_items_stay_as_they_were():
+    """`num_modules`/`num_functions` shrink the repository for a smaller model (tiny-paper: one module, two
+    functions); the defaults draw the very items of the fixed five-function, two-module repositories."""
+    from cascade.stages.domains.swe import SWEDomain
+
+    small = SWEDomain(num_modules=1, num_functions=2).generate("train", 40, seed=0)
+    assert all(sorted(it.meta["files"]) == ["shop/rules.py", "tests/test_shop.py"] for it in small)
+    assert all(sum(len(fns) for fns in it.meta["hidden"].values()) == 2 for it in small)
+    assert SWE.grade_batch(small, [it.reference for it in small]) == [1.0] * 40
+    assert SWE.grade_batch(small, ["shop/rules.py\n<<<<<<< SEARCH\nx\n=======\ny\n>>>>>>> REPLACE"] * 40) == [0.0] * 40
+    default = SWEDomain().generate("heldout", 5, seed=3)
+    drawn = "|".join(it.prompt + it.reference for it in default)
+    assert hashlib.sha256(drawn.encode()).hexdigest()[:16] == "b336a055f7b3c982"  # as drawn before the options
+    assert all(len(it.meta["files"]) == 3 for it in default)
+    with pytest.raises(ValueError, match="num_functions"):
+        SWEDomain(num_modules=2, num_functions=1)
