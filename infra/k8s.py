@@ -26,9 +26,10 @@ class JobVariablesError(ValueError):
 
 def job_variables(recipe: Recipe) -> dict[str, Any]:
     """gpus_per_node, nnodes and (multi-node only) rdzv_service for the recipe's stages that may run as torchrun
-    jobs (their kind is `distributable`)."""
+    jobs (their kind is `distributable`). A stage with `launcher: ray` runs its ranks on the Ray cluster, not in
+    the Job's pods, and sizes nothing here."""
     trained = [s for s in [*recipe.stages, recipe.gate.recovery] if kind_of(s.kind).distributable]
-    computes = [recipe.compute_for(s) for s in trained]
+    computes = [c for c in map(recipe.compute_for, trained) if c.launcher != "ray"]
     gpu_ranks = [c.nproc_per_node for c in computes if c.device != "cpu"]
     variables: dict[str, Any] = {"gpus_per_node": max(gpu_ranks, default=1),
                                  "nnodes": max((c.nnodes for c in computes), default=1)}

@@ -13,6 +13,7 @@ import cycle.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, NamedTuple, Union
 
@@ -116,12 +117,14 @@ def reference_kind(reference: str) -> Literal["endpoint", "model", "stage"]:
 # --- where a training stage runs: the recipe's `compute`, and a stage's own keys over it ---
 
 Device = Literal["auto", "cpu", "cuda"]  # auto: cuda when torch sees a GPU, else cpu
-Launcher = Literal["auto", "torchrun"]  # auto: torchrun when a stage has more than one rank, else in-process
+# auto: torchrun when a stage has more than one rank, else in-process; ray: the ranks as actors on a Ray cluster
+Launcher = Literal["auto", "torchrun", "ray"]
 # bf16: autocast. auto: bf16 on a GPU that supports it; on a CPU, bf16 where it measures at least 10% faster than
 # fp32 on this host (stages/precision.py): hosts with the same bf16 flag ran it 1.6x faster or 2x slower.
 DType = Literal["auto", "bf16", "fp32"]
 Processes = Annotated[int, Field(strict=True, ge=1, le=4096)]
 RDZV_ENDPOINT = r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"  # host:port of the c10d rendezvous (rank 0's node)
+RAY_ADDRESS = r"^(ray://)?[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$"
 
 
 class ComputeConfig(Strict):
@@ -135,11 +138,21 @@ class ComputeConfig(Strict):
     rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)  # None: a free port on this host (one node)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward: memory for time
     launcher: Launcher = "auto"  # torchrun: FSDP2 in a process group even for one rank (the one-GPU check)
+    # launcher ray: the cluster's address (ray://host:10001, or host:6379 on a node of it); None: RAY_ADDRESS, else
+    # a Ray instance started on this host
+    ray_address: str | None = Field(None, pattern=RAY_ADDRESS)
 
     @model_validator(mode="after")
     def _multi_node_needs_endpoint(self) -> ComputeConfig:
-        if self.nnodes > 1 and self.rdzv_endpoint is None:
-            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches)")
+        if self.nnodes > 1 and self.rdzv_endpoint is None and self.launcher != "ray":
+            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches), or "
+                             "compute.launcher: ray")
+        return self
+
+    @model_validator(mode="after")
+    def _ray_is_installed(self) -> ComputeConfig:
+        if self.launcher == "ray" and importlib.util.find_spec("ray") is None:
+            raise ValueError("compute.launcher ray needs Ray, which is not installed: pip install -e '.[ray]'")
         return self
 
     @property
@@ -157,6 +170,7 @@ class ComputeOverride(Strict):
     rdzv_endpoint: str | None = Field(None, pattern=RDZV_ENDPOINT)
     activation_checkpointing: bool | None = None
     launcher: Launcher | None = None
+    ray_address: str | None = Field(None, pattern=RAY_ADDRESS)
 
     def over(self, base: ComputeConfig) -> ComputeConfig:
         return ComputeConfig.model_validate(base.model_dump() | self.model_dump(exclude_none=True))

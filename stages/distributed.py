@@ -114,9 +114,9 @@ def resolve_device(device: str) -> torch.device:
 
 
 def world_for(compute: ComputeConfig) -> World:
-    """Where this process trains: under torchrun (which sets TORCHELASTIC_RUN_ID in every rank) it joins the
-    process group first."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ:
+    """Where this process trains: as a rank of a launcher it joins the process group first. torchrun sets
+    TORCHELASTIC_RUN_ID in every rank; a Ray rank actor (stages/launch_ray.py) sets CASCADE_LAUNCHER=ray."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ and os.environ.get("CASCADE_LAUNCHER") != "ray":
         return process_world(compute)
     device = resolve_device(compute.device)
     if device.type == "cuda":

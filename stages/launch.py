@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult, stage_workdir
 from cascade.stages.kinds import StageInputs, kind_of, run_stage
+from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event
 
 EVENTS = "events.jsonl"
 SPEC = "spec.pkl"
@@ -46,15 +46,15 @@ POLL_S = 0.2
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-class DistributedStageError(RuntimeError):
-    """A torchrun job of a stage failed; the message is one line."""
-
-
 def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
     compute = ctx.recipe.compute_for(cfg)
     one_process = compute.world_size == 1 and compute.launcher == "auto"
     if one_process or not kind_of(cfg.kind).distributable:
         return run_stage(cfg, ctx, inputs)
+    if compute.launcher == "ray":
+        from cascade.stages.launch_ray import run_ray
+
+        return run_ray(cfg, ctx, inputs, compute)
     return run_torchrun(cfg, ctx, inputs, compute)
 
 
@@ -104,18 +104,7 @@ class EventTail:
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
         for line in complete.splitlines():
-            event = json.loads(line)
-            if "log" in event:
-                ctx.log.log(*event["log"])
-            elif "restore" in event:
-                restore = getattr(ctx.log, "restore", None)
-                if restore is not None:
-                    restore(*event["restore"])
-            elif "progress" in event:
-                ctx.progress(*event["progress"])
-            elif "result" in event:
-                r = event["result"]
-                self.result = StageResult(CheckpointRef.model_validate(r["checkpoint"]), r["metrics"], r["plots"])
+            self.result = forward_event(ctx, json.loads(line)) or self.result
 
 
 def failure_line(stage: str, code: int, spec_dir: Path) -> str:
@@ -133,35 +122,6 @@ def failure_line(stage: str, code: int, spec_dir: Path) -> str:
         how = f"killed by {signal.Signals(-exit_code).name}" if exit_code < 0 else f"exit code {exit_code}"
         return f"stage {stage}: rank {rank} died ({how}); torchrun log: {log}"
     return f"stage {stage}: torchrun exited with code {code}; log: {log}"
-
-
-class EventSink:
-    """Rank 0's metric sink and progress callback: one JSON line per event, flushed at once."""
-
-    def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8")
-
-    def _write(self, event: dict[str, Any]) -> None:
-        self.file.write(json.dumps(event) + "\n")
-        self.file.flush()
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self._write({"log": [step, metrics]})
-
-    def restore(self, step: int, history: list[dict[str, float]]) -> None:
-        self._write({"restore": [step, history]})
-
-    def progress(self, done: int, total: int) -> None:
-        self._write({"progress": [done, total]})
-
-    def result(self, result: StageResult) -> None:
-        self._write({"result": {"checkpoint": result.checkpoint.model_dump(mode="json"), "metrics": result.metrics,
-                                "plots": result.plots}})
-
-
-class NullSink:
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        pass
 
 
 def worker(spec_dir: Path) -> None:

@@ -23,7 +23,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.stages.config_base import StageConfig
+from cascade.stages.config import EngineConfig
+from cascade.stages.config_base import ComputeConfig, OnPolicyConfig, StageConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import kind_of
 from cascade.stages.recipe import Recipe
@@ -170,6 +171,25 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
     return Plan(recipe, size, profile, devices, prompt_tokens, rows, recovery)
 
 
+def placement(compute: ComputeConfig) -> str:
+    """Where a training stage's ranks go, in words."""
+    unit = "GPU" if compute.device == "cuda" else "CPU"
+    if compute.launcher == "ray":
+        cluster = compute.ray_address or "RAY_ADDRESS, else a local Ray"
+        return (f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "
+                f"one {unit} each; cluster: {cluster}")
+    if compute.world_size == 1 and compute.launcher == "auto":
+        return "in the stage task's process"
+    nodes = f", {compute.nnodes} nodes from {compute.rdzv_endpoint}" if compute.nnodes > 1 else " on this node"
+    return f"torchrun, {compute.world_size} rank(s){nodes}"
+
+
+def rollout_placement(engine: EngineConfig, compute: ComputeConfig) -> str:
+    if engine.kind == "hf":
+        return "HF engine in each rank, on its share of the prompts"
+    return f"vLLM server at {engine.url}" if engine.url else "managed vLLM server on the stage task's host"
+
+
 def dag_lines(recipe: Recipe) -> list[str]:
     """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
     lines = []
@@ -178,6 +198,10 @@ def dag_lines(recipe: Recipe) -> list[str]:
         reads = ", ".join(sorted({r.stage for r in cfg.reads()}))
         makes = kind_of(cfg.kind).makes
         lines.append(f"{i:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else ""))
+        if kind_of(cfg.kind).distributable:
+            lines.append(f"    |- ranks: {placement(recipe.compute_for(cfg))}")
+            if isinstance(cfg, OnPolicyConfig):  # it samples from its own policy as it trains
+                lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
         if makes != "policy" or not recipe.eval.enabled:
             continue
         benches = "".join(f", {b}" for b in recipe.eval.benchmarks)

@@ -121,10 +121,11 @@ def store_for(root: str | None):
         raise CLIError(f"--store: {e.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
-def stored_recipe(store, run_id: str):
-    """The recipe a run executes, as stored with it; an unknown or unreadable run is bad input."""
+def stored_recipe(store, run_id: str, compute_overrides: list[str] = ()):
+    """The recipe a run executes, as stored with it; an unknown or unreadable run is bad input. `compute.*`
+    overrides move the stages still to run (another number of ranks or nodes); nothing else may change."""
     from cascade.artifacts.layout import recipe_key
-    from cascade.stages.recipe import validate_recipe
+    from cascade.stages.recipe import apply_override, validate_recipe
 
     key = recipe_key(run_id)
     if not valid_run_id(run_id) or not store.exists(key):
@@ -135,4 +136,8 @@ def stored_recipe(store, run_id: str):
         raise CLIError(f"{store.uri(key)} is not valid JSON (truncated?)") from None
     if not isinstance(raw, dict):
         raise CLIError(f"{store.uri(key)} is not a recipe")
+    for item in compute_overrides:
+        if not item.startswith("compute."):
+            raise CLIError(f"resume takes compute.* overrides only (where ranks run, not what they train): {item!r}")
+        apply_override(raw, item)
     return validate_recipe(raw, source=store.uri(key))

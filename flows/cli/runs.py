@@ -161,14 +161,17 @@ def run(
 @guarded
 def resume(
     run_id: str = typer.Argument(..., help="The run to continue."),
+    overrides: Optional[list[str]] = typer.Argument(
+        None, help="compute.* overrides for the stages still to run, e.g. compute.nnodes=1"),
     store: Optional[str] = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
 ) -> None:
-    """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint."""
+    """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint (on
+    another number of ranks or nodes, with compute.* overrides)."""
     from cascade.artifacts.lease import hold_run
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
 
-    loaded = stored_recipe(store_for(store), run_id)
+    loaded = stored_recipe(store_for(store), run_id, overrides or [])
     tracking_on(loaded.tracking)
     quiet_services()
     with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up

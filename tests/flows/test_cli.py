@@ -109,6 +109,25 @@ def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
     assert not store.exists("runs/busy/LEASE.json")
 
 
+@pytest.mark.parametrize("override, message", [
+    ("stages.sft.steps=3", "resume takes compute.* overrides only (where ranks run, not what they train): "
+                           "'stages.sft.steps=3'"),
+    ("compute.nnodes=0", "compute.nnodes: Input should be greater than or equal to 1"),
+])
+def test_resume_takes_compute_overrides_only_and_refuses_the_rest_in_one_line(tmp_path, override, message):
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
+
+    home = tmp_path / "home"
+    Store(f"file://{home}").write_bytes("runs/stored/recipe.json", load_recipe("micro").model_dump_json().encode())
+    before = files_under(home)
+    result = cascade("resume", "stored", override, home=home)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cascade: error: ") and message in lines[0], lines
+    assert files_under(home) == before
+
+
 def test_gc_lists_then_deletes_an_orphaned_partial_upload(tmp_path):
     home = tmp_path / "home"
     from cascade.artifacts.store import Store

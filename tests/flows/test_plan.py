@@ -83,3 +83,18 @@ def test_the_paper_scale_recipe_plans_without_its_model(tmp_path):
     assert rows["rlhf"]["tokens_sampled"] == 160 * 128 * 16 * 4096  # the paper's RLHF batch, 160 steps
     assert rows["rlhf"]["teacher_tokens"] == 2 * rows["rlhf"]["tokens_sampled"]  # KL reference + reward model
     assert files_under(tmp_path / "home") == []
+
+
+def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
+    from cascade.stages.plan import dag_lines
+
+    def placed(*overrides):
+        lines = dag_lines(load_recipe("micro", list(overrides)))
+        return [line.strip() for line in lines if line.strip().startswith(("|- ranks", "|- rollouts"))]
+
+    here, hf = "|- ranks: in the stage task's process", "|- rollouts: HF engine in each rank, on its share of the prompts"
+    assert placed() == [here, here, hf, here, hf]  # sft samples nothing; the two GRPO stages do
+    assert placed("compute.nproc_per_node=2")[0] == "|- ranks: torchrun, 2 rank(s) on this node"
+    assert placed("compute.launcher=ray", "compute.nnodes=2", "compute.ray_address=10.0.0.5:6379")[0] == (
+        "|- ranks: 2 Ray actor(s) on 2 node(s) x 1 per node, one CPU each; cluster: 10.0.0.5:6379")
+    assert placed("engine.kind=vllm")[-1] == "|- rollouts: managed vLLM server on the stage task's host"

@@ -1,0 +1,199 @@
+"""`compute.launcher: ray` on a Ray cluster of two nodes on 127.0.0.1, 1 CPU each, started by this module: two
+`ray start` processes (a head and a worker node; the command line runs both on one machine), stopped at its end.
+
+- micro's SFT and one GRPO stage on 2 Ray workers, one per node, equal the 2-rank torchrun run: per-step losses
+  and final weights within tests/stages/test_distributed.py's bounds;
+- killing one worker's process mid-stage fails `cascade run` with one line naming the rank and its node, and exit
+  1; `cascade resume RUN compute.nnodes=1` finishes the stage on one worker from the newest step checkpoint, and
+  the checkpoint loads in transformers;
+- without Ray installed, a recipe that asks for it is one line and exit 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cascade.artifacts.checkpoint import committed
+from cascade.artifacts.layout import stage_key, steps_dir
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.launch import DistributedStageError, run_stage_where_configured
+from tests.conftest import micro_recipe
+from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)
+from tests.stages.test_distributed import SFT, assert_same_adamw_weights
+
+ray = pytest.importorskip("ray")
+pytestmark = [pytest.mark.long, pytest.mark.slow]
+RAY = str(Path(sys.executable).with_name("ray"))
+TORCHRUN = ["compute.nproc_per_node=2"]
+RAY_TWO_NODES = ["compute.launcher=ray", "compute.nnodes=2"]
+# the completion's length as reward: every group has signal, so each step is an update (math's grader gives the
+# 5-step SFT model 0 everywhere, and a step without signal makes none)
+GRPO = ["stages.math_rl.steps=2", "stages.math_rl.prompts_per_step=4", "stages.math_rl.group_size=4",
+        "stages.math_rl.reward={kind: callable, function: 'tests.stages.test_reward_sources:answer_length'}"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """A head node and a worker node, 1 CPU each, on 127.0.0.1; `ray stop` at the end (it stops every Ray node of
+    this host: CI runs no other)."""
+    port = _free_port()
+    # the nodes' workers import the test's reward function: the repo root on their path. Ray starts its workers at
+    # nice 15: beside the suite's other workers a rank then took minutes to import torch (docs/SCALE.md)
+    env = {**os.environ, **QUIET, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "RAY_worker_niceness": "0"}
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    try:
+        subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
+                       check=True, capture_output=True, timeout=120)
+        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True,
+                       capture_output=True, timeout=120)
+        ray.init(address=f"127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)  # the tests' own view
+        yield f"127.0.0.1:{port}"
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def named_node(line: str) -> bool:
+    """The line names a node of the cluster by its id (the nodes share this host's address)."""
+    return any(f" ({n['NodeID'][:8]}, pid " in line for n in ray.nodes())
+
+
+def stage_run(recipe, tmp: Path, run_id: str, stage: str, inputs: StageInputs):
+    work = tmp / f"work-{run_id}-{stage}"
+    work.mkdir(parents=True)
+    sink = ListSink()
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/{stage}", sink,
+                       workdir=work)
+    result = run_stage_where_configured(recipe.stage(stage), ctx, inputs)
+    weights = load_file(ctx.store.path(f"{result.checkpoint.key}/model/model.safetensors"))
+    return sink, weights, result.checkpoint
+
+
+def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    data = sft_data(micro_recipe(tmp_path, *SFT, *GRPO), tmp_path)
+    runs = {}
+    with caplog.at_level(logging.INFO, logger="cascade.stages.launch_ray"):
+        for name, world in (("torchrun", TORCHRUN), ("ray", RAY_TWO_NODES)):
+            recipe = micro_recipe(tmp_path, *SFT, *GRPO, *world)
+            sft = stage_run(recipe, tmp_path, name, "sft", StageInputs(stages={"sft_data": data}))
+            grpo = stage_run(recipe, tmp_path, name, "math_rl", StageInputs(policy=sft[2]))
+            runs[name] = (sft, grpo)
+    for stage in (0, 1):
+        (sink_t, weights_t, _), (sink_r, weights_r, _) = runs["torchrun"][stage], runs["ray"][stage]
+        losses = sink_t.series("loss")
+        assert len(losses) == (5, 2)[stage] and sink_r.series("loss") == pytest.approx(losses, abs=1e-5)
+        assert_same_adamw_weights(weights_t, weights_r)
+    assert runs["ray"][0][0].series("loss")[-1] < runs["ray"][0][0].series("loss")[0] - 0.5  # SFT trained
+    placed = [r.getMessage() for r in caplog.records if "placed" in r.getMessage()]
+    assert len(placed) == 2, placed  # SFT, then GRPO: each on both nodes, one rank per node
+    nodes = ray.nodes()
+    assert all(sum(n["NodeID"][:8] in line for n in nodes if n["Alive"]) == 2 for line in placed), placed
+
+
+def sft_data(recipe, tmp: Path):
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(),
+                       workdir=tmp)
+    return run_sft_data(recipe.stage("sft_data"), ctx, StageInputs()).checkpoint
+
+
+def test_a_stage_that_fails_on_a_rank_is_one_line_naming_rank_and_node(ray_address, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    recipe = micro_recipe(tmp_path, *SFT, *RAY_TWO_NODES, "stages.sft.batch_size=1", "stages.sft.micro_batch_size=1")
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), "bad", "runs/bad/01-sft", ListSink(),
+                       workdir=tmp_path)
+    with pytest.raises(DistributedStageError) as e:
+        run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": sft_data(recipe, tmp_path)}))
+    line = str(e.value)
+    assert "\n" not in line and line.startswith("stage sft: rank ") and named_node(line), line
+    assert line.endswith("failed: RecipeError: stage 'sft': batch_size 1 cannot be shared by 2 ranks"), line
+    assert ctx.store.list(ctx.key) == []  # nothing written
+
+
+RUN_ID = "ray-kill"
+SFT_STEPS = 8
+SFT_KEY = stage_key(RUN_ID, 1, "sft")
+
+
+def rank_actor_pids() -> list[int]:
+    """Processes of Ray rank actors running a stage (their process title names the method)."""
+    out = subprocess.run(["pgrep", "-f", "ray::RankActor.run"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def newest_step(store: Store) -> int | None:
+    steps = [int(s) for s in store.list_dirs(steps_dir(SFT_KEY)) if s.isdigit()]
+    return max((s for s in steps if committed(store, f"{steps_dir(SFT_KEY)}/{s}") is not None), default=None)
+
+
+def test_a_killed_worker_fails_in_one_line_and_resume_on_one_worker_finishes(ray_address, prefect_api, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    root = f"file://{tmp_path}/store"
+    env = dict(os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api,
+               RAY_ADDRESS=ray_address)
+    store = Store(root)
+    proc = cascade(["run", str(KILL_RECIPE), "--run-id", RUN_ID, f"storage.root={root}", "stages.math_rl.steps=1",
+                    *RAY_TWO_NODES, f"stages.sft.steps={SFT_STEPS}", "stages.sft.checkpoint_every=2"], env)
+    deadline, killed_after = time.time() + 180, None
+    while time.time() < deadline and proc.poll() is None and killed_after is None:
+        step, pids = newest_step(store), rank_actor_pids()
+        if step is not None and len(pids) == 2:
+            assert step < SFT_STEPS, "the stage finished before the kill"
+            os.kill(max(pids), signal.SIGKILL)  # one worker's process; the other rank is in a collective with it
+            killed_after = step
+        time.sleep(0.05)
+    assert killed_after is not None, proc.communicate(timeout=60)[0][-3000:]
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 1, out[-3000:]
+    ours = [line for line in out.splitlines() if line.startswith("cascade: error:")]
+    assert len(ours) == 1 and "stage sft: rank " in ours[0] and " died" in ours[0] and named_node(ours[0]), out[-3000:]
+    assert committed(store, SFT_KEY) is None  # nothing partial adopted
+    assert rank_actor_pids() == []  # the other rank was killed with the stage
+
+    resumed = cascade(["resume", RUN_ID, "--store", root, "compute.nnodes=1"], env)
+    out = resumed.communicate(timeout=300)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    store.invalidate()
+    report = RunReport.load(store, RUN_ID)
+    assert [(s["name"], s["status"]) for s in report.stages[1:]] == [("sft", "completed"), ("math_rl", "completed")]
+    model_dir = tmp_path / "store" / report.stages[1]["checkpoint"].removeprefix(f"{root}/") / "model"
+    loaded = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    for name, tensor in load_file(model_dir / "model.safetensors").items():
+        assert torch.equal(loaded[name], tensor), name
+
+
+def test_without_ray_installed_the_recipe_is_one_line_and_exit_2(tmp_path):
+    hide_ray = ("import sys; sys.modules['ray'] = None; from cascade.flows.cli import main; "
+                "sys.argv = ['cascade'] + sys.argv[1:]; main()")
+    home = tmp_path / "home"
+    result = subprocess.run([sys.executable, "-c", hide_ray, "run", "micro", "compute.launcher=ray", "--run-id", "x"],
+                            env={**os.environ, **QUIET, "CASCADE_HOME": str(home)}, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and "compute.launcher ray needs Ray" in lines[0], lines
+    assert not (home / "runs").exists() or list((home / "runs").iterdir()) == []
