@@ -69,3 +69,47 @@ def test_prefect_yaml_job_variables_are_the_templates():
         job = render(variables)  # every key is a template variable of the right type
         gpus = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
         assert (gpus, job["spec"]["completions"]) == (1, 1), deployment["name"]
+
+
+# The fields of KubeRay's RayCluster (ray.io/v1) CRD that the operator requires or that this example sets, with
+# their types; the CRD itself is not reachable offline
+RAYCLUSTER = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayCluster"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {"type": "object", "required": ["headGroupSpec"], "properties": {
+            "rayVersion": {"type": "string"},
+            "headGroupSpec": {"$ref": "#/$defs/group", "required": ["rayStartParams", "template"]},
+            "workerGroupSpecs": {"type": "array", "items": {
+                "$ref": "#/$defs/group", "required": ["groupName", "rayStartParams", "template"],
+                "properties": {"groupName": {"type": "string"}, "replicas": {"type": "integer", "minimum": 0},
+                               "minReplicas": {"type": "integer", "minimum": 0},
+                               "maxReplicas": {"type": "integer", "minimum": 0}}}}}}},
+    "$defs": {"group": {"type": "object", "properties": {
+        "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
+        "template": {"type": "object", "required": ["spec"], "properties": {"spec": {
+            "type": "object", "required": ["containers"], "properties": {"containers": {
+                "type": "array", "minItems": 1,
+                "items": {"type": "object", "required": ["name", "image"]}}}}}}}}},
+}
+
+
+def test_the_raycluster_example_is_a_valid_kuberay_cluster_for_a_ray_recipe(tmp_path):
+    cluster = yaml.safe_load((ROOT / "infra" / "k8s-raycluster.yaml").read_text())
+    jsonschema.validate(cluster, RAYCLUSTER)
+    pinned = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("ray = "))
+    assert f'"ray=={cluster["spec"]["rayVersion"]}"' in pinned  # the image's Ray is the one the flow drives
+    head = cluster["spec"]["headGroupSpec"]
+    assert head["rayStartParams"]["num-cpus"] == "0"  # no rank lands on the head
+    (workers,) = cluster["spec"]["workerGroupSpecs"]
+    assert workers["minReplicas"] <= workers["replicas"] <= workers["maxReplicas"]
+    (container,) = workers["template"]["spec"]["containers"]
+    gpus = container["resources"]["limits"]["nvidia.com/gpu"]
+    assert container["resources"]["requests"]["nvidia.com/gpu"] == gpus
+    containers = [*head["template"]["spec"]["containers"], container]
+    assert all({"name": "RAY_worker_niceness", "value": "0"} in c["env"] for c in containers)
+    # the recipe the header names fits: nnodes workers of nproc_per_node GPUs, and the Job runs none of its ranks
+    recipe = micro_recipe(tmp_path, "compute.launcher=ray", f"compute.nnodes={workers['replicas']}",
+                          f"compute.nproc_per_node={gpus}", "compute.device=cuda")
+    assert job_variables(recipe) == {"gpus_per_node": 1, "nnodes": 1}
