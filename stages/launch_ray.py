@@ -33,7 +33,9 @@ from cascade.stages.kinds import StageInputs, run_stage
 from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event
 
 POLL_S = 0.2
-PLACEMENT_TIMEOUT_S = 120.0  # a cluster without room for the ranks fails the stage instead of waiting for ever
+# a cluster without room for the ranks fails the stage instead of waiting for ever; long enough for an autoscaler
+# (KubeRay's worker group scales from 0) to bring GPU nodes up
+PLACEMENT_TIMEOUT_S = 600.0
 GRACE_S = 3.0  # after the first failure, how long to wait for a dead peer's report (the root cause) to arrive
 log = logging.getLogger(__name__)
 
@@ -92,11 +94,14 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
     address = compute.ray_address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
-    group = _placement(cfg.name, compute)
+    # device auto: a rank of a cluster with GPUs trains on one (a CPU-only bundle would hide them from it)
+    gpu = compute.device == "cuda" or (compute.device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
+    device = "GPU" if gpu else "CPU"
+    group = _placement(cfg.name, compute, device)
     queue = Queue(actor_options={"num_cpus": 0})  # schedulable while the ranks hold every CPU
     ranks: list[Any] = []
     try:
-        ranks = _start_ranks(group, compute)
+        ranks = _start_ranks(group, compute, device)
         places = ray.get([r.where.remote() for r in ranks])
         log.info("stage %s placed: %s", cfg.name, ", ".join(
             f"rank {i} on node {p['ip']} ({p['node'][:8]})" for i, p in enumerate(places)))
@@ -113,12 +118,11 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
         queue.shutdown()
 
 
-def _placement(stage: str, compute: ComputeConfig) -> Any:
+def _placement(stage: str, compute: ComputeConfig, device: str) -> Any:
     """A placement group of one bundle per node, ready, or a one-line failure naming what did not fit."""
     import ray
     from ray.util.placement_group import placement_group
 
-    device = "GPU" if compute.device == "cuda" else "CPU"
     strategy = "STRICT_SPREAD" if compute.nnodes > 1 else "PACK"
     group = placement_group([{device: compute.nproc_per_node}] * compute.nnodes, strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
@@ -131,11 +135,11 @@ def _placement(stage: str, compute: ComputeConfig) -> Any:
     return group
 
 
-def _start_ranks(group: Any, compute: ComputeConfig) -> list[Any]:
+def _start_ranks(group: Any, compute: ComputeConfig, device: str) -> list[Any]:
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    one = {"num_gpus": 1, "num_cpus": 0} if compute.device == "cuda" else {"num_cpus": 1}
+    one = {"num_gpus": 1, "num_cpus": 0} if device == "GPU" else {"num_cpus": 1}
     actor = ray.remote(max_restarts=0)(RankActor)
     return [actor.options(**one, scheduling_strategy=PlacementGroupSchedulingStrategy(group, node)).remote()
             for node in range(compute.nnodes) for _ in range(compute.nproc_per_node)]

@@ -173,7 +173,7 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
 
 def placement(compute: ComputeConfig) -> str:
     """Where a training stage's ranks go, in words."""
-    unit = "GPU" if compute.device == "cuda" else "CPU"
+    unit = {"cuda": "GPU", "cpu": "CPU"}.get(compute.device, "GPU (CPU on a cluster without GPUs)")
     if compute.launcher == "ray":
         cluster = compute.ray_address or "RAY_ADDRESS, else a local Ray"
         return (f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "

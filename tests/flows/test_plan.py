@@ -96,5 +96,8 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
     assert placed() == [here, here, hf, here, hf]  # sft samples nothing; the two GRPO stages do
     assert placed("compute.nproc_per_node=2")[0] == "|- ranks: torchrun, 2 rank(s) on this node"
     assert placed("compute.launcher=ray", "compute.nnodes=2", "compute.ray_address=10.0.0.5:6379")[0] == (
-        "|- ranks: 2 Ray actor(s) on 2 node(s) x 1 per node, one CPU each; cluster: 10.0.0.5:6379")
+        "|- ranks: 2 Ray actor(s) on 2 node(s) x 1 per node, one GPU (CPU on a cluster without GPUs) each; "
+        "cluster: 10.0.0.5:6379")
+    assert placed("compute.launcher=ray", "compute.device=cpu")[0] == (
+        "|- ranks: 1 Ray actor(s) on 1 node(s) x 1 per node, one CPU each; cluster: RAY_ADDRESS, else a local Ray")
     assert placed("engine.kind=vllm")[-1] == "|- rollouts: managed vLLM server on the stage task's host"

@@ -55,13 +55,17 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_address():
+def ray_address(tmp_path_factory):
     """A head node and a worker node, 1 CPU each, on 127.0.0.1; `ray stop` at the end (it stops every Ray node of
     this host: CI runs no other)."""
     port = _free_port()
+    # a HOME of their own: a local `ray.init()` (bench/bench_scale.py) leaves ~/.ray/auth_token, and with it there
+    # the second node's `ray start` was refused (InvalidAuthToken)
+    home = tmp_path_factory.mktemp("ray-home")
     # the nodes' workers import the test's reward function: the repo root on their path. Ray starts its workers at
     # nice 15: beside the suite's other workers a rank then took minutes to import torch (docs/SCALE.md)
-    env = {**os.environ, **QUIET, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "RAY_worker_niceness": "0"}
+    env = {**os.environ, **QUIET, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "RAY_worker_niceness": "0",
+           "HOME": str(home)}
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     try:
         subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
