@@ -35,9 +35,9 @@ from typing import Any
 
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.config_base import ComputeConfig
-from cascade.stages.context import StageContext, StageResult, stage_workdir
+from cascade.stages.context import StageContext, StageResult
 from cascade.stages.kinds import StageInputs, kind_of, run_stage
-from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event
+from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event, rank_spec, run_rank
 
 EVENTS = "events.jsonl"
 SPEC = "spec.pkl"
@@ -70,7 +70,7 @@ def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: Comp
     """The stage as a torchrun job; its events go to ctx.log and ctx.progress while it runs."""
     # kept when the job ends, since a failure line names its log; owned while the job runs (cascade gc --local)
     with owned_tempdir("cascade-torchrun-", remove=False) as spec_dir:
-        spec = {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}
+        spec = rank_spec(cfg, ctx, inputs)
         (spec_dir / SPEC).write_bytes(pickle.dumps(spec))
         (spec_dir / EVENTS).touch()
         with open(spec_dir / TORCHRUN_LOG, "wb") as log:
@@ -126,26 +126,14 @@ def failure_line(stage: str, code: int, spec_dir: Path) -> str:
 
 def worker(spec_dir: Path) -> None:
     """One rank: run the stage; rank 0 reports. An error leaves its first line in error-rank<R>.txt."""
-    from cascade.artifacts.store import Store
-
     _die_with_parent()()
     rank = int(os.environ["RANK"])
     spec = pickle.loads((spec_dir / SPEC).read_bytes())
-    sink = EventSink(spec_dir / EVENTS) if rank == 0 else NullSink()
     try:
-        with stage_workdir() as workdir:
-            ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"],
-                               sink, progress=sink.progress if rank == 0 else lambda done, total: None, workdir=workdir)
-            result = run_stage(spec["cfg"], ctx, spec["inputs"])
+        run_rank(spec, rank, EventSink(spec_dir / EVENTS) if rank == 0 else NullSink())
     except Exception as e:
         (spec_dir / f"error-rank{rank}.txt").write_text(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         raise
-    if rank == 0:
-        sink.result(result)
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def _die_with_parent():

@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from cascade.stages.config_base import ComputeConfig
-from cascade.stages.context import StageContext, StageResult, stage_workdir
-from cascade.stages.kinds import StageInputs, run_stage
-from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event
+from cascade.stages.context import StageContext, StageResult
+from cascade.stages.kinds import StageInputs
+from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event, rank_spec, run_rank
 
 POLL_S = 0.2
 # a cluster without room for the ranks fails the stage instead of waiting for ever; long enough for an autoscaler
@@ -70,20 +70,7 @@ class RankActor:
             queue: Any) -> None:
         os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "CASCADE_LAUNCHER": "ray"})
-        from cascade.artifacts.store import Store
-
-        spec = pickle.loads(spec_bytes)
-        sink = QueueSink(queue) if rank == 0 else NullSink()
-        with stage_workdir() as workdir:
-            ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"],
-                               sink, progress=sink.progress if rank == 0 else lambda done, total: None, workdir=workdir)
-            result = run_stage(spec["cfg"], ctx, spec["inputs"])
-        if rank == 0:
-            sink.result(result)
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        run_rank(pickle.loads(spec_bytes), rank, QueueSink(queue) if rank == 0 else NullSink())
 
 
 def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeConfig) -> StageResult:
@@ -106,8 +93,7 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
         log.info("stage %s placed: %s", cfg.name, ", ".join(
             f"rank {i} on node {p['ip']} ({p['node'][:8]})" for i, p in enumerate(places)))
         master = (places[0]["ip"], ray.get(ranks[0].free_port.remote()))
-        spec = pickle.dumps({"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg,
-                             "inputs": inputs})
+        spec = pickle.dumps(rank_spec(cfg, ctx, inputs))
         runs = {r.run.remote(spec, i, i % compute.nproc_per_node, len(ranks), master, queue): i
                 for i, r in enumerate(ranks)}
         return _follow(cfg.name, runs, places, queue, ctx)

@@ -1,5 +1,6 @@
-"""What a launched stage's ranks send back, and how the stage task takes it: rank 0's metric, progress and result
-events (a JSON line each under torchrun, a dict on a Ray queue under Ray), and the one-line failure of a job."""
+"""What a launched stage's ranks get and send back: the spec each rank runs, the rank's run, rank 0's metric,
+progress and result events (a JSON line each under torchrun, a dict on a Ray queue under Ray) and how the stage task
+takes them, and the one-line failure of a job."""
 
 from __future__ import annotations
 
@@ -8,11 +9,34 @@ from pathlib import Path
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.stages.context import StageContext, StageResult
+from cascade.stages.context import StageContext, StageResult, stage_workdir
+from cascade.stages.kinds import StageInputs, run_stage
 
 
 class DistributedStageError(RuntimeError):
     """A launched job of a stage (torchrun or Ray) failed; the message is one line."""
+
+
+def rank_spec(cfg: Any, ctx: StageContext, inputs: StageInputs) -> dict[str, Any]:
+    """What every rank needs to run the stage (pickled to it by the launcher)."""
+    return {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}
+
+
+def run_rank(spec: dict[str, Any], rank: int, sink: Any) -> None:
+    """One rank of a launched stage, in the process group its launcher set up: run the stage; rank 0 reports its
+    events and result to `sink`."""
+    from cascade.artifacts.store import Store
+
+    with stage_workdir() as workdir:
+        ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"],
+                           sink, progress=sink.progress if rank == 0 else lambda done, total: None, workdir=workdir)
+        result = run_stage(spec["cfg"], ctx, spec["inputs"])
+    if rank == 0:
+        sink.result(result)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def forward_event(ctx: StageContext, event: dict[str, Any]) -> StageResult | None:
