@@ -5,6 +5,7 @@
 #   bash bench/gpu/check.sh --prepare     # here, on the CPU: the wheels to carry (.whl) and the SFT data (.gpu-store)
 #   bash bench/gpu/check.sh --dry-run     # here: every CPU-side part, small, on the CPU (tests/test_gpu_check.py)
 #                                         # SHAPES="smollm2-135m" limits the model shapes (default: both)
+#                                         # BENCH_GPU=0 skips bench/bench_gpu.py (the plain-torch ceiling)
 #   bash bench/gpu/check.sh --mfu [--out DIR]  # there: only the ~0.5B shape's SFT, once per way of running its
 #                                         # forward (attention sdpa | flex_attention, compile, micro-batch)
 #   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
@@ -120,7 +121,7 @@ for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
 done
 part fsdp2-torchrun 150 drive "fsdp2-$DEVICE" "compute.device=$DEVICE" "compute.launcher=torchrun" \
   "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
-[ "$MODE" = gpu ] && part bench-gpu 120 "$PY" bench/bench_gpu.py --steps 5 --out "$WORK/bench_gpu.result"
+[ "$MODE" = gpu ] && [ "${BENCH_GPU:-1}" = 1 ] && part bench-gpu 120 "$PY" bench/bench_gpu.py --steps 5 --out "$WORK/bench_gpu.result"
 part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"
 cp "$WORK"/check.json "$WORK"/check.md "$OUT"/ 2>/dev/null
 rm -rf "$WORK/store"
