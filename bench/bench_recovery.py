@@ -1,7 +1,7 @@
 """Recovering a regressed domain: MOPD from the best-per-domain teachers vs continuing GRPO on that domain.
 
     PYTHONPATH=. .venv/bin/python bench/bench_recovery.py --store file://$HOME/.cascade --run-id RUN \
-        [--steps 50 --every 5]
+        [--steps 50 --every 5] [--split dev] [--methods mopd,grpo] [--mopd lr=3e-4 --mopd group_size=8]
 
 RUN is a finished `cascade run tiny-regression` whose gate fired. Both methods start from the checkpoint the
 gate fired on: MOPD with the recipe's `gate.recovery` settings and the teachers the gate chose (the best stage
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import time
+
+import yaml
 
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.report import RunReport
@@ -41,9 +43,11 @@ class TimedSink(ListSink):
         self.times[step] = time.time()
 
 
-def recovery_configs(recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int):
+def recovery_configs(recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int,
+                     mopd_overrides: dict[str, str]):
     common = {"steps": steps, "checkpoint_every": every, "keep_step_checkpoints": steps}  # curve() reads them all
-    mopd = recipe.gate.recovery.model_copy(update={"name": "bench-mopd", "teachers": teachers, **common})
+    fields = recipe.gate.recovery.model_dump() | mopd_overrides | {"name": "bench-mopd", "teachers": teachers, **common}
+    mopd = type(recipe.gate.recovery).model_validate(fields)  # validated: a typo in --mopd is an error, not ignored
     grpo = GRPOConfig(name="bench-grpo", domains=[domain], **common)
     return {"mopd": mopd, "grpo": grpo}
 
@@ -63,9 +67,16 @@ def main() -> None:
     ap.add_argument("--run-id", required=True)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--split", choices=["heldout", "dev"], default="heldout")
+    ap.add_argument("--methods", default="mopd,grpo")
+    ap.add_argument("--tag", default="", help="suffix of the bench's checkpoint folder, so variants run side by side")
+    ap.add_argument("--mopd", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a field of gate.recovery, e.g. lr=3e-4 or domains=[math] (YAML values)")
     args = ap.parse_args()
     store = Store(args.store)
     recipe = Recipe.model_validate_json(store.read_bytes(recipe_key(args.run_id)))
+    recipe = recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"split": args.split})})
+    mopd_overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.mopd)}
     report = RunReport.load(store, args.run_id)
     fired = [g for g in report.gate if g["action"] == "recover"]
     if not fired:
@@ -77,13 +88,19 @@ def main() -> None:
     student = made[stage]
     print(f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
           f"teachers {teachers}")
+    if args.split == "dev":
+        best = evaluate_model(recipe, made[teachers[domain]], store)[0][domain]
+        start = evaluate_model(recipe, student, store)[0][domain]
+        print(f"dev split: {domain} {best:.3f} for the teacher {teachers[domain]}, {start:.3f} for {stage}")
+    configs = recovery_configs(recipe, domain, teachers, args.steps, args.every, mopd_overrides)
     rows = []
-    for method, cfg in recovery_configs(recipe, domain, teachers, args.steps, args.every).items():
+    for method in args.methods.split(","):
+        cfg = configs[method]
         sink = TimedSink()
         started = time.time()
         with stage_workdir() as workdir:
-            ctx = StageContext(recipe, store, f"bench-{args.run_id}", f"bench/recovery/{args.run_id}/{method}", sink,
-                               workdir=workdir)
+            key = f"bench/recovery/{args.run_id}/{method}{args.tag}"
+            ctx = StageContext(recipe, store, f"bench-{args.run_id}", key, sink, workdir=workdir)
             run_stage(cfg, ctx, StageInputs(policy=student, stages=made))
         scores = curve(ctx, args.steps, args.every)
         back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]

@@ -187,7 +187,13 @@ def placement(compute: ComputeConfig) -> str:
 def rollout_placement(engine: EngineConfig, compute: ComputeConfig) -> str:
     if engine.kind == "hf":
         return "HF engine in each rank, on its share of the prompts"
-    return f"vLLM server at {engine.url}" if engine.url else "managed vLLM server on the stage task's host"
+    if engine.url:
+        server = f"vLLM server at {engine.url}"
+    elif compute.world_size == 1 and compute.launcher != "ray":
+        server = "managed vLLM server on the stage task's host"
+    else:
+        server = "managed vLLM server on rank 0's node"
+    return server if compute.world_size == 1 else f"{server}, shared by the {compute.world_size} ranks (each its share)"
 
 
 def dag_lines(recipe: Recipe) -> list[str]:

@@ -17,7 +17,7 @@ from cascade.stages.config import EngineConfig
 from cascade.stages.config_base import OnPolicyConfig
 from cascade.stages.distributed import full_weights_everywhere
 from cascade.stages.domains import Item, get_domain
-from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine
+from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine, vllm_client
 from cascade.stages.model import prompt_ids
 from cascade.stages.recipe import Recipe
 
@@ -87,9 +87,15 @@ def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine
     if not run.world.distributed:
         return make_engine(cfg, run.model, run.tokenizer, seed=seed)
     if cfg.kind == "vllm":
-        raise ValueError("engine.kind vllm with compute.nproc_per_node * nnodes > 1 is not supported yet: "
-                         "use engine.kind hf (each rank samples its share; docs/SCALE.md)")
+        return SharedServerRollouts(cfg, run, seed)
     return ShardedRollouts(cfg, run, seed)
+
+
+def sync_metrics(engine: Any) -> dict[str, float]:
+    """The last weight sync's seconds and probe difference, for engines that check their weights (vLLM)."""
+    last = getattr(engine, "last_sync", None)
+    return {"weight_sync_seconds": last["total_s"], "weight_probe_max_abs_diff": last["probe_max_abs_diff"]} \
+        if last else {}
 
 
 class ShardedRollouts:
@@ -121,6 +127,53 @@ class ShardedRollouts:
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.replica.load_state_dict(full_weights_everywhere(model, self.world))
         self.engine.sync_weights(self.replica)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class SharedServerRollouts:
+    """Under torchrun or Ray with engine.kind vllm: one vLLM server serves every rank. Rank 0 holds an unsharded
+    copy of the policy and with it starts the managed server (or syncs the external one at engine.url); after each
+    update it loads the gathered weights into the server and checks them with the engine's logprob probe, while
+    the other ranks wait for the result. Each rank then sends its share of the prompts, each prompt with its own
+    seed (a slice of the whole step's `prompt_seeds`), so N ranks draw the samples that one process draws."""
+
+    def __init__(self, cfg: EngineConfig, run: Any, seed: int):
+        from transformers import AutoModelForCausalLM
+
+        self.world, self.name = run.world, "vllm"
+        weights = full_weights_everywhere(run.model, self.world)  # a collective: every rank gathers
+        self.replica, url = None, None
+        if self.world.is_main:
+            self.replica = AutoModelForCausalLM.from_config(run.model.config)
+            self.replica.load_state_dict(weights)
+            self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed)
+            url = self.engine.url
+        url = self.world.from_main(url)
+        if not self.world.is_main:
+            self.engine = vllm_client(url, run.model, run.tokenizer)
+        self.last_sync: dict[str, float] = {}
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        from cascade.stages.engines.vllm.engine import prompt_seeds
+
+        if seeds is None and sampling.seed is not None:
+            seeds = prompt_seeds(sampling.seed, len(prompts))
+        mine = self.world.shard(len(prompts))
+        groups = self.engine.generate(prompts[mine.start : mine.stop], n, sampling,
+                                      seeds=None if seeds is None else seeds[mine.start : mine.stop])
+        return [group for share in self.world.all_gather(groups) for group in share]
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        weights = full_weights_everywhere(model, self.world)
+        if self.world.is_main:
+            self.replica.load_state_dict(weights)
+            self.engine.sync_weights(self.replica)
+        # the broadcast is also the barrier: no rank samples before the server holds the new weights
+        self.last_sync = self.world.from_main(self.engine.last_sync if self.world.is_main else None)
 
     def close(self) -> None:
         self.engine.close()

@@ -25,18 +25,27 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
     from cascade.stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
     from cascade.stages.model import end_of_turn_ids, save_hf
 
-    stop = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
     if cfg.url:
-        engine = VLLMEngine(url=cfg.url, stop_token_ids=stop)
+        engine = vllm_client(cfg.url, model, tokenizer)
         engine.sync_weights(model)
         return engine
     model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
     try:
         save_hf(model, tokenizer, model_dir)
+        stop = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg), owns_model_dir=True)
     except BaseException:
         shutil.rmtree(model_dir, ignore_errors=True)
         raise
+
+
+def vllm_client(url: str, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> RolloutEngine:
+    """An engine on a running vLLM server that it neither starts nor stops: the recipe's external server, or the
+    one that rank 0 of a multi-rank stage manages (stages.rollout.SharedServerRollouts)."""
+    from cascade.stages.engines.vllm import VLLMEngine
+    from cascade.stages.model import end_of_turn_ids
+
+    return VLLMEngine(url=url, stop_token_ids=end_of_turn_ids(tokenizer, getattr(model, "generation_config", None)))
 
 
 def server_options(cfg: EngineConfig):
@@ -52,4 +61,4 @@ def server_options(cfg: EngineConfig):
     )
 
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine"]
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine", "vllm_client"]

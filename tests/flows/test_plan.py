@@ -101,3 +101,5 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
     assert placed("compute.launcher=ray", "compute.device=cpu")[0] == (
         "|- ranks: 1 Ray actor(s) on 1 node(s) x 1 per node, one CPU each; cluster: RAY_ADDRESS, else a local Ray")
     assert placed("engine.kind=vllm")[-1] == "|- rollouts: managed vLLM server on the stage task's host"
+    assert placed("engine.kind=vllm", "compute.nproc_per_node=2")[-1] == (
+        "|- rollouts: managed vLLM server on rank 0's node, shared by the 2 ranks (each its share)")

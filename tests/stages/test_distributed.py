@@ -30,6 +30,23 @@ SFT = ["stages.sft.steps=5", "stages.sft.batch_size=4", "stages.sft.micro_batch_
 ONE, TWO = [], ["compute.nproc_per_node=2"]
 
 
+def stage_run(recipe, tmp, run_id: str, stage: str, inputs: StageInputs):
+    work = tmp / f"work-{run_id}-{stage}"
+    work.mkdir(parents=True)
+    sink = ListSink()
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/{stage}", sink,
+                       workdir=work)
+    result = run_stage_where_configured(recipe.stage(stage), ctx, inputs)
+    weights = load_file(ctx.store.path(f"{result.checkpoint.key}/model/model.safetensors"))
+    return sink, weights, result.checkpoint
+
+
+def sft_data(recipe, tmp):
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(),
+                       workdir=tmp)
+    return run_sft_data(recipe.stage("sft_data"), ctx, StageInputs()).checkpoint
+
+
 def sft_ctx(recipe, workdir, run_id, sink):
     workdir.mkdir(parents=True, exist_ok=True)
     return StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/01-sft", sink,

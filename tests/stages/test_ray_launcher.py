@@ -30,11 +30,10 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.launch import DistributedStageError, run_stage_where_configured
 from tests.conftest import micro_recipe
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)
-from tests.stages.test_distributed import SFT, assert_same_adamw_weights
+from tests.stages.test_distributed import SFT, assert_same_adamw_weights, sft_data, stage_run
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.long, pytest.mark.slow]
@@ -85,17 +84,6 @@ def named_node(line: str) -> bool:
     return any(f" ({n['NodeID'][:8]}, pid " in line for n in ray.nodes())
 
 
-def stage_run(recipe, tmp: Path, run_id: str, stage: str, inputs: StageInputs):
-    work = tmp / f"work-{run_id}-{stage}"
-    work.mkdir(parents=True)
-    sink = ListSink()
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/{stage}", sink,
-                       workdir=work)
-    result = run_stage_where_configured(recipe.stage(stage), ctx, inputs)
-    weights = load_file(ctx.store.path(f"{result.checkpoint.key}/model/model.safetensors"))
-    return sink, weights, result.checkpoint
-
-
 def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", ray_address)
     data = sft_data(micro_recipe(tmp_path, *SFT, *GRPO), tmp_path)
@@ -116,12 +104,6 @@ def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp
     assert len(placed) == 2, placed  # SFT, then GRPO: each on both nodes, one rank per node
     nodes = ray.nodes()
     assert all(sum(n["NodeID"][:8] in line for n in nodes if n["Alive"]) == 2 for line in placed), placed
-
-
-def sft_data(recipe, tmp: Path):
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(),
-                       workdir=tmp)
-    return run_sft_data(recipe.stage("sft_data"), ctx, StageInputs()).checkpoint
 
 
 def test_a_stage_that_fails_on_a_rank_is_one_line_naming_rank_and_node(ray_address, tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ Composed of a `VLLMClient` (client.py) and, in managed mode, a `ManagedServer` (
 Generation. Prompts are token-id lists; up to `prompts_per_request` go in one POST /v1/completions with `n`,
 `logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `processed_logprobs` (after
 temperature and top-p, renormalized over the nucleus it sampled from): exactly pi_inf as `base.py` defines it. With a seed, each prompt
-is sent as its own request with a seed derived from (seed, prompt index): one seed per multi-prompt request would
-give every prompt the same random draws, i.e. correlated samples across the batch. Per-prompt `seeds` map the same
+is sent as its own request with a seed derived from (seed, prompt index) (`prompt_seeds`): one seed per
+multi-prompt request would give every prompt the same random draws, i.e. correlated samples across the batch. Per-prompt `seeds` map the same
 way: each prompt its own request, seeded with a hash of its seed (vLLM seeds sample j with `seed + j`, so raw
 consecutive seeds would share streams). Reproducible per seed, but not across engines: vLLM's draws are its own.
 
@@ -87,13 +87,22 @@ def _derive_seed(*parts: int) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:7], "big")
 
 
+def prompt_seeds(seed: int, count: int) -> list[int]:
+    """The per-prompt seeds of a call seeded by sampling.seed alone: prompt i of the call gets (seed, i). A rank
+    that sends a share of a step's prompts sends its slice of the whole step's list, and so draws what one process
+    would have drawn for those prompts."""
+    return [_derive_seed(seed, i) for i in range(count)]
+
+
 def _request_seeds(count: int, sampling: SamplingParams, seeds: list[int] | None) -> list[int] | None:
-    """One vLLM seed per prompt (from its own seed, else from (sampling.seed, index)), or None when unseeded."""
-    if seeds is not None:
-        if len(seeds) != count:
-            raise ValueError(f"{len(seeds)} seeds for {count} prompts")
-        return [_derive_seed(s) for s in seeds]
-    return None if sampling.seed is None else [_derive_seed(sampling.seed, i) for i in range(count)]
+    """One vLLM seed per prompt (from its own seed, else from prompt_seeds), or None when unseeded."""
+    if seeds is None:
+        if sampling.seed is None:
+            return None
+        seeds = prompt_seeds(sampling.seed, count)
+    if len(seeds) != count:
+        raise ValueError(f"{len(seeds)} seeds for {count} prompts")
+    return [_derive_seed(s) for s in seeds]
 
 
 def _release(server: ManagedServer | None, workdir: Path, owned: bool, model_copy: Path | None) -> None:

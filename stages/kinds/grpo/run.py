@@ -40,7 +40,7 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
 from cascade.stages.rewards import make_reward_source
 from cascade.stages.distributed import rank_micro_batches
-from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups
+from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups, sync_metrics
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
 
 
@@ -79,6 +79,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             # log
             with record_function("grpo.logging"):
                 run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics(),
+                                 **sync_metrics(engine),
                                  "rollout_seconds": rollout_seconds, "update_seconds": update_seconds,
                                  **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {})})
     finally:

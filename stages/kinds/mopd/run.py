@@ -33,6 +33,7 @@ from cascade.stages.rollout import (
     reward_metrics,
     sample_groups,
     score_groups,
+    sync_metrics,
 )
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches, warmup_constant
 
@@ -71,7 +72,8 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
 
             # log: per-domain reverse KL and reward, truncation, memory
             rewards = score_groups(items, groups)
-            run.record_step({**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards)})
+            run.record_step({**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards),
+                             **sync_metrics(engine)})
     finally:
         engine.close()
     summary = summarize(run.history, engine.name, teachers, time.time() - started)
