@@ -11,9 +11,10 @@ Generation. Prompts are token-id lists; up to `prompts_per_request` go in one PO
 `logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `processed_logprobs` (after
 temperature and top-p, renormalized over the nucleus it sampled from): exactly pi_inf as `base.py` defines it. With a seed, each prompt
 is sent as its own request with a seed derived from (seed, prompt index) (`prompt_seeds`): one seed per
-multi-prompt request would give every prompt the same random draws, i.e. correlated samples across the batch. Per-prompt `seeds` map the same
-way: each prompt its own request, seeded with a hash of its seed (vLLM seeds sample j with `seed + j`, so raw
-consecutive seeds would share streams). Reproducible per seed, but not across engines: vLLM's draws are its own.
+multi-prompt request would give every prompt the same random draws, i.e. correlated samples across the batch.
+Per-prompt `seeds` map the same way: each prompt its own request, seeded with a hash of its seed (vLLM seeds
+sample j with `seed + j`, so raw consecutive seeds would share streams). Reproducible per seed, but not across
+engines: vLLM's draws are its own.
 
 Weight sync protocol (`sync_weights`, disk transfer; the server runs with VLLM_SERVER_DEV_MODE=1):
 1. `model.save_pretrained` (safetensors + config) into `<workdir>/weights/vNNNNNN`, written under a temporary
