@@ -37,7 +37,15 @@ from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.kinds import StageInputs, kind_of, run_stage
-from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event, rank_spec, run_rank
+from cascade.stages.rank_events import (
+    DistributedStageError,
+    EventSink,
+    NullSink,
+    error_line,
+    forward_event,
+    rank_spec,
+    run_rank,
+)
 
 EVENTS = "events.jsonl"
 SPEC = "spec.pkl"
@@ -132,7 +140,7 @@ def worker(spec_dir: Path) -> None:
     try:
         run_rank(spec, rank, EventSink(spec_dir / EVENTS) if rank == 0 else NullSink())
     except Exception as e:
-        (spec_dir / f"error-rank{rank}.txt").write_text(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        (spec_dir / f"error-rank{rank}.txt").write_text(error_line(e))
         raise
 
 

@@ -30,7 +30,15 @@ from typing import Any
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.kinds import StageInputs
-from cascade.stages.rank_events import DistributedStageError, EventSink, NullSink, forward_event, rank_spec, run_rank
+from cascade.stages.rank_events import (
+    DistributedStageError,
+    EventSink,
+    NullSink,
+    error_line,
+    forward_event,
+    rank_spec,
+    run_rank,
+)
 
 POLL_S = 0.2
 # a cluster without room for the ranks fails the stage instead of waiting for ever; long enough for an autoscaler
@@ -179,6 +187,4 @@ def failure_line(stage: str, failures: list[tuple[int, Exception]], places: list
     where = f"rank {rank} on node {place['ip']} ({place['node'][:8]}, pid {place['pid']})"
     if _died(error):
         return f"stage {stage}: {where} died: its worker process or node is gone"
-    cause = getattr(error, "cause", None) or error
-    first = (str(cause).splitlines() or [""])[0]
-    return f"stage {stage}: {where} failed: {type(cause).__name__}: {first}"
+    return f"stage {stage}: {where} failed: {error_line(getattr(error, 'cause', None) or error)}"

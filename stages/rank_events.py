@@ -17,6 +17,11 @@ class DistributedStageError(RuntimeError):
     """A launched job of a stage (torchrun or Ray) failed; the message is one line."""
 
 
+def error_line(error: BaseException) -> str:
+    """A rank's error as one line: its type and the first line of its message."""
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
 def rank_spec(cfg: Any, ctx: StageContext, inputs: StageInputs) -> dict[str, Any]:
     """What every rank needs to run the stage (pickled to it by the launcher)."""
     return {"recipe": ctx.recipe, "run_id": ctx.run_id, "key": ctx.key, "cfg": cfg, "inputs": inputs}

@@ -98,6 +98,17 @@ def sync_metrics(engine: Any) -> dict[str, float]:
         if last else {}
 
 
+def unsharded_replica(model: torch.nn.Module, weights: dict[str, torch.Tensor],
+                      device: torch.device) -> torch.nn.Module:
+    """A plain module of the policy's architecture holding its gathered `weights`: what an engine samples from or
+    saves, where the trainer's FSDP2 shards cannot serve."""
+    from transformers import AutoModelForCausalLM
+
+    replica = AutoModelForCausalLM.from_config(model.config).to(device)
+    replica.load_state_dict(weights)
+    return replica
+
+
 class ShardedRollouts:
     """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank; per-prompt `seeds`
     go with their prompts) from its own full copy of the policy, and every rank returns every rank's samples, in
@@ -105,11 +116,8 @@ class ShardedRollouts:
     decoding at different lengths."""
 
     def __init__(self, cfg: EngineConfig, run: Any, seed: int):
-        from transformers import AutoModelForCausalLM
-
         self.world = run.world
-        self.replica = AutoModelForCausalLM.from_config(run.model.config).to(self.world.device)
-        self.replica.load_state_dict(full_weights_everywhere(run.model, self.world))
+        self.replica = unsharded_replica(run.model, full_weights_everywhere(run.model, self.world), self.world.device)
         self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
         self.name = self.engine.name
 
@@ -140,14 +148,11 @@ class SharedServerRollouts:
     seed (a slice of the whole step's `prompt_seeds`), so N ranks draw the samples that one process draws."""
 
     def __init__(self, cfg: EngineConfig, run: Any, seed: int):
-        from transformers import AutoModelForCausalLM
-
         self.world, self.name = run.world, "vllm"
         weights = full_weights_everywhere(run.model, self.world)  # a collective: every rank gathers
         self.replica, url = None, None
-        if self.world.is_main:
-            self.replica = AutoModelForCausalLM.from_config(run.model.config)
-            self.replica.load_state_dict(weights)
+        if self.world.is_main:  # on the CPU: it only saves the weights for the server and runs the probe's forward
+            self.replica = unsharded_replica(run.model, weights, torch.device("cpu"))
             self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed)
             url = self.engine.url
         url = self.world.from_main(url)
