@@ -259,7 +259,8 @@ def run(args: argparse.Namespace, base: Recipe, stage: dict, work: Path) -> tupl
     import torch
 
     from cascade.stages.context import ListSink, StageContext
-    from cascade.stages.model import ModelSourceError, resolve_model_dir
+    from cascade.stages.errors import ModelSourceError
+    from cascade.stages.model import resolve_model_dir
 
     torch.set_num_threads(args.threads)
     source = args.checkpoint or sft_checkpoint(args.store, args.run_id)

@@ -30,8 +30,8 @@ from typing import Any
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.kinds import StageInputs
+from cascade.stages.errors import DistributedStageError
 from cascade.stages.rank_events import (
-    DistributedStageError,
     EventSink,
     NullSink,
     error_line,

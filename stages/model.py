@@ -31,6 +31,7 @@ from cascade.artifacts.config import cascade_home
 from cascade.artifacts.store import Store
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import SMOLLM2
+from cascade.stages.errors import ModelSourceError
 from cascade.stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024
@@ -110,10 +111,6 @@ def smollm2_dir() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-class ModelSourceError(ValueError):
-    """A model source that is none of the kinds below; one line for the user."""
 
 
 def resolve_model_dir(source: str | Path, workdir: Path) -> Path | None:

@@ -13,10 +13,6 @@ from cascade.stages.context import StageContext, StageResult, stage_workdir
 from cascade.stages.kinds import StageInputs, run_stage
 
 
-class DistributedStageError(RuntimeError):
-    """A launched job of a stage (torchrun or Ray) failed; the message is one line."""
-
-
 def error_line(error: BaseException) -> str:
     """A rank's error as one line: its type and the first line of its message."""
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"

@@ -42,6 +42,7 @@ from cascade.artifacts.store import Store, storage_options
 from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking_on
 from cascade.stages.config_base import StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
+from cascade.stages.errors import GateFailed
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages, decide
 from cascade.stages.kinds import StageInputs, gain_targets, kind_of
@@ -274,10 +275,6 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
         Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"]
                                           for g in fired})
     return fired
-
-
-class GateFailed(RuntimeError):
-    pass
 
 
 def _artifact_key(run_id: str, what: str) -> str:

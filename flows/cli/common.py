@@ -64,7 +64,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from cascade.artifacts.lease import LeaseHeld
     from cascade.artifacts.records import EvalRecordError
     from cascade.artifacts.store import StoreError
-    from cascade.stages.model import ModelSourceError
+    from cascade.stages.errors import ModelSourceError
     from cascade.stages.recipe import RecipeError
     from cascade.stages.regression import BaselineError
 
@@ -76,8 +76,7 @@ def stage_failures() -> tuple[type[BaseException], ...]:
     """The failures of a run that are one line, not a bug: a torchrun stage whose rank died or raised (the
     line names the rank; its traceback is in the torchrun log the line names), and the gate under policy
     `fail` (the line names the domain, its drop and the tolerance)."""
-    from cascade.stages.launch import DistributedStageError
-    from cascade.tasks.stages import GateFailed
+    from cascade.stages.errors import DistributedStageError, GateFailed
 
     return (DistributedStageError, GateFailed)
 

@@ -104,7 +104,8 @@ class ModelTeacherEngine:
 
 def load_teacher_model(source: str, recipe: Recipe):
     """(model, tokenizer) for any model source (stages.model.resolve_model_dir); the recipe's for "tiny"."""
-    from cascade.stages.model import ModelSourceError, initial_model
+    from cascade.stages.errors import ModelSourceError
+    from cascade.stages.model import initial_model
 
     try:
         return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed)

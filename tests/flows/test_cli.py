@@ -48,6 +48,17 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     assert files_under(home) == []
 
 
+@pytest.mark.parametrize("args", [["run", "nope"], ["run", "tiny", "nonsense.key=1"], ["resume", "no-such-run"]])
+def test_bad_input_is_reported_without_importing_torch_or_prefect(tmp_path, args):
+    """Catching the one-line errors once imported torch, transformers and Prefect: 11 s to say a recipe is unknown."""
+    probe = ("import sys\nfrom cascade.flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    print(e.code, sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env=dict(os.environ, CASCADE_HOME=str(tmp_path / "home")))
+    assert result.stdout.strip() == "2 []", result.stdout + result.stderr
+    assert result.stderr.startswith("cascade: error: ")
+
+
 @pytest.mark.parametrize(
     "args, field, instead",
     [
@@ -165,7 +176,7 @@ def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
     import typer
 
     from cascade.flows.cli.common import guarded
-    from cascade.tasks.stages import GateFailed
+    from cascade.stages.errors import GateFailed
 
     @guarded
     def failing_run():

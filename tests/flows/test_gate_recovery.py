@@ -93,7 +93,7 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
 
 def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):
     recipe = toy_recipe(tmp_path, policy="fail")
-    from cascade.tasks.stages import GateFailed
+    from cascade.stages.errors import GateFailed
 
     with pytest.raises(GateFailed, match=r"regression gate: vowels dropped \d\.\d{3} after consonant_rl \(tolerance 0\.05\)"):
         cascade_flow(recipe, "toy-fail")

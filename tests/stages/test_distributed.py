@@ -168,7 +168,7 @@ def test_a_failing_rank_is_a_one_line_stage_failure(tmp_path):
     recipe = micro_recipe(tmp_path, *SFT, *TWO, "stages.sft.batch_size=2", "stages.sft.micro_batch_size=1",
                           "compute.nproc_per_node=3")
     ctx = sft_ctx(recipe, tmp_path / "work", "bad", ListSink())
-    from cascade.stages.launch import DistributedStageError
+    from cascade.stages.errors import DistributedStageError
 
     with pytest.raises(DistributedStageError) as e:
         run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": None}))

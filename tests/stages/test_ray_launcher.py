@@ -30,7 +30,8 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
-from cascade.stages.launch import DistributedStageError, run_stage_where_configured
+from cascade.stages.errors import DistributedStageError
+from cascade.stages.launch import run_stage_where_configured
 from tests.conftest import micro_recipe
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)
 from tests.stages.test_distributed import SFT, assert_same_adamw_weights, sft_data, stage_run

@@ -138,7 +138,8 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
 
 
 def test_a_model_without_a_chat_template_is_one_line_of_bad_input(tmp_path):
-    from cascade.stages.model import ModelSourceError, build_tiny_model, load_hf
+    from cascade.stages.errors import ModelSourceError
+    from cascade.stages.model import build_tiny_model, load_hf
     from cascade.stages.config import ModelConfig
     from cascade.stages.tokenizer import load_tokenizer
 

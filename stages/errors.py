@@ -1,0 +1,15 @@
+"""The failures a user sees as one line, defined where importing them costs nothing: the CLI catches them on every
+error path, and the modules that raise them import torch, transformers or Prefect (a bad recipe name took 11 s to
+report while the handler imported those)."""
+
+
+class ModelSourceError(ValueError):
+    """A model source that is none of the kinds `stages.model.resolve_model_dir` takes; one line for the user."""
+
+
+class DistributedStageError(RuntimeError):
+    """A launched job of a stage (torchrun or Ray) failed; the message is one line."""
+
+
+class GateFailed(RuntimeError):
+    """The regression gate under policy `fail` found a domain below its tolerance; the message names it."""
