@@ -260,7 +260,7 @@ def run(args: argparse.Namespace, base: Recipe, stage: dict, work: Path) -> tupl
 
     from cascade.stages.context import ListSink, StageContext
     from cascade.stages.errors import ModelSourceError
-    from cascade.stages.model import resolve_model_dir
+    from cascade.stages.model_source import resolve_model_dir
 
     torch.set_num_threads(args.threads)
     source = args.checkpoint or sft_checkpoint(args.store, args.run_id)

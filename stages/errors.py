@@ -4,7 +4,7 @@ report while the handler imported those)."""
 
 
 class ModelSourceError(ValueError):
-    """A model source that is none of the kinds `stages.model.resolve_model_dir` takes; one line for the user."""
+    """A model source that is none of the kinds `stages.model_source.resolve_model_dir` takes; one line for the user."""
 
 
 class DistributedStageError(RuntimeError):

@@ -85,7 +85,7 @@ def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
 def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None,
                 batch_size: int | None = None) -> tuple[Any, RolloutEngine]:
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
-    (any source `stages.model.resolve_model_dir` takes), with the recipe's engine settings."""
+    (any source `stages.model_source.resolve_model_dir` takes), with the recipe's engine settings."""
     store = store or Store.from_config(recipe.storage)
     with owned_tempdir(prefix="cascade-eval-") as download:
         model, tokenizer = load_checkpoint(recipe, store, checkpoint, download)  # in memory: the copy goes

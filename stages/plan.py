@@ -72,7 +72,8 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
 
     import torch
 
-    from cascade.stages.model import build_tiny_model, resolve_model_dir
+    from cascade.stages.model import build_tiny_model
+    from cascade.stages.model_source import resolve_model_dir
     from cascade.stages.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:

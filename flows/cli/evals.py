@@ -158,9 +158,9 @@ def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens
 def _eval_split(model: str, recipe: str, as_json: bool) -> None:
     """Every recipe domain's eval split (the recipe's `eval.split`), scored as a run's evals score it: the primary
     metric per domain and `greedy/<domain>` beside it."""
-    from cascade.stages.evaluate import evaluate_model
-
     loaded = _recipe_on(recipe, model)
+    from cascade.stages.evaluate import evaluate_model  # after the checks: it imports torch and transformers
+
     scores, _ = evaluate_model(loaded)
     if as_json:
         typer.echo(json.dumps({"model": model, "scores": scores}))
@@ -176,7 +176,7 @@ def _eval_split(model: str, recipe: str, as_json: bool) -> None:
 def _recipe_on(recipe: str, model: str):
     """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.model import check_model_source
+    from cascade.stages.model_source import check_model_source
 
     loaded = load_recipe(recipe)
     check_model_source(model)  # a bad source is one line before any model loads

@@ -103,7 +103,7 @@ class ModelTeacherEngine:
 
 
 def load_teacher_model(source: str, recipe: Recipe):
-    """(model, tokenizer) for any model source (stages.model.resolve_model_dir); the recipe's for "tiny"."""
+    """(model, tokenizer) for any model source (stages.model_source.resolve_model_dir); the recipe's for "tiny"."""
     from cascade.stages.errors import ModelSourceError
     from cascade.stages.model import initial_model
 

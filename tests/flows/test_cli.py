@@ -48,7 +48,8 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     assert files_under(home) == []
 
 
-@pytest.mark.parametrize("args", [["run", "nope"], ["run", "tiny", "nonsense.key=1"], ["resume", "no-such-run"]])
+@pytest.mark.parametrize("args", [["run", "nope"], ["run", "tiny", "nonsense.key=1"], ["resume", "no-such-run"],
+                                  ["eval", "/no/such/model"]])
 def test_bad_input_is_reported_without_importing_torch_or_prefect(tmp_path, args):
     """Catching the one-line errors once imported torch, transformers and Prefect: 11 s to say a recipe is unknown."""
     probe = ("import sys\nfrom cascade.flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"

@@ -54,7 +54,8 @@ def test_a_checkpoint_source_loads_and_leaves_no_copy_behind(tmp_path, monkeypat
     reads only the manifest. A copy left per load (evals, plans, teachers) filled CI's disk once."""
     from cascade.artifacts.checkpoint import write_checkpoint
     from cascade.artifacts.store import Store
-    from cascade.stages.model import check_model_source, initial_model
+    from cascade.stages.model import initial_model
+    from cascade.stages.model_source import check_model_source
 
     tok = load_tokenizer()
     model = build_tiny_model(ModelConfig(), len(tok), seed=0)

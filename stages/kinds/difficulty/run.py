@@ -43,7 +43,8 @@ from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Item
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
-from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids, resolve_model_dir
+from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids
+from cascade.stages.model_source import resolve_model_dir
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
 from cascade.stages.config_base import reference_kind

@@ -42,7 +42,8 @@ from cascade.stages.datasets.preferences import PreferencePair, pair_of
 from cascade.stages.datasets.sources import _file_records
 from cascade.stages.kinds import StageInputs
 from cascade.stages.losses import bradley_terry_loss
-from cascade.stages.model import completion_ids, load_hf, prompt_ids, resolve_model_dir
+from cascade.stages.model import completion_ids, load_hf, prompt_ids
+from cascade.stages.model_source import resolve_model_dir
 from cascade.stages.rollout import step_seed
 from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer

@@ -118,7 +118,7 @@ class ShardBuilder:
     """The state a build carries across shards: teachers, the eval index, the dedup filters and the card."""
 
     def __init__(self, cfg: SFTDataConfig, ctx: StageContext):
-        from cascade.stages.model import resolve_model_dir
+        from cascade.stages.model_source import resolve_model_dir
         from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 
         self.cfg, self.ctx = cfg, ctx
