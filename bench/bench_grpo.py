@@ -120,7 +120,8 @@ def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
     converted checkpoint, or a directory given by path. A random-init tiny model never solves a math prompt, so
     "as configured" drops every group; a trained policy (a path) makes that comparison mean something."""
     from cascade.stages.config import ModelConfig
-    from cascade.stages.model import build_tiny_model, save_hf, smollm2_dir
+    from cascade.stages.model import build_tiny_model, save_hf
+    from cascade.stages.model_source import smollm2_dir
     from cascade.stages.tokenizer import load_tokenizer
 
     dirs = {}

