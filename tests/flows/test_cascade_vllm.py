@@ -1,4 +1,4 @@
-"""`engine.kind: vllm` end to end: the micro cascade's GRPO stages sample from a managed vLLM server."""
+"""`engine.kind: vllm` end to end: a GRPO stage of the micro cascade samples from a managed vLLM server."""
 
 import pytest
 
@@ -15,10 +15,14 @@ def vllm_venv():
 
 
 def test_micro_cascade_with_vllm_rollouts(tmp_path):
+    """Through the flow up to one GRPO stage: each engine stage starts a server of its own (30-60 s on 2 busy cores),
+    and the difficulty stage and a second GRPO stage would add two more without reaching other code here
+    (test_vllm_engine and test_vllm_ranks test the engine and its weight sync)."""
     recipe = micro_recipe(tmp_path, "engine.kind=vllm", "eval.enabled=false")
+    recipe = recipe.model_copy(update={"stages": [s for s in recipe.stages if s.name not in ("difficulty", "if_rl")]})
     report = cascade_flow(recipe, "vllm")
     grpo = [s for s in report.stages if s["kind"] == "grpo"]
-    assert [s["name"] for s in grpo] == ["if_rl", "math_rl"]
+    assert [s["name"] for s in grpo] == ["math_rl"]
     for stage in grpo:
         assert stage["status"] == "completed"
         assert stage["metrics"]["engine"] == "vllm"
