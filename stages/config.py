@@ -77,6 +77,12 @@ class EngineConfig(Strict):
     gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: Count | None = None  # None: the model's own context length
+    # Under compute.launcher ray, a multi-rank stage's managed server is a Ray actor that reserves these, apart
+    # from the ranks' bundles, so rollout and training capacity are sized apart: Ray's resource names, CPU, GPU or
+    # a custom resource that a node pool advertises (e.g. {rollout: 1}). A CUDA server wants {GPU: <tensor
+    # parallel size>}.
+    ray_resources: dict[str, Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, allow_inf_nan=False)]] = \
+        {"CPU": 1.0}
 
 
 class DomainSpec(Strict):

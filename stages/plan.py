@@ -190,7 +190,10 @@ def rollout_placement(engine: EngineConfig, compute: ComputeConfig) -> str:
         return "HF engine in each rank, on its share of the prompts"
     if engine.url:
         server = f"vLLM server at {engine.url}"
-    elif compute.world_size == 1 and compute.launcher != "ray":
+    elif compute.launcher == "ray":
+        wants = ", ".join(f"{k}: {v:g}" for k, v in engine.ray_resources.items())
+        server = f"managed vLLM server, a Ray actor on resources of its own ({wants})"
+    elif compute.world_size == 1:
         server = "managed vLLM server on the stage task's host"
     else:
         server = "managed vLLM server on rank 0's node"

@@ -141,22 +141,28 @@ class ShardedRollouts:
 
 
 class SharedServerRollouts:
-    """Under torchrun or Ray with engine.kind vllm: one vLLM server serves every rank. Rank 0 holds an unsharded
-    copy of the policy and with it starts the managed server (or syncs the external one at engine.url); after each
-    update it loads the gathered weights into the server and checks them with the engine's logprob probe, while
-    the other ranks wait for the result. Each rank then sends its share of the prompts, each prompt with its own
-    seed (a slice of the whole step's `prompt_seeds`), so N ranks draw the samples that one process draws."""
+    """Under torchrun or Ray with engine.kind vllm: one vLLM server serves every rank. Rank 0 starts the managed
+    server (under Ray: as an actor on `engine.ray_resources`, stages/engines/vllm/ray_actor.py; under torchrun: on
+    its own node, from an unsharded copy of the policy) or syncs the external one at engine.url; after each update
+    it has the gathered weights loaded into the server and checked with the engine's logprob probe, while the
+    other ranks wait for the result. Each rank then sends its share of the prompts, each prompt with its own seed
+    (a slice of the whole step's `prompt_seeds`), so N ranks draw the samples that one process draws."""
 
     def __init__(self, cfg: EngineConfig, run: Any, seed: int):
         self.world, self.name = run.world, "vllm"
         weights = full_weights_everywhere(run.model, self.world)  # a collective: every rank gathers
-        self.replica, url = None, None
-        if self.world.is_main:  # on the CPU: it only saves the weights for the server and runs the probe's forward
+        self.replica, self.server_actor, url = None, None, None
+        if self.world.is_main and cfg.url is None and self.world.compute.launcher == "ray":
+            from cascade.stages.engines.vllm.ray_actor import start_rollout_server
+
+            self.server_actor, place = start_rollout_server(cfg, run.model, run.tokenizer, weights)
+            url = place["url"]
+        elif self.world.is_main:  # on the CPU: it only saves the weights for the server and runs the probe's forward
             self.replica = unsharded_replica(run.model, weights, torch.device("cpu"))
             self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed)
             url = self.engine.url
         url = self.world.from_main(url)
-        if not self.world.is_main:
+        if self.replica is None:
             self.engine = vllm_client(url, run.model, run.tokenizer)
         self.last_sync: dict[str, float] = {}
 
@@ -174,14 +180,25 @@ class SharedServerRollouts:
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         weights = full_weights_everywhere(model, self.world)
-        if self.world.is_main:
+        last = None
+        if self.server_actor is not None:
+            import ray
+
+            last = ray.get(self.server_actor.sync.remote(weights))
+        elif self.world.is_main:
             self.replica.load_state_dict(weights)
             self.engine.sync_weights(self.replica)
+            last = self.engine.last_sync
         # the broadcast is also the barrier: no rank samples before the server holds the new weights
-        self.last_sync = self.world.from_main(self.engine.last_sync if self.world.is_main else None)
+        self.last_sync = self.world.from_main(last)
 
     def close(self) -> None:
         self.engine.close()
+        if self.server_actor is not None:
+            import ray
+
+            ray.get(self.server_actor.close.remote())
+            ray.kill(self.server_actor)
 
 
 def prompt_stream(cfg: OnPolicyConfig, refill: int = 0) -> str:

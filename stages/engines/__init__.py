@@ -18,6 +18,16 @@ def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrained
 
 def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> RolloutEngine:
     """A managed vLLM server on the policy's current weights, or an external one synced to them."""
+    if cfg.url:
+        engine = vllm_client(cfg.url, model, tokenizer)
+        engine.sync_weights(model)
+        return engine
+    return managed_vllm_engine(cfg, model, tokenizer)
+
+
+def managed_vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
+                        host: str = "127.0.0.1") -> RolloutEngine:
+    """A vLLM server this process starts on `model`'s weights, listening on `host`, and stops on close."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -25,15 +35,11 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
     from cascade.stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
     from cascade.stages.model import end_of_turn_ids, save_hf
 
-    if cfg.url:
-        engine = vllm_client(cfg.url, model, tokenizer)
-        engine.sync_weights(model)
-        return engine
     model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
     try:
         save_hf(model, tokenizer, model_dir)
         stop = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
-        return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg), owns_model_dir=True)
+        return VLLMEngine(model_dir, stop_token_ids=stop, options=server_options(cfg, host), owns_model_dir=True)
     except BaseException:
         shutil.rmtree(model_dir, ignore_errors=True)
         raise
@@ -48,17 +54,18 @@ def vllm_client(url: str, model: torch.nn.Module, tokenizer: PreTrainedTokenizer
     return VLLMEngine(url=url, stop_token_ids=end_of_turn_ids(tokenizer, getattr(model, "generation_config", None)))
 
 
-def server_options(cfg: EngineConfig):
+def server_options(cfg: EngineConfig, host: str = "127.0.0.1"):
     """The managed server's launch options from the recipe's engine section (GPU ones apply on a GPU only)."""
     from cascade.stages.engines.vllm import ServerOptions
 
     on_gpu = torch.cuda.is_available()
     return ServerOptions(
-        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len, host=host,
         **({} if cfg.dtype == "auto" else {"dtype": cfg.dtype}),
         **({"device": "cuda", "extra_args": ("--gpu-memory-utilization", str(cfg.gpu_memory_utilization))}
            if on_gpu else {}),
     )
 
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine", "vllm_client"]
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine", "managed_vllm_engine",
+           "vllm_client"]

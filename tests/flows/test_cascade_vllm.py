@@ -17,7 +17,7 @@ def vllm_venv():
 def test_micro_cascade_with_vllm_rollouts(tmp_path):
     """Through the flow up to one GRPO stage: each engine stage starts a server of its own (30-60 s on 2 busy cores),
     and the difficulty stage and a second GRPO stage would add two more without reaching other code here
-    (test_vllm_engine and test_vllm_ranks test the engine and its weight sync)."""
+    (test_vllm_engine tests the engine and its weight sync, test_ray_launcher one server for two ranks)."""
     recipe = micro_recipe(tmp_path, "engine.kind=vllm", "eval.enabled=false")
     recipe = recipe.model_copy(update={"stages": [s for s in recipe.stages if s.name not in ("difficulty", "if_rl")]})
     report = cascade_flow(recipe, "vllm")

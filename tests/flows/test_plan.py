@@ -103,3 +103,7 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
     assert placed("engine.kind=vllm")[-1] == "|- rollouts: managed vLLM server on the stage task's host"
     assert placed("engine.kind=vllm", "compute.nproc_per_node=2")[-1] == (
         "|- rollouts: managed vLLM server on rank 0's node, shared by the 2 ranks (each its share)")
+    assert placed("engine.kind=vllm", "compute.launcher=ray", "compute.nnodes=2",
+                  "engine.ray_resources={GPU: 2, rollout: 1}")[-1] == (
+        "|- rollouts: managed vLLM server, a Ray actor on resources of its own (GPU: 2, rollout: 1), shared by the 2 "
+        "ranks (each its share)")

@@ -1,11 +1,16 @@
-"""`compute.launcher: ray` on a Ray cluster of two nodes on 127.0.0.1, 1 CPU each, started by this module: two
-`ray start` processes (a head and a worker node; the command line runs both on one machine), stopped at its end.
+"""`compute.launcher: ray` on a Ray cluster of two training nodes on 127.0.0.1, 1 CPU each, and a rollout node that
+offers only the custom resource `rollout`, started by this module: three `ray start` processes (a head and two
+worker nodes; the command line runs them all on one machine), stopped at its end.
 
 - micro's SFT and one GRPO stage on 2 Ray workers, one per node, equal the 2-rank torchrun run: per-step losses
   and final weights within tests/stages/test_distributed.py's bounds;
 - killing one worker's process mid-stage fails `cascade run` with one line naming the rank and its node, and exit
   1; `cascade resume RUN compute.nnodes=1` finishes the stage on one worker from the newest step checkpoint, and
   the checkpoint loads in transformers;
+- one vLLM server for a multi-rank stage: micro's GRPO stage with `engine.kind: vllm` on 2 gloo ranks under
+  torchrun (rank 0 starts the server) and on 2 Ray workers (the server is a Ray actor on the rollout node) draws the
+  rollouts of the one-process vLLM run: the same tokens and rewards at every step, losses and weights within
+  test_distributed's bounds, and the weight probe passes after every update;
 - without Ray installed, a recipe that asks for it is one line and exit 2, with nothing written.
 """
 
@@ -35,6 +40,7 @@ from cascade.stages.launch import run_stage_where_configured
 from tests.conftest import micro_recipe
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)
 from tests.stages.test_distributed import SFT, assert_same_adamw_weights, sft_data, stage_run
+from tests.stages.test_vllm_engine import require_vllm_venv
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.long, pytest.mark.slow]
@@ -56,8 +62,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_address(tmp_path_factory):
-    """A head node and a worker node, 1 CPU each, on 127.0.0.1; `ray stop` at the end (it stops every Ray node of
-    this host: CI runs no other)."""
+    """A head node and a worker node, 1 CPU each, and a rollout node with no CPU and one `rollout`, on 127.0.0.1;
+    `ray stop` at the end (it stops every Ray node of this host: CI runs no other)."""
     port = _free_port()
     # a HOME of their own: a local `ray.init()` (bench/bench_scale.py) leaves ~/.ray/auth_token, and with it there
     # the second node's `ray start` was refused (InvalidAuthToken)
@@ -71,6 +77,9 @@ def ray_address(tmp_path_factory):
         subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
                        check=True, capture_output=True, timeout=120)
         subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True,
+                       capture_output=True, timeout=120)
+        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", "--num-cpus=0",
+                        '--resources={"rollout": 1}', "--disable-usage-stats"], env=env, check=True,
                        capture_output=True, timeout=120)
         ray.init(address=f"127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)  # the tests' own view
         yield f"127.0.0.1:{port}"
@@ -105,6 +114,37 @@ def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp
     assert len(placed) == 2, placed  # SFT, then GRPO: each on both nodes, one rank per node
     nodes = ray.nodes()
     assert all(sum(n["NodeID"][:8] in line for n in nodes if n["Alive"]) == 2 for line in placed), placed
+
+
+def test_one_vllm_server_serves_two_ranks_under_torchrun_and_on_ray_and_they_draw_one_process_rollouts(
+        ray_address, tmp_path, caplog, monkeypatch):
+    require_vllm_venv()
+    monkeypatch.setenv("RAY_ADDRESS", ray_address)
+    recipe = micro_recipe(tmp_path, *SFT, *GRPO)
+    sft = stage_run(recipe, tmp_path, "sft", "sft", StageInputs(stages={"sft_data": sft_data(recipe, tmp_path)}))
+    runs = {}
+    with caplog.at_level(logging.INFO, logger="cascade.stages"):
+        for name, world in (("one", []), ("torchrun", TORCHRUN),
+                            ("ray", [*RAY_TWO_NODES, "engine.ray_resources={rollout: 1}"])):
+            recipe = micro_recipe(tmp_path, *SFT, *GRPO, "engine.kind=vllm", *world)
+            runs[name] = stage_run(recipe, tmp_path, name, "math_rl", StageInputs(policy=sft[2]))
+    one, weights_one, _ = runs["one"]
+    for name in ("torchrun", "ray"):
+        sink, weights, _ = runs[name]
+        assert len(sink.series("loss")) == 2, name
+        for rollout_metric in ("tokens_sampled", "reward", "response_length"):
+            assert sink.series(rollout_metric) == one.series(rollout_metric), (name, rollout_metric)
+        assert sink.series("loss") == pytest.approx(one.series("loss"), abs=1e-5), name
+        assert_same_adamw_weights(weights_one, weights)
+    for name, (sink, _, _) in runs.items():
+        probes = sink.series("weight_probe_max_abs_diff")
+        assert len(probes) == 2 and max(probes) <= 1e-3, (name, probes)  # the engine's probe_atol
+    rollout_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("rollout"))
+    messages = [r.getMessage() for r in caplog.records]
+    served = [m for m in messages if m.startswith("rollout server placed")]
+    assert len(served) == 1 and f"({rollout_node[:8]})" in served[0], served
+    ranks = [m for m in messages if "placed: rank 0" in m]
+    assert len(ranks) == 1 and rollout_node[:8] not in ranks[0], ranks  # the ranks on the training nodes
 
 
 def test_a_stage_that_fails_on_a_rank_is_one_line_naming_rank_and_node(ray_address, tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 The server runs from its own venv (`infra/vllm-venv.sh` builds `<repo>/.venv-vllm`, because vLLM pins fastapi
 below what Prefect needs), so nothing here imports vllm. `ManagedServer.launch` starts
-`python -m vllm.entrypoints.openai.api_server` from that venv on 127.0.0.1 and a free port, in its own process
+`python -m vllm.entrypoints.openai.api_server` from that venv on 127.0.0.1 (or `ServerOptions.host`) and a free port, in its own process
 group, with every cache, socket and temp file under the engine's work directory; `wait_ready` polls GET /health
 (a timeout error carries the tail of the server log).
 
@@ -86,6 +86,9 @@ class ServerOptions:
     # it every time; without chunking a prompt is prefilled whole and nothing is rewound.
     chunked_prefill: bool = False
     startup_timeout: float = 300.0
+    # The address the server listens on. Loopback keeps it private to this host; the Ray rollout actor
+    # (stages/engines/vllm/ray_actor.py) gives its node's address, so ranks on other nodes reach it.
+    host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
 
@@ -116,8 +119,8 @@ def group_members(pgid: int) -> list[int]:
 class _ServerProcess:
     """One launch: the server process, leader of its own group, logging to its own file."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, port: int):
-        self.log_path, self.port = log_path, port
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, host: str, port: int):
+        self.log_path, self.host, self.port = log_path, host, port
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -127,7 +130,7 @@ class _ServerProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -198,9 +201,9 @@ def add_lm_head(weights_dir: Path) -> None:
         index.write_text(json.dumps(data, indent=2))
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -286,7 +289,7 @@ class ManagedServer:
             TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
             VLLM_CONFIG_ROOT=str(dirs["config"]), TMPDIR=str(dirs["tmp"]), VLLM_RPC_BASE_PATH=str(dirs["tmp"]),
             # vLLM reports usage to a remote server by default, and binds its internal queues to the host's
-            # address unless told otherwise: keep every byte on this machine's loopback.
+            # address unless told otherwise: keep every byte but the HTTP API (`host`) on this machine's loopback.
             VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", DO_NOT_TRACK="1",
             VLLM_HOST_IP="127.0.0.1", VLLM_LOOPBACK_IP="127.0.0.1",
             PYTHONUNBUFFERED="1",
@@ -300,7 +303,7 @@ class ManagedServer:
         cmd = [
             str(self.python()), "-c", _LAUNCHER, str(os.getpid()),
             "--model", str(self.serve_dir), "--served-model-name", SERVED_NAME,
-            "--host", "127.0.0.1", "--port", str(port),
+            "--host", opts.host, "--port", str(port),
             "--dtype", opts.dtype, "--max-model-len", str(max_len),
             "--tensor-parallel-size", str(opts.tensor_parallel_size),
             # The model dir's generation_config.json would silently add its own sampling defaults
@@ -319,12 +322,12 @@ class ManagedServer:
 
     def launch(self) -> None:
         """Start the process and return at once; `wait_ready` (or the engine's first request) waits for it."""
-        port = _free_port()
+        port = _free_port(self.options.host)
         log_path = self.workdir / f"server-{self.launches}.log"
         self.launches += 1
         self._t_launch = time.monotonic()
         self.ready = False
-        self.process = _ServerProcess(self.cmd(port), self.env(), self.workdir, log_path, port)
+        self.process = _ServerProcess(self.cmd(port), self.env(), self.workdir, log_path, self.options.host, port)
 
     # ---- readiness, restart, stop ----------------------------------------------------------------------
 
