@@ -25,7 +25,8 @@ run: $(STAMP)
 	$(BIN)/cascade run tiny
 
 # The whole suite, fault trials included (tests/faults: kill -9, S3 outage, corruption, secrets, lease).
-# Three pytest-xdist workers on 2 cores (many tests wait on servers and subprocesses), a test file per worker so
+# Three pytest-xdist workers on 2 cores (some tests wait on servers and subprocesses; four were slower, the cores
+# being ~97% busy already: docs/LOG.md 2026-11-27), a test file per worker so
 # that module fixtures (vLLM servers) start once; then, alone, the tests marked `serial` (wall-clock budgets,
 # host-wide process and /tmp scans); both parts run, and either failing fails the target. TEST_WORKERS=0 runs
 # the first part in one process.

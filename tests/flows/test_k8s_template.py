@@ -102,14 +102,24 @@ def test_the_raycluster_example_is_a_valid_kuberay_cluster_for_a_ray_recipe(tmp_
     assert f'"ray=={cluster["spec"]["rayVersion"]}"' in pinned  # the image's Ray is the one the flow drives
     head = cluster["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"  # no rank lands on the head
-    (workers,) = cluster["spec"]["workerGroupSpecs"]
-    assert workers["minReplicas"] <= workers["replicas"] <= workers["maxReplicas"]
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert sorted(groups) == ["gpu", "rollout"]
+    for group in groups.values():
+        assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
+    workers = groups["gpu"]
     (container,) = workers["template"]["spec"]["containers"]
     gpus = container["resources"]["limits"]["nvidia.com/gpu"]
     assert container["resources"]["requests"]["nvidia.com/gpu"] == gpus
-    containers = [*head["template"]["spec"]["containers"], container]
+    (rollout,) = groups["rollout"]["template"]["spec"]["containers"]
+    # `ray start --resources` takes JSON; KubeRay passes the string as written, quotes included
+    advertised = json.loads(json.loads(groups["rollout"]["rayStartParams"]["resources"]))
+    assert advertised == {"rollout": 1} and "resources" not in workers["rayStartParams"]
+    assert rollout["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    containers = [*head["template"]["spec"]["containers"], container, rollout]
     assert all({"name": "RAY_worker_niceness", "value": "0"} in c["env"] for c in containers)
     # the recipe the header names fits: nnodes workers of nproc_per_node GPUs, and the Job runs none of its ranks
     recipe = micro_recipe(tmp_path, "compute.launcher=ray", f"compute.nnodes={workers['replicas']}",
-                          f"compute.nproc_per_node={gpus}", "compute.device=cuda")
+                          f"compute.nproc_per_node={gpus}", "compute.device=cuda", "engine.kind=vllm",
+                          "engine.ray_resources={rollout: 1, GPU: 1}")
     assert job_variables(recipe) == {"gpus_per_node": 1, "nnodes": 1}
+    assert recipe.engine.ray_resources["GPU"] <= rollout["resources"]["limits"]["nvidia.com/gpu"]

@@ -8,8 +8,9 @@ gate's tolerance are the shipped recipe's.
 Measured 2026-11-27 at hidden 128 (CLI, one thread each, 2 runs on 2 cores): 186 s a run (SFT 110 s) against ~330 s
 (SFT 210 s) at the full width. Seed 0: math 0.43 after SFT, 0.405 after math RL, 0.193 after the hot stage (the
 gate fires on math, drop 0.24, and on instruct, drop 0.085), 0.357 after MOPD. Seed 1: 0.30, 0.31, 0.193 (drop
-0.12), 0.258. Not taken: 600 SFT steps at hidden 128 (math 0.07-0.135 after SFT; the hot stage took both domains
-to ~0 and the recovery had nothing to recover toward).
+0.12), 0.258. Not taken, at hidden 128: 600 SFT steps (math 0.07-0.135 after SFT; the hot stage took both domains
+to ~0 and the recovery had nothing to recover toward); 800 steps (148 s a run; drops 0.22, 0.0875 and 0.11 in
+seeds 0-2, seed 1's too close to the 0.05 tolerance); 1000 steps of 8 rows (math 0.122 after SFT, drop 0.0525).
 The earlier measurements below are at the full width.
 Measured 2026-11-27 with the 20-step recovery (CLI, one thread): math 0.3125 after math RL, 0.145 after the hot
 stage, 0.2875 after MOPD, as with 40 steps; the recovery took 23 s instead of ~45. Not taken: SFT at 500 steps of
