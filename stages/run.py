@@ -29,9 +29,7 @@ from cascade.artifacts.config import config_hash
 from cascade.artifacts.lease import hold_run
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
-from cascade.stages.context import StageContext, TeeSink, stage_workdir
 from cascade.stages.kinds import kind_of, stage_inputs
-from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.recipe import Recipe, RecipeError, load_recipe
 
 RUN_ID = "driver"
@@ -88,6 +86,10 @@ def committed_stages(recipe: Recipe, store: Store, run_id: str, only: list[str] 
 
 def run_one(recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_every: int
             ) -> tuple[CheckpointRef, dict[str, Any]]:
+    # here, not at the top: they import torch and transformers, and bad input is answered before that (in ~1 s)
+    from cascade.stages.context import StageContext, TeeSink, stage_workdir
+    from cascade.stages.launch import run_stage_where_configured
+
     cfg = recipe.stages[index]
     print(f"[{cfg.name}] {cfg.kind}: running", file=sys.stderr, flush=True)
     steps, shown = StepLog(store, run_id, index, cfg.name), DriverSink(cfg.name, log_every)

@@ -53,3 +53,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert result.stderr.count("\n") == 1
     assert not (tmp_path / "store").exists()
+    # answered before torch and transformers load (5 s of imports): the stage's modules load when it runs
+    probe = "import sys; from cascade.stages.run import main; print(main(sys.argv[1:]), 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", probe, *driver_args(tmp_path, "--stage", "nope")],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.stdout.strip() == "2 False", result.stdout + result.stderr
