@@ -26,8 +26,9 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
 
 
 def managed_vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
-                        host: str = "127.0.0.1") -> RolloutEngine:
-    """A vLLM server this process starts on `model`'s weights, listening on `host`, and stops on close."""
+                        host: str | None = None) -> RolloutEngine:
+    """A vLLM server this process starts on `model`'s weights, listening on `host` (None: ServerOptions'
+    loopback), and stops on close."""
     import shutil
     import tempfile
     from pathlib import Path
@@ -54,14 +55,15 @@ def vllm_client(url: str, model: torch.nn.Module, tokenizer: PreTrainedTokenizer
     return VLLMEngine(url=url, stop_token_ids=end_of_turn_ids(tokenizer, getattr(model, "generation_config", None)))
 
 
-def server_options(cfg: EngineConfig, host: str = "127.0.0.1"):
+def server_options(cfg: EngineConfig, host: str | None = None):
     """The managed server's launch options from the recipe's engine section (GPU ones apply on a GPU only)."""
     from cascade.stages.engines.vllm import ServerOptions
 
     on_gpu = torch.cuda.is_available()
     return ServerOptions(
-        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len, host=host,
+        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
         **({} if cfg.dtype == "auto" else {"dtype": cfg.dtype}),
+        **({} if host is None else {"host": host}),
         **({"device": "cuda", "extra_args": ("--gpu-memory-utilization", str(cfg.gpu_memory_utilization))}
            if on_gpu else {}),
     )
