@@ -36,8 +36,8 @@ from typing import Any
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult
-from cascade.stages.kinds import StageInputs, kind_of, run_stage
 from cascade.stages.errors import DistributedStageError
+from cascade.stages.kinds import StageInputs, kind_of, run_stage
 from cascade.stages.rank_events import (
     EventSink,
     NullSink,

@@ -29,8 +29,8 @@ from typing import Any
 
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import StageContext, StageResult
-from cascade.stages.kinds import StageInputs
 from cascade.stages.errors import DistributedStageError
+from cascade.stages.kinds import StageInputs
 from cascade.stages.rank_events import (
     EventSink,
     NullSink,

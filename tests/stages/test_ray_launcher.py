@@ -34,8 +34,8 @@ from cascade.artifacts.layout import stage_key, steps_dir
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds import StageInputs
 from cascade.stages.errors import DistributedStageError
+from cascade.stages.kinds import StageInputs
 from cascade.stages.launch import run_stage_where_configured
 from tests.conftest import micro_recipe
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)

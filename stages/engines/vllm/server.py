@@ -2,9 +2,9 @@
 
 The server runs from its own venv (`infra/vllm-venv.sh` builds `<repo>/.venv-vllm`, because vLLM pins fastapi
 below what Prefect needs), so nothing here imports vllm. `ManagedServer.launch` starts
-`python -m vllm.entrypoints.openai.api_server` from that venv on 127.0.0.1 (or `ServerOptions.host`) and a free port, in its own process
-group, with every cache, socket and temp file under the engine's work directory; `wait_ready` polls GET /health
-(a timeout error carries the tail of the server log).
+`python -m vllm.entrypoints.openai.api_server` from that venv on 127.0.0.1 (or `ServerOptions.host`) and a free
+port, in its own process group, with every cache, socket and temp file under the engine's work directory;
+`wait_ready` polls GET /health (a timeout error carries the tail of the server log).
 
 Lifecycle. The server's group is killed (SIGTERM, then SIGKILL) by `stop()`, which the engine's `close()` and
 its `weakref.finalize` (also run at interpreter exit) call; if the trainer dies by SIGKILL and runs no exit hook
