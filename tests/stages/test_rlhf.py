@@ -134,6 +134,44 @@ def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path)
     assert all(torch.allclose(weights[k], straight[k], atol=1e-6) for k in straight)
 
 
+def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patience(tmp_path):
+    """select_every scores pairs held back from training; the checkpoint holds the best check's weights (its
+    margin on those pairs is the logged one), and patience ends the stage early."""
+    from cascade.stages.kinds.reward_model.run import encode_pairs, pairwise_metrics
+    from cascade.stages.distributed import process_world
+
+    rm = {**MICRO_RLHF["stages"][2], "steps": 12, "lr": 3e-3, "select_every": 2, "select_pairs": 8, "patience": 2}
+    recipe = micro_rlhf(tmp_path, stages=[*MICRO_RLHF["stages"][:2], rm])
+    made, sinks = run_stages(recipe, tmp_path, "rm")
+    checks = {step: m for step, m in sinks["rm"].rows if "select_accuracy" in m}
+    metrics = json.loads((tmp_path / "store" / made["rm"].key / "MANIFEST.json").read_text())["metrics"]
+    best = max(checks, key=lambda step: (checks[step]["select_accuracy"], -step))  # ties keep the earlier
+    assert metrics["selected_step"] == best and metrics["select_accuracy"] == checks[best]["select_accuracy"]
+    # patience 2: the stage stopped two checks after its best one, before its 12 steps
+    assert max(checks) == best + 2 * 2 < 12 and metrics["steps"] == max(checks)
+    assert len(sinks["rm"].series("loss")) == max(checks)
+    assert metrics["train_pairs"] == 32 - 8
+    local = tmp_path / "store" / made["rm"].key / "model"
+    model = AutoModelForSequenceClassification.from_pretrained(str(local)).eval()
+    tok = load_tokenizer(local)
+    selection = encode_pairs(tok, get_domain("chat").pairs("train", 32, seed=0))[-8:]
+    scored = pairwise_metrics(model, process_world(recipe.compute), selection, tok.pad_token_id, 8)
+    assert scored["heldout_margin"] == pytest.approx(checks[best]["select_margin"], abs=1e-4)
+    assert abs(scored["heldout_margin"] - checks[max(checks)]["select_margin"]) > 1e-3  # not the last step's
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"checkpoint_every": 4}, "set checkpoint_every to 0"),
+    ({"patience": 2}, "set select_every too"),
+])
+def test_reward_model_selection_refuses_settings_it_cannot_honour(tmp_path, change, message):
+    rm = {**MICRO_RLHF["stages"][2], "select_every": 2, **change}
+    if "select_every" not in change and "patience" in change:
+        rm.pop("select_every")
+    with pytest.raises(Exception, match=message):
+        micro_rlhf(tmp_path, stages=[*MICRO_RLHF["stages"][:2], rm])
+
+
 def test_rlhf_logs_reward_model_and_rubric_side_by_side_and_kl_starts_at_zero(tmp_path):
     recipe = micro_rlhf(tmp_path)
     made, sinks = run_stages(recipe, tmp_path, "rlhf")

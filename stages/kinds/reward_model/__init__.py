@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
 from cascade.stages.config_base import (
@@ -79,11 +79,27 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
     warmup_steps: Every = 20
     min_lr_ratio: Fraction = 0.1
     margin: NonNegative = 0.0  # Bradley-Terry margin: chosen must beat rejected by this much
+    # Model selection: every select_every steps, pairwise accuracy on select_pairs pairs held back from the train
+    # pairs (never the held-out ones, which report the result); the checkpoint is the step that scored best, and
+    # the stage stops after `patience` checks without a better one (0: it runs every step). 0: the last step.
+    select_every: Every = 0
+    select_pairs: Count = 400
+    patience: Every = 0
     # none: the stage is minutes long on a CPU, so a cut-off run repeats it; set it for a long one
     checkpoint_every: Every = 0
     # A step checkpoint does not change what the stage computes (a resume continues exactly). The stage had none
     # before, and its hash left them out: it still does, so a reward model trained before keeps its hash and cache.
     not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"checkpoint_every", "keep_step_checkpoints"}
+
+    @model_validator(mode="after")
+    def _selection_fits(self) -> RewardModelConfig:
+        if self.select_every and self.checkpoint_every:
+            # the best weights so far live in memory only: a resumed stage would have lost them
+            raise ValueError("select_every keeps the best step's weights in memory, which a step checkpoint does "
+                             "not hold: set checkpoint_every to 0")
+        if self.patience and not self.select_every:
+            raise ValueError("patience counts model-selection checks: set select_every too")
+        return self
 
     def reads(self) -> list[Read]:
         if reference_kind(self.init) != "stage":

@@ -13,6 +13,11 @@ the policy's samples in InstructGPT), or from a file of real pairs in the ecosys
 format. Metrics: pairwise accuracy (share of held-out pairs with
 r(chosen) > r(rejected)) and the mean reward margin on them.
 
+Model selection (`select_every`, off by default): a reward model trained too long overfits its pairs, and RLHF
+then climbs a score that the rubric does not share. So the stage can hold back `select_pairs` of the train pairs,
+score them every `select_every` steps, stop after `patience` checks without a better score, and commit the best
+step's weights. The held-out pairs stay out of the choice: they report the result.
+
 It trains as SFT does (`TrainRun`, stages/training.py): in one process, or under torchrun (FSDP2) with each rank
 taking a contiguous share of every batch's pairs, the loss normalized by the whole batch's pair count, and the
 checkpoint committed by rank 0. Deviations: the score head starts at zero (transformers initializes it randomly),
@@ -61,8 +66,10 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
     world = run.world
     train, heldout = load_pairs(cfg, ctx, inputs)
     train_ids, heldout_ids = encode_pairs(run.tokenizer, train), encode_pairs(run.tokenizer, heldout)
+    train_ids, selection = split_selection(train_ids, cfg)
     pad = run.tokenizer.pad_token_id
-    while run.step < cfg.steps:
+    best = BestStep()
+    while run.step < cfg.steps and not best.stalled(cfg.patience):
         # batch: this step's slice of the epoch permutation of the train pairs; this rank's share of its pairs
         batch = batch_for_step(train_ids, run.step, cfg.batch_size, ctx.recipe.seed)
         pairs = [batch[i] for i in world.shard(len(batch))]
@@ -85,11 +92,50 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
         run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm,
                          "train_accuracy": world.all_sum(stats["correct"]) / len(batch)})
 
+        # select: accuracy on the pairs held back from training; the best step's weights are kept
+        if cfg.select_every and (run.step % cfg.select_every == 0 or run.step == cfg.steps):
+            scored = pairwise_metrics(run.model, world, selection, pad, cfg.micro_batch_size)
+            best.offer(run.step, scored["heldout_accuracy"], run.model)
+            ctx.log.log(run.step, {"select_accuracy": scored["heldout_accuracy"], "select_margin": scored["heldout_margin"]})
+    selected = best.restore(run.model) if cfg.select_every else {}
+
     # evaluate: pairwise accuracy and reward margin on the held-out pairs
-    metrics = {**pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size), "steps": cfg.steps,
-               "train_pairs": len(train), "heldout_pairs": len(heldout), "seconds": round(time.time() - started, 1)}
-    ctx.log.log(cfg.steps, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
+    metrics = {**pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size), "steps": run.step,
+               **selected, "train_pairs": len(train_ids), "heldout_pairs": len(heldout),
+               "seconds": round(time.time() - started, 1)}
+    ctx.log.log(run.step, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
     return run.finish(metrics)
+
+
+def split_selection(train: list[Pair], cfg: RewardModelConfig) -> tuple[list[Pair], list[Pair]]:
+    """(train pairs, model-selection pairs): the last select_pairs of the train pairs are held back when the
+    stage selects a step, so that neither training nor the held-out result sees them."""
+    if not cfg.select_every:
+        return train, []
+    if len(train) <= cfg.select_pairs:
+        raise ValueError(f"{len(train)} train pair(s), too few to hold back select_pairs {cfg.select_pairs}")
+    return train[: -cfg.select_pairs], train[-cfg.select_pairs:]
+
+
+class BestStep:
+    """The best-scoring step's weights (a copy of each rank's own shards, in memory) and how many checks since."""
+
+    def __init__(self) -> None:
+        self.step, self.accuracy, self.weights, self.checks_since = 0, -1.0, None, 0
+
+    def offer(self, step: int, accuracy: float, model: torch.nn.Module) -> None:
+        if accuracy > self.accuracy:
+            self.step, self.accuracy, self.checks_since = step, accuracy, 0
+            self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.checks_since += 1
+
+    def stalled(self, patience: int) -> bool:
+        return patience > 0 and self.checks_since >= patience
+
+    def restore(self, model: torch.nn.Module) -> dict[str, float]:
+        model.load_state_dict(self.weights)
+        return {"selected_step": self.step, "select_accuracy": self.accuracy}
 
 
 def load_backbone(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInputs):
