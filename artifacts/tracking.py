@@ -174,23 +174,33 @@ class MLflowSink:
 
 
 def open_experiment(cfg: TrackingConfig) -> tuple[Any, str]:
-    """(client, experiment id), creating the sqlite db and the experiment when missing. `cascade deploy` calls it
-    once up front: two flow runs creating a fresh sqlite db at once race in MLflow's migrations."""
+    """(client, experiment id), creating the sqlite db and the experiment when missing. Two runs that start at
+    once on a fresh machine would race in MLflow's schema migrations ("table ... already exists") and in creating
+    the experiment: for a local db, a file lock beside it lets one process at a time open it."""
+    uri = cfg.resolved_uri()
+    if not uri.startswith("sqlite:///"):
+        return _open_experiment(uri, cfg.experiment)
+    from filelock import FileLock
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{db}.lock"):
+        return _open_experiment(uri, cfg.experiment)
+
+
+def _open_experiment(uri: str, experiment: str) -> tuple[Any, str]:
     # Imported here, not at module level: a run without tracking, and every other `cascade` command, need not
     # pay MLflow's ~3 s import.
     from mlflow.tracking import MlflowClient
 
-    uri = cfg.resolved_uri()
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(tracking_uri=uri)
-    found = client.get_experiment_by_name(cfg.experiment)
+    found = client.get_experiment_by_name(experiment)
     if found is not None:
         return client, found.experiment_id
     location = None
     if uri.startswith("sqlite:"):  # keep artifacts beside the db, not in cwd
         location = (cascade_home() / "mlartifacts").as_uri()
-    return client, client.create_experiment(cfg.experiment, artifact_location=location)
+    return client, client.create_experiment(experiment, artifact_location=location)
 
 
 class TrackedRecipe(Protocol):

@@ -87,3 +87,29 @@ def test_secrets_are_read_again_when_the_environment_changes_mid_read(monkeypatc
     changing = ChangingEnviron({"SERVICE_API_KEY": "s3cr3t-value", "HOME": "/root"})
     monkeypatch.setattr(tracking, "os", SimpleNamespace(environ=changing))  # the process's own stays intact
     assert tracking.secret_values() == ["s3cr3t-value"] and changing.reads == 2
+
+
+
+OPEN_AT = """
+import sys, time
+from cascade.artifacts.config import TrackingConfig
+from cascade.artifacts.tracking import open_experiment
+import mlflow.tracking  # its import (seconds) before the common start, so that the processes open the db together
+time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
+print(open_experiment(TrackingConfig(uri=sys.argv[2], experiment="e"))[1])
+"""
+
+
+def test_runs_that_start_together_on_a_fresh_machine_share_one_db_and_experiment(tmp_path):
+    """Four processes open a local MLflow db that does not exist yet, at the same instant: each gets the one
+    experiment. Without the lock (2026-11-27) two `cascade run`s started together failed in MLflow's schema
+    migrations ("table evaluation_datasets already exists"), and so did this test (docs/LOG.md)."""
+    import subprocess
+    import sys
+    import time
+
+    start, uri = f"{time.time() + 10:.3f}", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, start, uri], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-300:]) for p in procs]
+    assert all(rc == 0 for rc, _, _ in results) and len({out for _, out, _ in results}) == 1, results
