@@ -17,7 +17,7 @@ import pytest
 from tests.faults.conftest import refusing_endpoint, run_cli, silent_endpoint
 
 PASSWORD = "pw-" + secrets.token_hex(8)
-TRACKING_BUDGET_S = 30
+TRACKING_BUDGET_S = 30  # from the CLI's start: 11.4 s at load 2 (a server that never answers)
 
 
 def holding(root: Path, needle: str) -> list[str]:
@@ -44,7 +44,6 @@ def test_a_password_in_an_environment_url_is_refused_and_appears_nowhere(tmp_pat
     assert not home.exists() or not any(p.is_file() for p in home.rglob("*"))
 
 
-@pytest.mark.serial  # a wall-clock budget from the CLI's start, start-up included
 @pytest.mark.parametrize("server", [silent_endpoint, refusing_endpoint], ids=["never-answers", "refused"])
 def test_a_tracking_server_that_does_not_answer_fails_the_run_in_one_line(tmp_path, server):
     home = tmp_path / "home"
