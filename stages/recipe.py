@@ -110,12 +110,17 @@ class Recipe(Strict):
         if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
-            from cascade.stages.domains.benchdata import benchmark_registry
+            from cascade.stages.domains.benchdata import benchmark_registry, missing_data
 
             known = benchmark_registry()
             unknown = sorted(set(self.eval.benchmarks) - set(known))
             if unknown:
                 raise ValueError(f"eval.benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(sorted(known))}")
+            # here, not at the first eval: a missing file found there had cost the run its SFT stage
+            root = self.eval.resolved_data_root()
+            for name in self.eval.benchmarks:
+                if missing := missing_data(known[name], root):
+                    raise ValueError(f"eval.benchmarks.{name}: {missing} (eval.data_root sets where they are)")
         return self
 
     def domain(self, name: str):

@@ -82,7 +82,9 @@ def stage_failures() -> tuple[type[BaseException], ...]:
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn known bad-input errors into one line on stderr and exit 2, a stage failure into one line and exit 1."""
+    """Turn known bad-input errors into one line on stderr and exit 2, a stage failure into one line and exit 1.
+    Any other failure of a command that logs to a file (a run: an eval's missing file, a lost lease, a bug in a
+    stage) is one line and exit 1 too, naming the exception; its traceback goes to the log file the line names."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -94,6 +96,16 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
         except stage_failures() as e:
             fail(str(e), code=1)
+        except (typer.Exit, typer.Abort):  # click's exits are RuntimeErrors: ours, already printed
+            raise
+        except Exception as e:
+            if not LOG_FILE:
+                raise
+            import logging
+
+            logging.getLogger("cascade.cli").error("the command failed", exc_info=e)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            fail(f"{type(e).__name__}: {first}" if first else type(e).__name__, code=1)
 
     return wrapper
 

@@ -177,6 +177,18 @@ def benchmark_registry() -> dict[str, BenchmarkSpec]:
     return specs
 
 
+def missing_data(spec: BenchmarkSpec, data_root: Path) -> str | None:
+    """Why `spec` cannot load from data_root, found without reading it: no data file ships with it, or its file
+    (a JsonlBenchmark's) or the data root (another loader's) is not there. None: it looks loadable."""
+    relpath = getattr(spec.loader, "relpath", "")
+    if relpath is None:
+        return f"{spec.name!r} ships no data file (`cascade eval --benchmark {spec.name} --data FILE` reads yours)"
+    path = data_root / relpath if relpath else data_root
+    if path.exists():
+        return None
+    return f"data file not found: {path}" if relpath else f"data root not found: {path}"
+
+
 def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) -> list[BenchmarkSpec]:
     """Specs for the given names, checked before any work. With a user file, a domain name is accepted too."""
     if not names:

@@ -58,6 +58,19 @@ def assert_one_line(code: int, out: str, err: str, message: str) -> None:
 ])
 def test_bad_numbers_and_overrides_write_nothing(cascade_home, override, message):
     assert_one_line(*cascade("run", "micro", override), message)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["eval.data_root=/no/such/root", "eval.benchmarks={gsm8k: {limit: 5}}"],
+     "eval.benchmarks.gsm8k: data file not found: /no/such/root/math/gsm8k_test.jsonl (eval.data_root sets"),
+    (["eval.data_root=/no/such/root", "eval.benchmarks={humaneval: {limit: 5}}"],
+     "eval.benchmarks.humaneval: data root not found: /no/such/root"),
+    (["eval.benchmarks={aime25: {}}"], "eval.benchmarks.aime25: 'aime25' ships no data file"),
+])
+def test_an_eval_benchmark_without_its_data_is_refused_before_any_stage(cascade_home, overrides, message):
+    """Found when the recipe is read: at the first eval (2026-11-27) the run had already spent its SFT stage."""
+    assert_one_line(*cascade("run", "micro", *overrides), message)
+    assert files_under(cascade_home) == []
     assert files_under(cascade_home) == []
 
 

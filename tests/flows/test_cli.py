@@ -301,3 +301,33 @@ def test_a_transformers_warning_goes_to_the_run_log_not_the_terminal(tmp_path, c
         logging.captureWarnings(False)
         hf_logging.disable_propagation()
         hf_logging.enable_default_handler()
+
+
+UNEXPECTED = """
+import sys
+from pathlib import Path
+import typer
+from cascade.flows.cli.common import guarded, logs_to_file
+
+app = typer.Typer()
+
+@app.command()
+@guarded
+def run(log: str):
+    logs_to_file(Path(log))
+    raise RuntimeError("an eval's data file went missing\\nsecond line")
+
+app()
+"""
+
+
+def test_any_other_failure_of_a_run_is_one_line_and_exit_1_with_its_traceback_in_the_log(tmp_path):
+    """Not only bad input and stage failures: whatever stops a run that logs to a file (a lost lease, a benchmark
+    file gone mid-run, a bug) is one line naming the exception and the log, which holds the traceback. Before,
+    such a failure printed a screen of Rich traceback (2026-11-27: a BenchmarkError in the first eval)."""
+    log = tmp_path / "run.log"
+    result = subprocess.run([sys.executable, "-c", UNEXPECTED, str(log)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        f"cascade: error: RuntimeError: an eval's data file went missing (log: {log})"]
+    assert "Traceback" in log.read_text() and "second line" in log.read_text()
