@@ -4,8 +4,9 @@ One JSON row per step, `{"step": N, "metrics": {...}}`, ordered by step. The log
 resumed training stage continues from a step checkpoint whose `history` holds every step up to it, and hands
 that history to `restore()`, which replaces the log with it; the steps logged after that checkpoint by the
 attempt that died are dropped and logged again by this one. Without a restore (a stage that is not resumable,
-or a fresh start), a step at or before the last one held means the stage started over: the rows from that step
-on are replaced. Either way no step is written twice and none is lost.
+or a fresh start), a step before the last one held means the stage started over: the rows from that step on are
+replaced. A second log of the last step adds its metrics to that step's row (the reward model's checks and its
+held-out result at the step it ends on). Either way no step is written twice and none is lost.
 
 The whole file is rewritten (object stores have no append) at most every FLUSH_S seconds, on restore, and on
 close; a crash loses at most the rows of the last few seconds, which the resume puts back from the history.
@@ -34,9 +35,12 @@ class StepLog:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
-        if self.rows and step <= self.rows[-1]["step"]:
-            self.rows = [r for r in self.rows if r["step"] < step]  # the stage started over from `step`
-        self.rows.append({"step": step, "metrics": clean})
+        if self.rows and step == self.rows[-1]["step"]:  # more of the last step's metrics (a check, a final eval)
+            self.rows[-1]["metrics"].update(clean)
+        else:
+            if self.rows and step < self.rows[-1]["step"]:
+                self.rows = [r for r in self.rows if r["step"] < step]  # the stage started over from `step`
+            self.rows.append({"step": step, "metrics": clean})
         self._dirty = True
         if time.monotonic() - self._flushed_at >= FLUSH_S:
             self.flush()

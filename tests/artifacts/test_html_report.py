@@ -45,6 +45,21 @@ def test_step_log_under_resume_neither_duplicates_nor_loses_steps(tmp_path):
     assert list(read_run(store, "r")) == ["if_rl"]
 
 
+def test_a_second_log_of_the_last_step_adds_to_its_row(tmp_path):
+    """The reward model logs a check and, at its last step, its held-out result after that step's training
+    metrics: before, each later log replaced the row, and the curves lost those steps' loss (2026-11-27)."""
+    store = Store(f"file://{tmp_path}")
+    log = StepLog(store, "r", 6, "rm")
+    log.log(1, {"loss": 0.7})
+    log.log(2, {"loss": 0.6})
+    log.log(2, {"select_accuracy": 0.75})
+    log.log(2, {"heldout_accuracy": 0.7})
+    log.close()
+    assert read_rows(store, layout.metrics_key("r", 6, "rm")) == [
+        {"step": 1, "metrics": {"loss": 0.7}},
+        {"step": 2, "metrics": {"loss": 0.6, "select_accuracy": 0.75, "heldout_accuracy": 0.7}}]
+
+
 def test_a_torn_last_line_is_skipped(tmp_path):
     store = Store(f"file://{tmp_path}")
     key = layout.metrics_key("r", 1, "sft")
