@@ -2,8 +2,8 @@
 offers only the custom resource `rollout`, started by this module: three `ray start` processes (a head and two
 worker nodes; the command line runs them all on one machine), stopped at its end.
 
-- micro's SFT and one GRPO stage on 2 Ray workers, one per node, equal the one-process run: per-step losses and
-  final weights within the bounds by which tests/stages/test_distributed.py holds 2 torchrun ranks to it;
+- micro's SFT and one GRPO stage on 2 Ray workers, one per node, equal the 2-rank torchrun run: per-step losses
+  and final weights within tests/stages/test_distributed.py's bounds;
 - killing one worker's process mid-stage fails `cascade run` with one line naming the rank and its node, and exit
   1; `cascade resume RUN compute.nnodes=1` finishes the stage on one worker from the newest step checkpoint, and
   the checkpoint loads in transformers;
@@ -94,24 +94,21 @@ def named_node(line: str) -> bool:
     return any(f" ({n['NodeID'][:8]}, pid " in line for n in ray.nodes())
 
 
-def test_sft_and_grpo_on_two_ray_nodes_equal_one_process(ray_address, tmp_path, caplog, monkeypatch):
-    """Against one process, as tests/stages/test_distributed.py holds 2 torchrun ranks: Ray's ranks are the same
-    rank function (stages/rank_events.py), so Ray = one process = torchrun within those bounds. The one-process
-    run costs the suite seconds where a torchrun run costs three interpreters' imports."""
+def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", ray_address)
     data = sft_data(micro_recipe(tmp_path, *SFT, *GRPO), tmp_path)
     runs = {}
     with caplog.at_level(logging.INFO, logger="cascade.stages.launch_ray"):
-        for name, world in (("one", []), ("ray", RAY_TWO_NODES)):
+        for name, world in (("torchrun", TORCHRUN), ("ray", RAY_TWO_NODES)):
             recipe = micro_recipe(tmp_path, *SFT, *GRPO, *world)
             sft = stage_run(recipe, tmp_path, name, "sft", StageInputs(stages={"sft_data": data}))
             grpo = stage_run(recipe, tmp_path, name, "math_rl", StageInputs(policy=sft[2]))
             runs[name] = (sft, grpo)
     for stage in (0, 1):
-        (sink_1, weights_1, _), (sink_r, weights_r, _) = runs["one"][stage], runs["ray"][stage]
-        losses = sink_1.series("loss")
+        (sink_t, weights_t, _), (sink_r, weights_r, _) = runs["torchrun"][stage], runs["ray"][stage]
+        losses = sink_t.series("loss")
         assert len(losses) == (5, 2)[stage] and sink_r.series("loss") == pytest.approx(losses, abs=1e-5)
-        assert_same_adamw_weights(weights_1, weights_r)
+        assert_same_adamw_weights(weights_t, weights_r)
     assert runs["ray"][0][0].series("loss")[-1] < runs["ray"][0][0].series("loss")[0] - 0.5  # SFT trained
     placed = [r.getMessage() for r in caplog.records if "placed" in r.getMessage()]
     assert len(placed) == 2, placed  # SFT, then GRPO: each on both nodes, one rank per node
