@@ -96,14 +96,14 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
         if cfg.select_every and (run.step % cfg.select_every == 0 or run.step == cfg.steps):
             scored = pairwise_metrics(run.model, world, selection, pad, cfg.micro_batch_size)
             best.offer(run.step, scored["heldout_accuracy"], run.model)
-            ctx.log.log(run.step, {"select_accuracy": scored["heldout_accuracy"], "select_margin": scored["heldout_margin"]})
+            ctx.log.log(run.step, {"select_" + k.removeprefix("heldout_"): v for k, v in scored.items()})
     selected = best.restore(run.model) if cfg.select_every else {}
 
     # evaluate: pairwise accuracy and reward margin on the held-out pairs
     metrics = {**pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size), "steps": run.step,
                **selected, "train_pairs": len(train_ids), "heldout_pairs": len(heldout),
                "seconds": round(time.time() - started, 1)}
-    ctx.log.log(run.step, {"heldout_accuracy": metrics["heldout_accuracy"], "heldout_margin": metrics["heldout_margin"]})
+    ctx.log.log(run.step, {k: metrics[k] for k in ("heldout_accuracy", "heldout_margin")})
     return run.finish(metrics)
 
 
