@@ -119,9 +119,13 @@ class JsonlBenchmark:
     relpath: str | None
     parse_row: Callable[[dict[str, Any], int], Item]
 
+    def no_file(self) -> str:
+        """What a benchmark whose file does not ship (relpath None) tells the user."""
+        return f"{self.name!r} ships no data file: give its rows with --data FILE_OR_URL"
+
     def __call__(self, data_root: str | Path) -> list[Item]:
         if self.relpath is None:
-            raise BenchmarkError(f"{self.name!r} ships no data file: give its rows with --data FILE_OR_URL")
+            raise BenchmarkError(self.no_file())
         path = Path(data_root) / self.relpath
         rows = read_jsonl(path)
         items = []
@@ -180,13 +184,13 @@ def benchmark_registry() -> dict[str, BenchmarkSpec]:
 def missing_data(spec: BenchmarkSpec, data_root: Path) -> str | None:
     """Why `spec` cannot load from data_root, found without reading it: no data file ships with it, or its file
     (a JsonlBenchmark's) or the data root (another loader's) is not there. None: it looks loadable."""
-    relpath = getattr(spec.loader, "relpath", "")
-    if relpath is None:
-        return f"{spec.name!r} ships no data file (`cascade eval --benchmark {spec.name} --data FILE` reads yours)"
-    path = data_root / relpath if relpath else data_root
-    if path.exists():
-        return None
-    return f"data file not found: {path}" if relpath else f"data root not found: {path}"
+    loader = spec.loader
+    if not isinstance(loader, JsonlBenchmark):
+        return None if data_root.exists() else f"data root not found: {data_root}"
+    if loader.relpath is None:
+        return loader.no_file()
+    path = data_root / loader.relpath
+    return None if path.exists() else f"data file not found: {path}"
 
 
 def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) -> list[BenchmarkSpec]:
