@@ -26,7 +26,7 @@ def test_the_gpu_checks_dry_run_drives_every_part_and_reports(tmp_path):
                             env=env, capture_output=True, text=True, timeout=600)
     steps = (tmp_path / "out" / "steps.log").read_text()
     assert result.returncode == 0, steps + result.stdout[-2000:]
-    assert steps.count(": exit 0 in") == 7  # tests/gpu, tiny twice, model + smollm2 shape, fsdp2, report
+    assert steps.count(": exit 0 in") == 7  # tests/gpu (collected), tiny twice, model + smollm2 shape, fsdp2, report
     check = json.loads((tmp_path / "out" / "check.json").read_text())
     assert {(r["run"], r["stage"]) for r in check["rows"]} == {
         (run, stage) for run in ("tiny-main", "tiny-ref", "smollm2-135m", "fsdp2-cpu") for stage in ("sft", "math_rl")}

@@ -104,7 +104,8 @@ if [ "$MODE" = mfu ]; then  # the SFT MFU goal: which way of running the same st
   cat "$OUT/check.md" 2>/dev/null
   exit 0
 fi
-part gpu-tests 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu
+# the dry run only collects them: the suite runs tests/gpu itself, and without CUDA only its CPU checks run
+part gpu-tests 240 "$PY" -m pytest -q -p no:cacheprovider $([ "$MODE" = dry ] && echo --collect-only) tests/gpu
 # tiny on the check's device (main) and on the CPU in fp32 (ref): the report compares their SFT loss curves
 part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
 part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" "stages.sft.steps=$TINY_SFT" \
