@@ -94,13 +94,15 @@ def chromium():
 
 
 def pytest_collection_modifyitems(items):
-    """Files marked `long` (minutes each) start first, then the files with a `slow` test, then the rest, each group
-    in its usual order: with `make test`'s workers taking a file at a time, a minutes-long file started last keeps
-    one worker busy after the others are done (test_tiny_regression, last of many slow files, ended a run alone).
+    """Files marked `long` (minutes each) start first, then the files with a `slow` or a `vllm` test (each vLLM
+    server costs 30-40 s to start), then the rest, each group in its usual order: with `make test`'s workers taking
+    a file at a time, a minutes-long file started last keeps one worker busy after the others are done
+    (test_tiny_regression, last of many slow files, ended a run alone; test_vllm_engine, unmarked, ended another
+    a minute after the other workers).
     `make test` passes --no-loadscope-reorder: by default xdist hands out files by their number of tests, largest
     first, which put this one-test file last again."""
     def files_with(marker: str) -> set[str]:
         return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker)}
 
-    long, slow = files_with("long"), files_with("slow")
+    long, slow = files_with("long"), files_with("slow") | files_with("vllm")
     items.sort(key=lambda item: (item.nodeid.split("::")[0] not in long, item.nodeid.split("::")[0] not in slow))

@@ -19,6 +19,7 @@ from tests.faults.conftest import endpoint, not_http, refusing_endpoint, run_cli
 # and these tests mostly wait on deadlines: in the parallel part they cost the suite little CPU, not 2 minutes.
 BUDGET_S = 30
 MISBEHAVING_BUDGET_S = 60  # the probe answered, so an operation's deadline (20 s) runs, after CLI start-up
+pytestmark = pytest.mark.slow  # a minute and a half of waiting on deadlines: started early, beside CPU work
 
 
 @pytest.mark.parametrize("endpoint", [silent_endpoint, refusing_endpoint], ids=["never-answers", "refused"])

@@ -244,6 +244,7 @@ def test_gc_local_removes_only_the_scratch_directories_no_live_process_owns(tmp_
         holders[1].wait()
 
 
+@pytest.mark.slow
 def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warnings(tmp_path):
     """`cascade run` with its own Prefect server (no PREFECT_API_URL), as on a fresh clone: no dependency's
     WARNING or UserWarning line reaches the user (the compute concurrency limit exists on the embedded server)."""
@@ -257,6 +258,7 @@ def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warni
     assert "WARNING" not in out and "Warning" not in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_a_failed_stage_is_one_line_naming_the_log_that_holds_prefects_traceback(tmp_path):
     """A stage that stops on bad input (flex_attention on a CPU) as run on a fresh clone: exit 2 and our one
     line, which names the log file; Prefect's task traceback is in that file, not on the terminal."""

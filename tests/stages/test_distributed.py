@@ -28,6 +28,7 @@ from tests.stages.dist_updates import SMALL, updates
 SFT = ["stages.sft.steps=5", "stages.sft.batch_size=4", "stages.sft.micro_batch_size=2",
        "stages.sft.checkpoint_every=3", "stages.sft.warmup_steps=1", "stages.sft.lr=3e-3"]  # 5 steps move the loss
 ONE, TWO = [], ["compute.nproc_per_node=2"]
+pytestmark = pytest.mark.slow  # torchrun jobs of two ranks: seconds each, a minute for the file
 
 
 def stage_run(recipe, tmp, run_id: str, stage: str, inputs: StageInputs):
