@@ -2,16 +2,16 @@
 math down, the gate fires on math, and the MOPD recovery raises math above where the regression left it.
 
 Only sizes and the hot stage's learning rate change: the model is 2 layers of hidden 128 (MLP 344; the recipe: 4
-of 256), SFT runs 1000 steps of 16 rows (the recipe: 1500 of 32), the first RL stage 20 steps, the recovery 20 (the
-recipe: 40), the held-out sets are 100 items per domain (the recipe: 800), and the hot stage's lr is 6e-4 (the
-recipe: 3e-4), since the smaller model's SFT leaves math lower. The stage list and the gate's tolerance are the
-shipped recipe's.
-Measured 2026-11-27 through the CLI at one thread (docs/LOG.md, tenth session): ~115 CPU-s a run (SFT ~66 s),
-against 172 (SFT 105) at 4 layers with the hot stage at 3e-4. Seed 0: math 0.21 after SFT, 0.195 after math RL,
-0.005 after the hot stage (the gate fires on math, drop 0.205, and on instruct, 0.128), 0.1425 after MOPD. Seed 1:
-0.255, 0.233, 0.013 (drop 0.24), 0.1825. Not taken: 2 layers with the hot stage at 3e-4 (drops 0.06 and 0.065, too
-close to the 0.05 tolerance); 500 SFT steps at lr 2e-3 or 3e-3 (math 0.09 and 0.05 after SFT). The earlier sizes
-and their figures are in docs/LOG.md.
+of 256), SFT runs 1000 steps of 16 rows (the recipe: 1500 of 32), math RL, the hot stage and the recovery 20 steps
+each (the recipe: 40), the held-out sets are 60 items per domain (the recipe: 800), and the hot stage's lr is 6e-4
+(the recipe: 3e-4), since the smaller model's SFT leaves math lower. The stage list and the gate's tolerance are
+the shipped recipe's.
+Measured 2026-11-27 through the CLI at one thread (docs/LOG.md, tenth session): ~105 CPU-s a run (SFT ~65 s),
+against 172 (SFT 105) at 4 layers with the hot stage at 3e-4. Seed 0: math 0.217 after SFT, 0.208 after math RL,
+0.025 after the hot stage (the gate fires on math, drop 0.19, and on instruct, 0.20), 0.163 after MOPD. Seed 1:
+0.271, 0.233, 0.10 (drop 0.17), 0.263. Not taken: 2 layers with the hot stage at 3e-4 (drops 0.06 and 0.065, too
+close to the 0.05 tolerance); 500 SFT steps at lr 2e-3 or 3e-3, or of 32 rows (math 0.05-0.13 after SFT). The
+earlier sizes and their figures are in docs/LOG.md.
 """
 
 import pytest
@@ -29,9 +29,10 @@ SCALED = [
     "stages.sft.micro_batch_size=16",
     "stages.math_rl.steps=20",
     "stages.if_rl_hot.lr=6e-4",
+    "stages.if_rl_hot.steps=20",
     "gate.recovery.steps=20",
-    "domains.math.heldout_size=100",
-    "domains.instruct.heldout_size=100",
+    "domains.math.heldout_size=60",
+    "domains.instruct.heldout_size=60",
     "tracking.enabled=false",
 ]
 
