@@ -28,7 +28,6 @@ from tests.stages.dist_updates import SMALL, updates
 SFT = ["stages.sft.steps=5", "stages.sft.batch_size=4", "stages.sft.micro_batch_size=2",
        "stages.sft.checkpoint_every=3", "stages.sft.warmup_steps=1", "stages.sft.lr=3e-3"]  # 5 steps move the loss
 ONE, TWO = [], ["compute.nproc_per_node=2"]
-pytestmark = pytest.mark.slow  # torchrun jobs of two ranks: seconds each, a minute for the file
 
 
 def stage_run(recipe, tmp, run_id: str, stage: str, inputs: StageInputs):
@@ -148,8 +147,9 @@ def test_step_checkpoint_resumes_across_world_sizes(sft_runs, written, resumed):
 
 
 def test_grpo_and_mopd_updates_two_ranks_equal_one_process(tmp_path):
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                    "-m", "tests.stages.dist_updates", str(tmp_path)], check=True, capture_output=True)
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          "-m", "tests.stages.dist_updates", str(tmp_path)], capture_output=True, text=True)
+    assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]  # a failed rank's traceback, not just its exit
     two = torch.load(tmp_path / "updates.pt")
     one = updates(world_for(ComputeConfig(device="cpu", dtype="fp32")))
     initial = build_tiny_model(SMALL, len(load_tokenizer()), seed=0).state_dict()
