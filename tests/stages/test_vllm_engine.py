@@ -28,6 +28,7 @@ from cascade.stages.engines.vllm import (
     _to_completion,
     trainer_logprobs,
 )
+from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 
 pytestmark = pytest.mark.vllm
 
@@ -232,6 +233,20 @@ def test_external_mode_uses_a_running_server(engine, prompts):
     assert [len(row) for row in out] == [2, 2]
     external.close()
     assert engine.prompt_logprobs(prompts[0])  # closing the external client left the server alone
+
+
+@pytest.mark.usefixtures("even_domain")
+def test_difficulty_endpoint_samples_once_then_serves_from_cache(engine, tiny, tmp_path, monkeypatch):
+    # the difficulty filter's reference as an OpenAI-compatible endpoint: this module's server (a server of its own
+    # cost the suite a vLLM start, ~28 CPU-s)
+    served = str(tiny[0])
+    first, rates, _ = run_filter(tmp_path, engine.url, "a", reference_tokenizer=served)
+    assert first["prompts"] == 24 and first["rollouts"] == 24 * 8 and first["cache_hits"] == 0
+    assert {r["solved"] for r in rates} != {0}  # graded texts from the server, not empty replies
+
+    monkeypatch.setattr(VLLMEngine, "_complete", lambda *a, **k: pytest.fail("a cached prompt was sampled again"))
+    again, rates_again, _ = run_filter(tmp_path, engine.url, "b", reference_tokenizer=served)
+    assert again["rollouts"] == 0 and again["cache_hits"] == 24 and rates_again == rates
 
 
 def test_killed_server_restarts_with_synced_weights(engine, updated, prompts):
