@@ -244,9 +244,10 @@ def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
             break
     else:
         page.screenshot(path=SHOTS / "run-form-submitted.png")
-        server_errors = [line for line in (deployed.home.parent / "server.log").read_text().splitlines() if "ERROR" in line]
+        server_log = (deployed.home.parent / "server.log").read_text().splitlines()
+        server_errors = [line for line in server_log if "ERROR" in line][-5:]
         raise AssertionError(f"submitting the run form 3 times created no flow run; its requests: {creates}; the "
-                             f"server's errors: {server_errors[-5:]}; the page says: {page.inner_text('body')[-800:]!r}")
+                             f"server's errors: {server_errors}; the page says: {page.inner_text('body')[-800:]!r}")
     page.goto(f"{deployed.ui_url}/runs/flow-run/{started}")
     page.get_by_text("Completed", exact=True).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)  # the page polls
     page.wait_for_timeout(3000)  # let the task-run graph and artifacts finish rendering
