@@ -240,13 +240,13 @@ def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
         sent, clicked_at = len(creates), time.monotonic()
         page.get_by_role("button", name="Submit").click()
         started = _new_flow_run(deployed, known, give_up=lambda: _submit_failed(page, creates, sent, clicked_at))
-        if started:
+        if started or not _submit_failed(page, creates, sent, clicked_at):  # an accepted Submit is not repeated
             break
-    else:
+    if not started:
         page.screenshot(path=SHOTS / "run-form-submitted.png")
         server_log = (deployed.home.parent / "server.log").read_text().splitlines()
         server_errors = [line for line in server_log if "ERROR" in line][-5:]
-        raise AssertionError(f"submitting the run form 3 times created no flow run; its requests: {creates}; the "
+        raise AssertionError(f"submitting the run form created no flow run; its requests: {creates}; the "
                              f"server's errors: {server_errors}; the page says: {page.inner_text('body')[-800:]!r}")
     page.goto(f"{deployed.ui_url}/runs/flow-run/{started}")
     page.get_by_text("Completed", exact=True).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)  # the page polls
