@@ -92,8 +92,10 @@ def stop(process: subprocess.Popen, grace: float = 10) -> None:
 def start_server(home: Path, port: int, log: Path) -> tuple[subprocess.Popen, str]:
     """`prefect server start` on 127.0.0.1:port with its own PREFECT_HOME (sqlite); returns (process, api url)."""
     home.mkdir(parents=True, exist_ok=True)
+    # retryable errors logged: the UI does not retry a 503 (sqlite's "database is locked"), so its "Something went
+    # wrong" toast is explained only by this log (docs/DEPLOYMENTS.md)
     env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api")
+               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true")
     env.pop("PREFECT_API_URL", None)
     with open(log, "ab") as out:
         process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",

@@ -88,9 +88,7 @@ def deployed(tmp_path_factory):
                PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1")
     for leftover in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(leftover, None)
-    with pytest.MonkeyPatch.context() as env_of_server:  # a 503 the UI gets is then in server.log, with its cause
-        env_of_server.setenv("PREFECT_SERVER_LOG_RETRYABLE_ERRORS", "true")
-        server, api_url = start_server(root / "prefect-home", port, root / "server.log")  # what deploy starts, too
+    server, api_url = start_server(root / "prefect-home", port, root / "server.log")  # what deploy starts, too
     env["PREFECT_API_URL"] = api_url
     deployer = None
     try:
