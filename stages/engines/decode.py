@@ -6,11 +6,13 @@ step, and both can drop finished rows (`keep`), so compute follows the live rows
 
 `LeanDecoder` is what vLLM does in shipping its own model code: one decode step written as the algorithm, over
 the HF module's own weights (q|k|v and gate|up stacked once per batch, as vLLM stacks them at load), with a
-static KV cache written in place. It skips HF's per-call machinery (mask building, cache objects, output dataclasses, module hooks
+static KV cache written in place, and the prompt's keys and values kept once per prompt rather than copied into
+each of its n samples' rows (the prefix sharing vLLM does with its block tables). It skips HF's per-call machinery (mask building, cache objects, output dataclasses, module hooks
 except the `lm_head` call, which stays a module call), which is most of a small model's decode step on CPU. The
 arithmetic is HF's, op for op in the same dtype (RMSNorm in float32, rotate-half RoPE from the module's own
-rotary embedding, so any rope scaling it implements applies); tests/stages/test_hf_engine.py checks its logits
-against HF's forward. `lean_supported` lists what it covers; any other model (sliding windows, other
+rotary embedding, so any rope scaling it implements applies), except that the attention's sum over values is
+split between the prefix and the decoded columns; tests/stages/test_hf_engine.py checks its logits against HF's
+forward. `lean_supported` lists what it covers; any other model (sliding windows, other
 activations, other architectures) decodes with `HFDecoder`.
 """
 
@@ -55,35 +57,49 @@ def fused(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
 
 
 class LeanDecoder:
-    """Static-KV-cache decode over a Llama/Qwen2 HF module's weights.
+    """Static-KV-cache decode over a Llama/Qwen2 HF module's weights, the prompt's keys and values read once per
+    prompt however many samples continue it.
 
-    cache: the prefill's DynamicCache over P prompts; repeat: [B] prompt row of each sequence; mask: [P, W]
-    the prompts' left-padding mask; room: decode steps to reserve. HFDecoder takes the same arguments.
+    cache: the prefill's DynamicCache over P prompts; repeat: [B] prompt row of each sequence, non-decreasing (a
+    prompt's samples are consecutive rows); mask: [P, W] the prompts' left-padding mask; room: decode steps to
+    reserve. HFDecoder takes the same arguments.
+
+    A row's attention runs over two caches: its prompt's prefill keys [P, Hkv, W, D], kept as the prefill wrote
+    them, and its own decoded keys [B, Hkv, room, D]. The softmax is taken over both sets of scores at once, so
+    it is the attention over the concatenated row, op for op; only the sum over the two value sets is split.
+    Decode attention is bound by reading the cache, and the prompt is most of a row's cache: with n samples a
+    prompt, reading it once instead of n times is what pays (docs/LOG.md). The queries of a prompt's samples are
+    laid into n slots of that prompt for the prefix's matmuls (the rows that finished leave zeros in theirs).
     """
 
     def __init__(self, model, cache: DynamicCache, repeat: torch.Tensor, mask: torch.Tensor, room: int):
         self.model = model
-        self.length = mask.shape[1]  # filled cache columns; the next token is written at this column
-        self.keys, self.values = [], []
-        for layer in cache.layers:
-            for store, prefill in ((self.keys, layer.keys), (self.values, layer.values)):
-                full = prefill.new_empty(len(repeat), prefill.shape[1], self.length + room, prefill.shape[3])
-                full[:, :, : self.length] = prefill[repeat]
-                store.append(full)
-        # additive attention bias [B, 1, 1, W + room]: -inf on left padding, 0 on prompt and decoded columns
-        allowed = torch.cat([mask[repeat].bool(), mask.new_ones(len(repeat), room, dtype=torch.bool)], dim=1)
-        dtype = self.keys[0].dtype
-        self.bias = torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min)[:, None, None, :]
+        self.owner = repeat  # [B] the prompt of each row
+        self.slot = torch.arange(len(repeat), device=repeat.device) - torch.searchsorted(repeat, repeat)  # [B]
+        self.samples = int(self.slot.max()) + 1 if len(repeat) else 1  # slots per prompt
+        self.prefix_keys = [layer.keys for layer in cache.layers]  # [P, Hkv, W, D] each
+        self.prefix_values = [layer.values for layer in cache.layers]
+        self.keys = [k.new_empty(len(repeat), k.shape[1], room, k.shape[3]) for k in self.prefix_keys]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        self.length = 0  # filled decode columns; the next token is written at this column
+        dtype = self.prefix_keys[0].dtype
+        # additive attention bias over each prompt's columns [P, 1, 1, W]: -inf on left padding, 0 on the prompt
+        self.prefix_bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+            mask == 0, torch.finfo(dtype).min)[:, None, None, :]
         # q|k|v and gate|up as one matmul each: fewer, larger ops per layer (a copy of those weights per batch)
         self.qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in model.model.layers]
         self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
 
     def keep(self, rows: torch.Tensor) -> None:
-        """Continue only `rows` (indices into the current batch)."""
+        """Continue only `rows` (indices into the current batch); prompts left with no row leave the prefix cache."""
         self.keys = [k[rows] for k in self.keys]
         self.values = [v[rows] for v in self.values]
-        self.bias = self.bias[rows]
+        prompts, owner = torch.unique(self.owner[rows], return_inverse=True)
+        self.owner, self.slot = owner, self.slot[rows]
+        if len(prompts) < len(self.prefix_bias):
+            self.prefix_keys = [k[prompts] for k in self.prefix_keys]
+            self.prefix_values = [v[prompts] for v in self.prefix_values]
+            self.prefix_bias = self.prefix_bias[prompts]
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -92,26 +108,49 @@ class LeanDecoder:
         x = F.embedding(tokens, body.embed_tokens.weight)  # [B, H]
         cos, sin = body.rotary_emb(x, positions[:, None])  # [B, 1, D] each
         column, self.length = self.length, self.length + 1
-        for layer, keys, values, qkv, gate_up in zip(body.layers, self.keys, self.values, self.qkv, self.gate_up, strict=True):
-            x = x + self._attention(layer.self_attn, rms_norm(x, layer.input_layernorm), qkv, keys, values, column, cos, sin)
+        bias = self.prefix_bias[self.owner]  # [B, 1, 1, W]
+        layers = zip(body.layers, self.prefix_keys, self.prefix_values, self.keys, self.values, self.qkv, self.gate_up,
+                     strict=True)
+        for layer, prefix_keys, prefix_values, keys, values, qkv, gate_up in layers:
+            h = rms_norm(x, layer.input_layernorm)
+            q = self._new_query(layer.self_attn, h, qkv, keys, values, column, cos, sin)  # [B, Hkv, groups, D]
+            out = self._attention(layer.self_attn, q, prefix_keys, prefix_values, bias, keys, values, column)
+            x = x + F.linear(out, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
             gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
             down = layer.mlp.down_proj
             x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
         return self.model.lm_head(rms_norm(x, body.norm))
 
-    def _attention(self, attn, h, qkv, keys, values, column: int, cos, sin) -> torch.Tensor:
-        """One query per row against the cache. h: [B, H]; keys, values: [B, Hkv, W + room, D] -> [B, H]."""
+    def _new_query(self, attn, h, qkv, keys, values, column: int, cos, sin) -> torch.Tensor:
+        """Project h [B, H]; write the token's rotated key and its value at `column` of the decode cache; return the
+        rotated query [B, Hkv, groups, D] (query head i reads kv head i // groups, as HF's repeat_kv)."""
         batch, kv_heads, _, dim = keys.shape
         q, k, v = F.linear(h, *qkv).split([attn.q_proj.out_features, kv_heads * dim, kv_heads * dim], dim=-1)
-        q = rotate(q.reshape(batch, -1, dim), cos, sin)
         keys[:, :, column] = rotate(k.reshape(batch, kv_heads, dim), cos, sin)
         values[:, :, column] = v.reshape(batch, kv_heads, dim)
-        # query head i reads kv head i // groups (HF's repeat_kv): the groups become the query axis. Written out,
-        # since CPU's fused SDPA kernel took ~1.5x as long for one query row (bench/RESULTS.md, issue 19).
-        scores = torch.matmul(q.view(batch, kv_heads, -1, dim), keys[:, :, : column + 1].transpose(-1, -2))
-        weights = torch.softmax(scores * attn.scaling + self.bias[..., : column + 1], dim=-1, dtype=torch.float32)
-        out = torch.matmul(weights.to(values.dtype), values[:, :, : column + 1])  # [B, Hkv, groups, D]
-        return F.linear(out.reshape(batch, -1), attn.o_proj.weight, attn.o_proj.bias)
+        return rotate(q.reshape(batch, -1, dim), cos, sin).view(batch, kv_heads, -1, dim)
+
+    def _attention(self, attn, q, prefix_keys, prefix_values, bias, keys, values, column: int) -> torch.Tensor:
+        """One query per row against its prompt's prefix and its own decoded columns 0..column.
+        q: [B, Hkv, g, D]; prefix_*: [P, Hkv, W, D]; keys, values: [B, Hkv, room, D] -> [B, Hkv * g * D].
+        Written as plain matmuls: CPU's fused SDPA kernel took ~1.5x as long for one query row (bench/RESULTS.md)."""
+        batch, kv_heads, groups, dim = q.shape
+        width = prefix_keys.shape[2]
+        slots = q.new_zeros(len(prefix_keys), self.samples, kv_heads, groups, dim)  # [P, n, Hkv, g, D]
+        slots[self.owner, self.slot] = q
+        by_prompt = slots.permute(0, 2, 1, 3, 4).reshape(len(prefix_keys), kv_heads, -1, dim)  # [P, Hkv, n*g, D]
+        prefix_scores = torch.matmul(by_prompt, prefix_keys.transpose(-1, -2))  # [P, Hkv, n*g, W]
+        prefix_scores = prefix_scores.view(len(prefix_keys), kv_heads, self.samples, groups, width)
+        own_scores = torch.matmul(q, keys[:, :, : column + 1].transpose(-1, -2))  # [B, Hkv, g, column + 1]
+        scores = torch.cat([prefix_scores[self.owner, :, self.slot] * attn.scaling + bias,
+                            own_scores * attn.scaling], dim=-1)  # [B, Hkv, g, W + column + 1]
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        prefix_weights = torch.zeros_like(prefix_scores)  # [P, Hkv, n, g, W]
+        prefix_weights[self.owner, :, self.slot] = weights[..., :width]
+        from_prefix = torch.matmul(prefix_weights.view(len(prefix_keys), kv_heads, -1, width), prefix_values)
+        out = from_prefix.view(len(prefix_keys), kv_heads, self.samples, groups, dim)[self.owner, :, self.slot]
+        out = out + torch.matmul(weights[..., width:], values[:, :, : column + 1])  # [B, Hkv, g, D]
+        return out.reshape(batch, -1)
 
 
 class HFDecoder:

@@ -6,7 +6,8 @@ before decoding (GRPO's group_size, the difficulty filter's k). Batches hold the
 as if each prompt were repeated n times, so the sampled tokens and their logprobs are those of the repeated path.
 
 Decoding (stages/engines/decode.py) runs a lean static-cache step over the module's own weights for the
-Llama/Qwen2 family and HF's forward for any other causal LM. Rows that reached the end of turn are dropped from
+Llama/Qwen2 family, which reads each prompt's prefilled keys and values once for all n of its samples, and HF's
+forward for any other causal LM. Rows that reached the end of turn are dropped from
 the batch once they are an eighth of it, so compute follows the live rows. Per step, the sampled token's logprob
 is its logit minus the row's logsumexp (no full log_softmax), both of the distribution it samples from (temperature
 and nucleus applied: `losses.sampling_logits`, the same function the trainer's logprobs use), and sampling draws

@@ -149,16 +149,20 @@ def test_lean_decode_logits_equal_hf_forward(build):
     for cache in caches:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache)
-    lean, ref = LeanDecoder(model, caches[0], repeat, mask, 5), HFDecoder(model, caches[1], repeat, mask, 5)
+    lean, ref = LeanDecoder(model, caches[0], repeat, mask, 6), HFDecoder(model, caches[1], repeat, mask, 6)
     tokens, pos = torch.tensor([5, 6, 7]), position[repeat, -1]
     for _ in range(4):
         pos = pos + 1
         a, b = lean.step(tokens, pos), ref.step(tokens, pos)
         assert a.shape == (3, len(tok)) and (a - b).abs().max() < 1e-5
         tokens = a.argmax(-1)
-    lean.keep(torch.tensor([2, 0]))
-    ref.keep(torch.tensor([2, 0]))
-    assert (lean.step(tokens[[2, 0]], pos[[2, 0]] + 1) - ref.step(tokens[[2, 0]], pos[[2, 0]] + 1)).abs().max() < 1e-5
+    # rows 2 and 0 (prompts 1 and 0) go on; then row 2 alone, and prompt 0 leaves the shared prefix cache
+    for rows in (torch.tensor([2, 0]), torch.tensor([0])):
+        lean.keep(rows)
+        ref.keep(rows)
+        tokens, pos = tokens[rows], pos[rows] + 1
+        assert (lean.step(tokens, pos) - ref.step(tokens, pos)).abs().max() < 1e-5
+    assert len(lean.prefix_keys[0]) == 1
 
 
 def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatch):
