@@ -1,11 +1,11 @@
 """Rollout throughput: the in-process HF engine vs plain `model.generate` (and the vLLM server), plus weight-sync cost.
 
     PYTHONPATH=. .venv/bin/python bench/bench_rollout.py --engines hf,generate [--model smollm2-135m]
-        [--prompts 64 --samples 8 --tokens 64 --rounds 3 --hf-batch 128 --sync-steps 5]
+        [--domain math --prompts 64 --samples 8 --tokens 64 --rounds 3 --hf-batch 128 --sync-steps 5]
 
 Every engine samples the same model (`--model`: `tiny`, the project's default random-init tiny model, on which
-nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on math-domain prompts at
-temperature 1. Generated tokens are counted from what each engine returns; our engine also returns per-token
+nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on a domain's train prompts
+(`--domain`, math by default) at temperature 1. Generated tokens are counted from what each engine returns; our engine also returns per-token
 logprobs, `generate` does not. HF engines run `--rounds` times, alternating which goes first, and the table
 gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
 `vllm` (needs `bash infra/vllm-venv.sh`) runs once, with its weight sync: its server reserves one of the
@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF model dir")
     parser.add_argument("--engines", default="hf,generate,vllm", type=lambda s: s.split(","),
                         help="comma list of hf, generate, vllm (vllm needs the vLLM venv)")
+    parser.add_argument("--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
@@ -164,11 +165,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
     model, tokenizer = load_model(args.model)
-    items = get_domain("math").generate("train", args.prompts, seed=0)
+    items = get_domain(args.domain).generate("train", args.prompts, seed=0)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
     # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
-    shape = f"{args.prompts} prompts x {args.samples} samples x {args.tokens} tokens"
+    shape = f"{args.prompts} {args.domain} prompts x {args.samples} samples x {args.tokens} tokens"
     print(f"rollout on {args.model}: {shape}, {'unseeded' if args.unseeded else 'seeded'}, hf batch {args.hf_batch}, "
           f"torch threads {torch.get_num_threads()}, load {load():.2f}")
     results = hf_rounds(args, model, tokenizer, prompts, sampling)

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
 from cascade.flows.recipes import load_recipe
 from cascade.stages.context import ListSink, StageContext
@@ -14,7 +14,7 @@ from cascade.stages.domains.chat import NEAR_MISSES, near_miss, rubric
 from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
 from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.kinds.reward_model.run import run_reward_model
+from cascade.stages.kinds.reward_model.run import pair_scores, run_reward_model, shared_prefix_rows
 from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
@@ -110,6 +110,39 @@ def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_met
     assert manifest["metrics"]["heldout_accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 16, abs=1e-9)
     assert manifest["metrics"]["heldout_margin"] == pytest.approx(sum(margins) / 16, abs=1e-4)
     assert manifest["metrics"]["dtype"] == "fp32"  # the recipe's compute.dtype, recorded with the stage's figures
+
+
+def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone():
+    """pair_scores lays a pair out as [prompt | chosen's rest | rejected's rest]: the scores and their gradients
+    equal those of each sequence run alone, also where the answers share leading tokens or one answer is a prefix
+    of the other; the row is shorter than the two sequences."""
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, intermediate_size=48, num_labels=1, pad_token_id=0)
+    model = Qwen2ForSequenceClassification(config).eval()
+    model.set_attn_implementation("sdpa")
+    prompt_a, prompt_b = [3, 4, 5, 6, 7, 8], [9, 10, 11]
+    pairs = [(prompt_a + [20, 21, 22], prompt_a + [23]),
+             (prompt_b + [30, 31, 32, 33], prompt_b + [30, 31, 40]),  # the answers share two tokens
+             (prompt_b + [41, 42], prompt_b + [41, 42, 43])]  # chosen is a prefix of rejected
+
+    def alone(seq):
+        return model(input_ids=torch.tensor([seq])).logits[0, 0]
+
+    chosen, rejected = pair_scores(model, pairs, pad=0)
+    ref_chosen = torch.stack([alone(c) for c, _ in pairs])
+    ref_rejected = torch.stack([alone(r) for _, r in pairs])
+    assert torch.allclose(chosen, ref_chosen, atol=1e-5) and torch.allclose(rejected, ref_rejected, atol=1e-5)
+    grads = []
+    for a, b in ((chosen, rejected), (ref_chosen, ref_rejected)):
+        model.zero_grad()
+        (a - 2 * b).sum().backward(retain_graph=True)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+    ids, _, allowed, ends = shared_prefix_rows(pairs, pad=0)
+    assert ids.shape[1] == 10 < max(len(c) + len(r) for c, r in pairs)  # pair 0: 6 + 3 + 1 columns, not 16
+    assert ends.tolist() == [[8, 9], [6, 7], [4, 6]]
+    assert not allowed[1, 7, 6] and allowed[1, 7, 4] and allowed[1, 6, 5]  # rejected's rest never reads chosen's
 
 
 def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path):

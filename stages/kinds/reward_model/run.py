@@ -5,7 +5,8 @@ For preference pairs (x, y_c, y_r), a scalar head r_phi on a language-model back
     L(phi) = -(1 / K) * sum_k log sigmoid(r_phi(x_k, y_c,k) - r_phi(x_k, y_r,k) - margin)
 
 (stages.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
-chat-formatted prompt + answer (the end-of-turn token): the checkpoint is an ordinary one-label
+chat-formatted prompt + answer (the end-of-turn token); a pair's two sequences share one row, the prompt run once
+(`pair_scores`): the checkpoint is an ordinary one-label
 `AutoModelForSequenceClassification` that `transformers` loads, with a manifest like every checkpoint.
 Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it), from the init policy's own
 samples labelled by a domain's grader (`on_policy`: the best of k answers over the worst, as labellers compare
@@ -155,7 +156,9 @@ def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
     """A one-label sequence classifier from an HF dir: a reward model's checkpoint, or a causal LM's backbone
     (whose new score head starts at zero)."""
     tokenizer = load_tokenizer(model_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32)
+    # sdpa reads pair_scores' boolean [K, 1, T, T] mask as "may attend"; eager would add it to the scores
+    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32,
+                                                               attn_implementation="sdpa")
     if getattr(model.config, "problem_type", None) is None:  # a fresh head: not yet trained as a reward model
         torch.nn.init.zeros_(model.score.weight)
         model.config.problem_type = "regression"
@@ -238,9 +241,52 @@ def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad: int) -> 
 
 
 def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(r(chosen) [K], r(rejected) [K]) in one forward."""
-    scores = sequence_scores(model, [c for c, _ in pairs] + [r for _, r in pairs], pad)
-    return scores[: len(pairs)], scores[len(pairs):]
+    """(r(chosen) [K], r(rejected) [K]) in one forward of K rows, each pair's common prefix (its prompt) run once.
+
+    Row k is [prefix | chosen's rest | rejected's rest]: each rest's positions continue the prefix, and the
+    rejected rest attends to the prefix and itself, not to the chosen rest (`shared_prefix_rows`). Attention is
+    causal, so every token sees what it would see in its own sequence and its hidden state is the same; the
+    prompt, most of a pair's tokens in chat, is computed once instead of twice. The score head runs on every
+    position inside the model's own forward (as FSDP2's root hooks require); a hook on it keeps those scores,
+    and each sequence's is read at its last token."""
+    ids, positions, allowed, ends = shared_prefix_rows(pairs, pad)  # [K, T], [K, T], [K, T, T], [K, 2]
+    per_position = []
+    hook = model.score.register_forward_hook(lambda module, args, out: per_position.append(out))
+    try:
+        model(input_ids=ids.to(model.device), position_ids=positions.to(model.device),
+              attention_mask=allowed[:, None].to(model.device))
+    finally:
+        hook.remove()
+    scores = per_position[0][torch.arange(len(pairs), device=model.device)[:, None], ends.to(model.device), 0]
+    return scores[:, 0].float(), scores[:, 1].float()  # [K, 2] -> chosen, rejected
+
+
+def shared_prefix_rows(pairs: list[Pair], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, positions [K, T]; allowed [K, T, T] (query row, key column: True where it may attend); ends [K, 2] the
+    columns of chosen's and rejected's last tokens. The shared prefix stops one token short of the shorter
+    sequence, so each sequence keeps a token of its own; right padding attends causally to the row (its outputs
+    are never read, but a fully masked row would make NaNs)."""
+    width = max(len(c) + len(r) - shared_length(c, r) for c, r in pairs)
+    ids = torch.full((len(pairs), width), pad, dtype=torch.long)
+    positions = torch.zeros((len(pairs), width), dtype=torch.long)
+    segment = torch.full((len(pairs), width), 3)  # 0 prefix, 1 chosen's rest, 2 rejected's rest, 3 padding
+    ends = torch.zeros((len(pairs), 2), dtype=torch.long)
+    for row, (chosen, rejected) in enumerate(pairs):
+        shared = shared_length(chosen, rejected)
+        both = len(chosen) + len(rejected) - shared
+        ids[row, :both] = torch.tensor(chosen + rejected[shared:])
+        positions[row, :both] = torch.tensor(list(range(len(chosen))) + list(range(shared, len(rejected))))
+        segment[row, :shared], segment[row, shared : len(chosen)], segment[row, len(chosen) : both] = 0, 1, 2
+        ends[row] = torch.tensor([len(chosen) - 1, both - 1])
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    same = (segment[:, :, None] == segment[:, None, :]) | (segment[:, None, :] == 0) | (segment[:, :, None] == 3)
+    return ids, positions, causal & same, ends
+
+
+def shared_length(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of a and b, at most one less than the shorter."""
+    limit = min(len(a), len(b)) - 1
+    return next((i for i in range(limit) if a[i] != b[i]), limit)
 
 
 @torch.no_grad()
