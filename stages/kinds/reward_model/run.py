@@ -6,7 +6,8 @@ For preference pairs (x, y_c, y_r), a scalar head r_phi on a language-model back
 
 (stages.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
 chat-formatted prompt + answer (the end-of-turn token); a pair's two sequences share one row, the prompt run once
-(`pair_scores`). The checkpoint is an ordinary one-label `AutoModelForSequenceClassification` that `transformers` loads, with a manifest like every checkpoint.
+(`pair_scores`). The checkpoint is an ordinary one-label `AutoModelForSequenceClassification` that `transformers`
+loads, with a manifest like every checkpoint.
 Pairs come from a domain (`chat`: the oracle's answer over a near-miss of it), from the init policy's own
 samples labelled by a domain's grader (`on_policy`: the best of k answers over the worst, as labellers compare
 the policy's samples in InstructGPT), or from a file of real pairs in the ecosystem's `prompt`/`chosen`/`rejected`
