@@ -15,6 +15,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import torch  # noqa: E402  (after the thread settings above: torch reads them when imported)
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="no CUDA device: the GPU checks run only on a GPU machine (bench/RESULTS.md lists the runs so far)")
+# a test that takes `device` from this runs on the CPU everywhere and on cuda where there is one (bench/gpu/check.sh)
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
 
 @pytest.fixture(autouse=True)
 def cascade_home(tmp_path, monkeypatch):

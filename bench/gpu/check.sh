@@ -6,6 +6,8 @@
 #   bash bench/gpu/check.sh --dry-run     # here: every CPU-side part, small, on the CPU (tests/test_gpu_check.py)
 #                                         # SHAPES="smollm2-135m" limits the model shapes (default: both)
 #                                         # BENCH_GPU=0 skips bench/bench_gpu.py (the plain-torch ceiling)
+#                                         # PARTS="tests tiny-main shapes" runs only those parts (default: all of
+#                                         # tests tiny-main tiny-ref shapes fsdp2); SHAPE_RL=6 times more GRPO steps
 #   bash bench/gpu/check.sh --mfu [--out DIR]  # there: only the ~0.5B shape's SFT, once per way of running its
 #                                         # forward (attention sdpa | flex_attention, compile, micro-batch)
 #   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
@@ -51,7 +53,7 @@ if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
-  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=3; SHAPE_BATCH=1024; SHAPE_NEW=128
+  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024; SHAPE_NEW=128
   SHAPE_PROMPTS=16; SHAPE_GROUP=8
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 else
@@ -104,13 +106,18 @@ if [ "$MODE" = mfu ]; then  # the SFT MFU goal: which way of running the same st
   cat "$OUT/check.md" 2>/dev/null
   exit 0
 fi
-# the dry run only collects them: the suite runs tests/gpu itself, and without CUDA only its CPU checks run
-part gpu-tests 240 "$PY" -m pytest -q -p no:cacheprovider $([ "$MODE" = dry ] && echo --collect-only) tests/gpu
+PARTS=" ${PARTS:-tests tiny-main tiny-ref shapes fsdp2} "
+wanted() { [[ "$PARTS" == *" $1 "* ]]; }
+# tests/gpu, and the stage tests that take a `device` (their cuda cases: the lean decoder, the reward model's pair
+# layout). The dry run only collects them: the suite runs them itself, and without CUDA only the CPU cases run.
+wanted tests && part gpu-tests 240 "$PY" -m pytest -q -p no:cacheprovider $([ "$MODE" = dry ] && echo --collect-only) \
+  tests/gpu tests/stages/test_hf_engine.py tests/stages/test_rlhf.py -k "gpu.py or cuda"
 # tiny on the check's device (main) and on the CPU in fp32 (ref): the report compares their SFT loss curves
-part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
-part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" "stages.sft.steps=$TINY_SFT" \
+wanted tiny-main && part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" \
   "stages.math_rl.steps=$TINY_RL"
-for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
+wanted tiny-ref && part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" \
+  "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
+wanted shapes && for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
   part "model-$arch" 120 "$PY" bench/gpu/stage_check.py model "$arch" "/tmp/cascade-gpu-models/$arch" $SHAPE_LAYERS
   part "$arch" 240 drive "$arch" "compute.device=$DEVICE" "model.source=/tmp/cascade-gpu-models/$arch" \
     "stages.sft.steps=$SHAPE_SFT" "stages.sft.batch_size=$SHAPE_BATCH" "stages.sft.micro_batch_size=8" \
@@ -120,7 +127,7 @@ for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
   # gigabytes on the 0.5B shape; each checkpoint's config.json stays (the report counts the model's FLOPs from it)
   rm -rf "/tmp/cascade-gpu-models/$arch"; find "$STORE/runs/$arch" -name "*.safetensors" -delete
 done
-part fsdp2-torchrun 150 drive "fsdp2-$DEVICE" "compute.device=$DEVICE" "compute.launcher=torchrun" \
+wanted fsdp2 && part fsdp2-torchrun 150 drive "fsdp2-$DEVICE" "compute.device=$DEVICE" "compute.launcher=torchrun" \
   "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
 [ "$MODE" = gpu ] && [ "${BENCH_GPU:-1}" = 1 ] && part bench-gpu 120 "$PY" bench/bench_gpu.py --steps 5 --out "$WORK/bench_gpu.result"
 part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"

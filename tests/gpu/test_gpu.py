@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import needs_cuda
+
 _spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
-needs_cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason="no CUDA device: the GPU checks run only on a GPU machine (bench/RESULTS.md lists the runs so far)")
 BF16_CURVE_TOLERANCE = 2e-2  # relative, per step: bf16 keeps 8 mantissa bits; 5 steps of AdamW drift within it
 
 

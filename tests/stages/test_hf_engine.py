@@ -15,6 +15,7 @@ from cascade.stages.losses import sampling_logits
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.config import ModelConfig
 from cascade.stages.tokenizer import load_tokenizer
+from tests.conftest import DEVICES
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
@@ -134,30 +135,33 @@ def test_logprobs_match_a_full_forward_on_other_architectures(build):
                                          SamplingParams(max_new_tokens=10, seed=4))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("build", [lambda v: build_tiny_model(SMALL, v, seed=1), llama_gqa], ids=["qwen2", "llama-gqa"])
-def test_lean_decode_logits_equal_hf_forward(build):
-    """Step by step, the lean decoder's logits are HF's forward on the same left-padded cache, within 1e-5."""
+def test_lean_decode_logits_equal_hf_forward(build, device):
+    """Step by step, the lean decoder's logits are HF's forward on the same left-padded cache, within 1e-5 (fp32,
+    on the CPU and on cuda)."""
     tok = load_tokenizer()
-    model = build(len(tok)).eval()
+    model = build(len(tok)).eval().to(device)
     prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = (ids != 0).long() | (torch.arange(width) >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    ids, mask = ids.to(device), mask.to(device)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
-    repeat = torch.tensor([0, 0, 1])
+    repeat = torch.tensor([0, 0, 1], device=device)
     caches = [DynamicCache(), DynamicCache()]
     for cache in caches:
         with torch.no_grad():
             model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache)
     lean, ref = LeanDecoder(model, caches[0], repeat, mask, 6), HFDecoder(model, caches[1], repeat, mask, 6)
-    tokens, pos = torch.tensor([5, 6, 7]), position[repeat, -1]
+    tokens, pos = torch.tensor([5, 6, 7], device=device), position[repeat, -1]
     for _ in range(4):
         pos = pos + 1
         a, b = lean.step(tokens, pos), ref.step(tokens, pos)
         assert a.shape == (3, len(tok)) and (a - b).abs().max() < 1e-5
         tokens = a.argmax(-1)
     # rows 2 and 0 (prompts 1 and 0) go on; then row 2 alone, and prompt 0 leaves the shared prefix cache
-    for rows in (torch.tensor([2, 0]), torch.tensor([0])):
+    for rows in (torch.tensor([2, 0], device=device), torch.tensor([0], device=device)):
         lean.keep(rows)
         ref.keep(rows)
         tokens, pos = tokens[rows], pos[rows] + 1

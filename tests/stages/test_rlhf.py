@@ -19,6 +19,7 @@ from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.artifacts.store import Store
+from tests.conftest import DEVICES
 
 BROKEN = {"off_topic": {"on_topic"}, "wrong_tone": {"tone"}, "padded": {"length"},
           "repetitive": {"no_repetition", "on_topic"}, "other_entity": {"entity"},
@@ -112,14 +113,16 @@ def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_met
     assert manifest["metrics"]["dtype"] == "fp32"  # the recipe's compute.dtype, recorded with the stage's figures
 
 
-def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone(device):
     """pair_scores lays a pair out as [prompt | chosen's rest | rejected's rest]: the scores and their gradients
     equal those of each sequence run alone, also where the answers share leading tokens or one answer is a prefix
-    of the other; the row is shorter than the two sequences."""
+    of the other; the row is shorter than the two sequences. fp32, on the CPU and on cuda (SDPA takes the boolean
+    mask there too)."""
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=2, intermediate_size=48, num_labels=1, pad_token_id=0)
-    model = Qwen2ForSequenceClassification(config).eval()
+    model = Qwen2ForSequenceClassification(config).eval().to(device)
     model.set_attn_implementation("sdpa")
     prompt_a, prompt_b = [3, 4, 5, 6, 7, 8], [9, 10, 11]
     pairs = [(prompt_a + [20, 21, 22], prompt_a + [23]),
@@ -127,7 +130,7 @@ def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone():
              (prompt_b + [41, 42], prompt_b + [41, 42, 43])]  # chosen is a prefix of rejected
 
     def alone(seq):
-        return model(input_ids=torch.tensor([seq])).logits[0, 0]
+        return model(input_ids=torch.tensor([seq], device=device)).logits[0, 0]
 
     chosen, rejected = pair_scores(model, pairs, pad=0)
     ref_chosen = torch.stack([alone(c) for c, _ in pairs])
