@@ -2,11 +2,14 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_rollout.py --engines hf,generate [--model smollm2-135m]
         [--domain math --prompts 64 --samples 8 --tokens 64 --rounds 3 --hf-batch 128 --sync-steps 5]
+        [--device cuda] [--engines hf,hf-other --other-decoder OLD.py]
 
 Every engine samples the same model (`--model`: `tiny`, the project's default random-init tiny model, on which
 nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on a domain's train prompts
 (`--domain`, math by default) at temperature 1. Generated tokens are counted from what each engine returns; our engine also returns per-token
-logprobs, `generate` does not. HF engines run `--rounds` times, alternating which goes first, and the table
+logprobs, `generate` does not. `hf-other` is our engine with the lean decode step of another version of
+stages/engines/decode.py (`git show REF:stages/engines/decode.py > OLD.py`): an A/B of a decoder change on
+the same machine, model, prompts and seeds. HF engines run `--rounds` times, alternating which goes first, and the table
 gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
 `vllm` (needs `bash infra/vllm-venv.sh`) runs once, with its weight sync: its server reserves one of the
 machine's cores for its own scheduler by default; `--vllm-bind 0-1` lets its worker use both.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -27,6 +31,7 @@ import torch  # noqa: E402
 
 from cascade.stages.domains import get_domain  # noqa: E402
 from cascade.stages.engines.base import SamplingParams  # noqa: E402
+from cascade.stages.engines import hf as hf_module  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
 from cascade.stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
@@ -45,8 +50,9 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, tok
     """One left-padded `model.generate` call over every prompt x sample: the reference with no engine around it."""
     width = max(map(len, prompts))
     pad = tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
     mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    mask = mask.to(model.device)
     model.eval()
     t0 = time.perf_counter()
     out = model.generate(
@@ -113,9 +119,27 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def load_model(source: str):
+def load_model(source: str, device: str):
     model, tokenizer = initial_model(ModelConfig(source=source), seed=0)
-    return model.eval(), tokenizer
+    return model.eval().to(device), tokenizer
+
+
+def other_decoder(path: str):
+    """The LeanDecoder class of another version of stages/engines/decode.py."""
+    spec = importlib.util.spec_from_file_location("other_decode", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LeanDecoder
+
+
+def with_decoder(decoder, generate):
+    """Run generate() with the HF engine's lean decode step swapped for `decoder`."""
+    ours = hf_module.LeanDecoder
+    hf_module.LeanDecoder = decoder
+    try:
+        return generate()
+    finally:
+        hf_module.LeanDecoder = ours
 
 
 def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> dict[str, list[tuple[float, float]]]:
@@ -125,6 +149,9 @@ def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> 
         "hf": lambda: timed_tokens(lambda: hf.generate(prompts, args.samples, sampling)),
         "generate": lambda: plain_generate(model, tokenizer, prompts, args.samples, args.tokens),
     }
+    if args.other_decoder:
+        other = other_decoder(args.other_decoder)
+        timers["hf-other"] = lambda: with_decoder(other, timers["hf"])
     names = [e for e in args.engines if e in timers]
     results: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     for r in range(args.rounds):
@@ -150,7 +177,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF model dir")
     parser.add_argument("--engines", default="hf,generate,vllm", type=lambda s: s.split(","),
-                        help="comma list of hf, generate, vllm (vllm needs the vLLM venv)")
+                        help="comma list of hf, hf-other, generate, vllm (vllm needs the vLLM venv)")
+    parser.add_argument("--other-decoder", default="", help="hf-other's stages/engines/decode.py (another version)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the vLLM server runs on the CPU here)")
     parser.add_argument("--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
@@ -161,16 +190,18 @@ def main() -> None:
     parser.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for the server, e.g. 0-1")
     parser.add_argument("--unseeded", action="store_true", help="sample without a seed")
     args = parser.parse_args()
-    unknown = set(args.engines) - {"hf", "generate", "vllm"}
+    unknown = set(args.engines) - {"hf", "hf-other", "generate", "vllm"}
     if unknown:
         parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
-    model, tokenizer = load_model(args.model)
+    if ("hf-other" in args.engines) != bool(args.other_decoder):
+        parser.error("hf-other and --other-decoder go together")
+    model, tokenizer = load_model(args.model, args.device)
     items = get_domain(args.domain).generate("train", args.prompts, seed=0)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
     # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     shape = f"{args.prompts} {args.domain} prompts x {args.samples} samples x {args.tokens} tokens"
-    print(f"rollout on {args.model}: {shape}, {'unseeded' if args.unseeded else 'seeded'}, hf batch {args.hf_batch}, "
+    print(f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, hf batch {args.hf_batch}, "
           f"torch threads {torch.get_num_threads()}, load {load():.2f}")
     results = hf_rounds(args, model, tokenizer, prompts, sampling)
     print("\n".join(table(results)))
