@@ -6,11 +6,11 @@
 
 Every engine samples the same model (`--model`: `tiny`, the project's default random-init tiny model, on which
 nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on a domain's train prompts
-(`--domain`, math by default) at temperature 1. Generated tokens are counted from what each engine returns; our engine also returns per-token
-logprobs, `generate` does not. `hf-other` is our engine with the lean decode step of another version of
-stages/engines/decode.py (`git show REF:stages/engines/decode.py > OLD.py`): an A/B of a decoder change on
-the same machine, model, prompts and seeds. HF engines run `--rounds` times, alternating which goes first, and the table
-gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
+(`--domain`, math by default) at temperature 1, on `--device`. Generated tokens are counted from what each engine
+returns; our engine also returns per-token logprobs, `generate` does not. `hf-other` is our engine with the lean
+decode step of another version of stages/engines/decode.py (`git show REF:stages/engines/decode.py > OLD.py`): an
+A/B of a decoder change on the same machine, model, prompts and seeds. HF engines run `--rounds` times,
+alternating which goes first, and the table gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
 `vllm` (needs `bash infra/vllm-venv.sh`) runs once, with its weight sync: its server reserves one of the
 machine's cores for its own scheduler by default; `--vllm-bind 0-1` lets its worker use both.
 """
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--engines", default="hf,generate,vllm", type=lambda s: s.split(","),
                         help="comma list of hf, hf-other, generate, vllm (vllm needs the vLLM venv)")
     parser.add_argument("--other-decoder", default="", help="hf-other's stages/engines/decode.py (another version)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (the vLLM server runs on the CPU here)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the vLLM server runs on the CPU)")
     parser.add_argument("--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
@@ -201,8 +201,8 @@ def main() -> None:
     # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     shape = f"{args.prompts} {args.domain} prompts x {args.samples} samples x {args.tokens} tokens"
-    print(f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, hf batch {args.hf_batch}, "
-          f"torch threads {torch.get_num_threads()}, load {load():.2f}")
+    print(f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, "
+          f"hf batch {args.hf_batch}, torch threads {torch.get_num_threads()}, load {load():.2f}")
     results = hf_rounds(args, model, tokenizer, prompts, sampling)
     print("\n".join(table(results)))
     if "vllm" in args.engines:

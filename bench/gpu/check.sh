@@ -53,8 +53,8 @@ if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
-  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024; SHAPE_NEW=128
-  SHAPE_PROMPTS=16; SHAPE_GROUP=8
+  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024
+  SHAPE_NEW=128; SHAPE_PROMPTS=16; SHAPE_GROUP=8
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 else
   DEVICE=cpu; SHAPE_LAYERS="--layers 1"; TINY_SFT=4; TINY_RL=2; SHAPE_SFT=2; SHAPE_RL=1; SHAPE_BATCH=8; SHAPE_NEW=4
