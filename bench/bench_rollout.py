@@ -10,7 +10,8 @@ nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) o
 returns; our engine also returns per-token logprobs, `generate` does not. `hf-other` is our engine with the lean
 decode step of another version of stages/engines/decode.py (`git show REF:stages/engines/decode.py > OLD.py`): an
 A/B of a decoder change on the same machine, model, prompts and seeds. HF engines run `--rounds` times,
-alternating which goes first, and the table gives tokens/s per round, the median, and the ratio to `generate`, with the load average at each timing.
+alternating which goes first, and the table gives tokens/s per round, the median, and the ratio to `generate`,
+with the load average at each timing.
 `vllm` (needs `bash infra/vllm-venv.sh`) runs once, with its weight sync: its server reserves one of the
 machine's cores for its own scheduler by default; `--vllm-bind 0-1` lets its worker use both.
 """
