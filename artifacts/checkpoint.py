@@ -23,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -89,8 +90,9 @@ def write_checkpoint(
         guard(store, key)
     blob = json.dumps(manifest, indent=1).encode()
     store.write_bytes(f"{key}/{MANIFEST}", blob)
-    return CheckpointRef(uri=store.uri(key), key=key, stage=stage, step=step, config_hash=config_hash,
-                         digest=_digest(files))
+    return CheckpointRef(
+        uri=store.uri(key), key=key, stage=stage, step=step, config_hash=config_hash, digest=_digest(files)
+    )
 
 
 def _upload_all(store: Store, key: str, local_dir: Path, paths: list[Path]) -> list[dict[str, Any]]:
@@ -104,8 +106,10 @@ def _upload_all(store: Store, key: str, local_dir: Path, paths: list[Path]) -> l
         for fut, path in zip(futures, paths):
             if fut.done() and fut.exception() is not None:
                 err = fut.exception()
-                err.add_note(f"cascade: checkpoint {store.uri(key)} not committed: uploading "
-                             f"{path.relative_to(local_dir).as_posix()} failed")
+                err.add_note(
+                    f"cascade: checkpoint {store.uri(key)} not committed: uploading "
+                    f"{path.relative_to(local_dir).as_posix()} failed"
+                )
                 raise err
         return [f.result() for f in futures]
     finally:
@@ -124,8 +128,10 @@ def _upload(store: Store, key: str, local_dir: Path, path: Path) -> dict[str, An
             stored = _stored_digest(store, f"{key}/{rel}", size)
         if stored == digest:
             return {"path": rel, "size": size, "sha256": digest}
-    raise CheckpointError(f"upload of {rel} to {store.uri(key)} does not verify: the store holds "
-                          f"{stored or 'a different size'}, expected sha256 {digest} ({VERIFY_ATTEMPTS} attempts)")
+    raise CheckpointError(
+        f"upload of {rel} to {store.uri(key)} does not verify: the store holds "
+        f"{stored or 'a different size'}, expected sha256 {digest} ({VERIFY_ATTEMPTS} attempts)"
+    )
 
 
 def _stored_digest(store: Store, key: str, size: int) -> str | None:
@@ -252,6 +258,8 @@ def materialize(store: Store, ref: CheckpointRef, dest: Path) -> Path:
     with ThreadPoolExecutor(min(UPLOAD_THREADS, max(1, len(manifest["files"])))) as pool:
         bad = [p for p in pool.map(fetch, manifest["files"]) if p is not None]
     if bad:
-        raise CheckpointError(f"checkpoint {ref.uri}: {bad[0]} does not match its sha256 in {MANIFEST}"
-                              + (f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else ""))
+        raise CheckpointError(
+            f"checkpoint {ref.uri}: {bad[0]} does not match its sha256 in {MANIFEST}"
+            + (f" (and {len(bad) - 1} more file(s))" if len(bad) > 1 else "")
+        )
     return dest

@@ -61,11 +61,15 @@ class GCPlan:
         verb = "deleted" if self.deleted else "would delete"
         lines = [f"{verb}  {i.key}  ({readable_size(i.bytes)}; {i.reason})" for i in self.items]
         lines += [f"skipped run {s}" for s in self.skipped]
-        lines += [f"kept  {k}  ({MANIFEST} does not parse: inspect it, or `cascade resume` rebuilds the stage)"
-                  for k in self.unreadable]
-        lines.append(f"{self.store}: {len(self.orphans)} orphaned partial upload(s), {len(self.pruned)} old step "
-                     f"checkpoint(s) beyond the last {self.keep_last} per stage, {readable_size(self.total_bytes)} "
-                     f"{verb.replace('would delete', 'to free')}; {len(self.kept)} step checkpoint(s) kept")
+        lines += [
+            f"kept  {k}  ({MANIFEST} does not parse: inspect it, or `cascade resume` rebuilds the stage)"
+            for k in self.unreadable
+        ]
+        lines.append(
+            f"{self.store}: {len(self.orphans)} orphaned partial upload(s), {len(self.pruned)} old step "
+            f"checkpoint(s) beyond the last {self.keep_last} per stage, {readable_size(self.total_bytes)} "
+            f"{verb.replace('would delete', 'to free')}; {len(self.kept)} step checkpoint(s) kept"
+        )
         if not self.deleted and self.items:
             lines.append("run again with --yes to delete them")
         return "\n".join(lines)

@@ -18,9 +18,10 @@ from __future__ import annotations
 import base64
 import io
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
@@ -48,8 +49,14 @@ PANELS: list[tuple[str, list[str]]] = [
 # drawn on the panel's right-hand axis: the rubric is a 0-1 score beside a reward model's unbounded one, and on one
 # axis its trend would be flattened to a line
 RIGHT_AXIS = {"rubric_score"}
-SECTIONS = [("matrix", "Forgetting matrix"), ("curves", "Training curves"), ("data", "Data"),
-            ("gate", "Gate timeline"), ("cost", "Cost per stage"), ("links", "Links")]
+SECTIONS = [
+    ("matrix", "Forgetting matrix"),
+    ("curves", "Training curves"),
+    ("data", "Data"),
+    ("gate", "Gate timeline"),
+    ("cost", "Cost per stage"),
+    ("links", "Links"),
+]
 
 
 @dataclass
@@ -69,16 +76,24 @@ class RunData:
         return self.report.run_id
 
 
-def collect(store: Store, run_id: str, planned: list[str] | None = None,
-            targets: dict[str, list[str]] | None = None) -> RunData:
+def collect(
+    store: Store, run_id: str, planned: list[str] | None = None, targets: dict[str, list[str]] | None = None
+) -> RunData:
     """Read one run from the store; targets: stage -> the domains its gains table shows (stages.kinds.gain_targets).
     Raises LookupError when the run has no report."""
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
     plots = {stage["name"]: card_plots(store, stage) for stage in report.stages if stage.get("card")}
-    return RunData(report, list(planned or []), item_scores(store, run_id), read_run(store, run_id),
-                   store.uri(layout.run_dir(run_id)), plots, dict(targets or {}))
+    return RunData(
+        report,
+        list(planned or []),
+        item_scores(store, run_id),
+        read_run(store, run_id),
+        store.uri(layout.run_dir(run_id)),
+        plots,
+        dict(targets or {}),
+    )
 
 
 def card_plots(store: Store, stage: dict[str, Any]) -> dict[str, str]:
@@ -146,8 +161,9 @@ class Gain:
         return self.gain / self.se if self.se else None
 
 
-def stage_gains(evaluated: list[str], items: dict[str, dict[str, dict[str, float]]],
-                targets: dict[str, list[str]]) -> list[Gain]:
+def stage_gains(
+    evaluated: list[str], items: dict[str, dict[str, dict[str, float]]], targets: dict[str, list[str]]
+) -> list[Gain]:
     """Each trained domain of each evaluated stage in `targets` (stage -> its domains), against the eval just
     before that stage: its primary metric, then its greedy column where it has one."""
     gains = []
@@ -213,10 +229,13 @@ def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
         fired.setdefault(g["stage"], []).append(g["domain"])
     out = []
     for i, (stage, scores) in enumerate(rows):
-        cells = [{"score": s, "se": standard_error(run.items.get(stage, {}).get(d, {}).values()), "best": best[d] == i}
-                 for d, s in zip(domains, scores)]
-        out.append({"stage": stage, "cells": cells, "gate": fired.get(stage, []),
-                    "recovery": stage.startswith("recover-")})
+        cells = [
+            {"score": s, "se": standard_error(run.items.get(stage, {}).get(d, {}).values()), "best": best[d] == i}
+            for d, s in zip(domains, scores)
+        ]
+        out.append(
+            {"stage": stage, "cells": cells, "gate": fired.get(stage, []), "recovery": stage.startswith("recover-")}
+        )
     return domains, out
 
 
@@ -229,23 +248,38 @@ def heatmap_png(run: RunData) -> bytes | None:
 
     values = [[c["score"] if c["score"] is not None else float("nan") for c in r["cells"]] for r in rows]
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(domains), 1.0 + 0.62 * len(rows)))
-    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=max(1e-6, max((v for r in values for v in r
-                                                                           if v == v), default=1.0)),
-                      aspect="auto")
+    image = ax.imshow(
+        values,
+        cmap="viridis",
+        vmin=0.0,
+        vmax=max(1e-6, max((v for r in values for v in r if v == v), default=1.0)),
+        aspect="auto",
+    )
     for i, r in enumerate(rows):
         for j, c in enumerate(r["cells"]):
             if c["score"] is None:
                 continue
             text = f"{c['score']:.3f}" + (f"\n±{c['se']:.3f}" if c["se"] is not None else "")
-            ax.text(j, i, text, ha="center", va="center", fontsize=8,
-                    color="black" if c["score"] > 0.6 * image.norm.vmax else "white",
-                    fontweight="bold" if c["best"] else "normal")
+            ax.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="black" if c["score"] > 0.6 * image.norm.vmax else "white",
+                fontweight="bold" if c["best"] else "normal",
+            )
             if c["best"]:
                 ax.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, lw=2.5, ec="gold"))
             if domains[j] in r["gate"]:
                 ax.add_patch(Rectangle((j - 0.42, i - 0.42), 0.84, 0.84, fill=False, lw=2, ec="red", ls="--"))
-    labels = [r["stage"] + (" [gate: " + ", ".join(r["gate"]) + "]" if r["gate"] else "")
-              + (" [recovery]" if r["recovery"] else "") for r in rows]
+    labels = [
+        r["stage"]
+        + (" [gate: " + ", ".join(r["gate"]) + "]" if r["gate"] else "")
+        + (" [recovery]" if r["recovery"] else "")
+        for r in rows
+    ]
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.set_xticks(range(len(domains)), domains, fontsize=8)
     ax.set_xlabel("score ± SE; gold: best in column; red dashed: gate fired", fontsize=7)
@@ -297,7 +331,7 @@ def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> byte
             handles, labels = handles + more_handles, labels + more_labels
         if handles:
             ax.legend(handles, labels, fontsize=6)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle(f"stage {stage}", fontsize=9)
     fig.tight_layout()
@@ -315,10 +349,19 @@ def cost_rows(run: RunData) -> list[dict[str, Any]]:
         trained = sum(r["metrics"].get("tokens_trained", 0.0) for r in steps) or None
         seconds = s.get("seconds")
         metrics = s.get("metrics") or {}
-        rows.append({"stage": s["name"], "kind": s.get("kind"), "status": s.get("status"), "seconds": seconds,
-                     "steps": len(steps) or metrics.get("steps"), "sampled": sampled, "trained": trained,
-                     "tokens_per_s": (trained / seconds) if trained and seconds else metrics.get("tokens_per_s"),
-                     "peak_rss_mb": s.get("peak_rss_mb") or metrics.get("peak_rss_mb")})
+        rows.append(
+            {
+                "stage": s["name"],
+                "kind": s.get("kind"),
+                "status": s.get("status"),
+                "seconds": seconds,
+                "steps": len(steps) or metrics.get("steps"),
+                "sampled": sampled,
+                "trained": trained,
+                "tokens_per_s": (trained / seconds) if trained and seconds else metrics.get("tokens_per_s"),
+                "peak_rss_mb": s.get("peak_rss_mb") or metrics.get("peak_rss_mb"),
+            }
+        )
     return rows
 
 
@@ -332,19 +375,26 @@ def data_cards(run: RunData) -> list[dict[str, Any]]:
         images = run.plots.get(s["name"], {})
         if not m and not images:
             continue
-        cards.append({"stage": s["name"], "title": card.title,
-                      "totals": [(header, m.get(key)) for header, key in card.totals],
-                      "tables": [breakdown_table(b, m) for b in card.breakdowns],
-                      "images": [(name.replace("_", "-"), images[name]) for name in card.plots if name in images]})
+        cards.append(
+            {
+                "stage": s["name"],
+                "title": card.title,
+                "totals": [(header, m.get(key)) for header, key in card.totals],
+                "tables": [breakdown_table(b, m) for b in card.breakdowns],
+                "images": [(name.replace("_", "-"), images[name]) for name in card.plots if name in images],
+            }
+        )
     return cards
 
 
 def breakdown_table(breakdown: Breakdown, metrics: dict[str, Any]) -> dict[str, Any]:
     """One row per suffix any of the columns' prefixes has in the metrics, in sorted order."""
     prefixes = [prefix for _, prefix in breakdown.columns]
-    suffixes = sorted({k[len(p):] for k in metrics for p in prefixes if k.startswith(p)})
-    return {"headers": [breakdown.label, *(header for header, _ in breakdown.columns)],
-            "rows": [(suffix, [metrics.get(p + suffix) for p in prefixes]) for suffix in suffixes]}
+    suffixes = sorted({k[len(p) :] for k in metrics for p in prefixes if k.startswith(p)})
+    return {
+        "headers": [breakdown.label, *(header for header, _ in breakdown.columns)],
+        "rows": [(suffix, [metrics.get(p + suffix) for p in prefixes]) for suffix in suffixes],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------- page
@@ -365,10 +415,19 @@ def render(runs: list[RunData]) -> Rendered:
         domains, matrix = matrix_cells(run)
         if png and len(runs) == 1:
             images["forgetting_matrix.png"] = png
-        views.append({"run": run, "report": run.report, "domains": domains, "matrix": matrix,
-                      "heatmap": _data_uri(png) if png else None, "stopped": where_stopped(run),
-                      "cost": cost_rows(run), "cards": data_cards(run),
-                      "gains": stage_gains([row["stage"] for row in matrix], run.items, run.targets)})
+        views.append(
+            {
+                "run": run,
+                "report": run.report,
+                "domains": domains,
+                "matrix": matrix,
+                "heatmap": _data_uri(png) if png else None,
+                "stopped": where_stopped(run),
+                "cost": cost_rows(run),
+                "cards": data_cards(run),
+                "gains": stage_gains([row["stage"] for row in matrix], run.items, run.targets),
+            }
+        )
     stages = []
     for run in runs:  # training stages in run order, the first run's first
         stages += [name for name, rows in run.steps.items() if rows and name not in stages]
@@ -376,14 +435,23 @@ def render(runs: list[RunData]) -> Rendered:
     for stage in stages:
         png = curves_png(stage, [(run.run_id, run.steps.get(stage, [])) for run in runs])
         if png:
-            curves.append({"stage": stage, "image": _data_uri(png),
-                           "runs": [run.run_id for run in runs if run.steps.get(stage)]})
+            curves.append(
+                {"stage": stage, "image": _data_uri(png), "runs": [run.run_id for run in runs if run.steps.get(stage)]}
+            )
             if len(runs) == 1:
                 images[f"curves-{stage}.png"] = png
-    html = template_env().get_template("report.html.j2").render(
-        views=views, curves=curves, sections=SECTIONS, compare=len(runs) > 1,
-        title=" vs ".join(r.run_id for r in runs),
-        generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+    html = (
+        template_env()
+        .get_template("report.html.j2")
+        .render(
+            views=views,
+            curves=curves,
+            sections=SECTIONS,
+            compare=len(runs) > 1,
+            title=" vs ".join(r.run_id for r in runs),
+            generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        )
+    )
     return Rendered(html, images)
 
 
@@ -391,8 +459,9 @@ def template_env():
     """The report's jinja2 templates, from this package's templates/ (installed or in a checkout)."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader(__package__, "templates"), autoescape=jinja2.select_autoescape(["html", "j2"])
+    )
     env.filters["num"] = _num
     return env
 
@@ -410,8 +479,9 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}"
 
 
-def write_run_report(store: Store, run_id: str, planned: list[str] | None = None,
-                     targets: dict[str, list[str]] | None = None) -> Rendered:
+def write_run_report(
+    store: Store, run_id: str, planned: list[str] | None = None, targets: dict[str, list[str]] | None = None
+) -> Rendered:
     """Render one run's page and write it beside report.json (`runs/<run_id>/report.html`)."""
     rendered = render([collect(store, run_id, planned, targets)])
     store.write_bytes(layout.html_report_key(run_id), rendered.html.encode())

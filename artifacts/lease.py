@@ -33,7 +33,8 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from cascade.artifacts import checkpoint
 from cascade.artifacts.layout import lease_key, run_dir
@@ -96,8 +97,10 @@ def is_live(info: dict[str, Any] | None, now: float | None = None) -> bool:
 def describe(info: dict[str, Any], now: float | None = None) -> str:
     left = float(info["expires"]) - (now or time.time())
     expires = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["expires"])))
-    return (f"host {info.get('host')} pid {info.get('pid')} (token {str(info['token'])[:8]}), lease expires "
-            f"{expires} ({'in %.0fs' % left if left > 0 else '%.0fs ago' % -left})")
+    return (
+        f"host {info.get('host')} pid {info.get('pid')} (token {str(info['token'])[:8]}), lease expires "
+        f"{expires} ({f'in {left:.0f}s' if left > 0 else f'{-left:.0f}s ago'})"
+    )
 
 
 class Lease:
@@ -112,16 +115,24 @@ class Lease:
 
     def _record(self) -> dict[str, Any]:
         now = time.time()
-        return {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                "proc_start": _proc_start(os.getpid()), "token": self.token, "acquired": now,
-                "expires": now + self.ttl}
+        return {
+            "run_id": self.run_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "proc_start": _proc_start(os.getpid()),
+            "token": self.token,
+            "acquired": now,
+            "expires": now + self.ttl,
+        }
 
     def acquire(self) -> Lease:
         """Take the lease or raise LeaseHeld; then keep renewing it in a background thread."""
         current = read_lease(self.store, self.run_id)
         if is_live(current) and current["token"] != self.token:
-            raise LeaseHeld(f"run {self.run_id!r} is being written by another process: {describe(current)}. "
-                            "Wait for it to finish or for its lease to expire, or stop that process.")
+            raise LeaseHeld(
+                f"run {self.run_id!r} is being written by another process: {describe(current)}. "
+                "Wait for it to finish or for its lease to expire, or stop that process."
+            )
         if current is not None and current["token"] != self.token:
             why = "its process on this host is gone" if owner_gone(current) else "it expired"
             log.warning("run %s: taking over a stale lease, %s (%s)", self.run_id, why, describe(current))
@@ -129,8 +140,11 @@ class Lease:
         time.sleep(self.settle)  # let a racing writer's PUT land before we look
         confirmed = read_lease(self.store, self.run_id)
         if confirmed is None or confirmed["token"] != self.token:
-            raise LeaseHeld(f"run {self.run_id!r}: another process claimed the lease at the same moment"
-                            + (f" ({describe(confirmed)})" if confirmed else "") + "; not starting.")
+            raise LeaseHeld(
+                f"run {self.run_id!r}: another process claimed the lease at the same moment"
+                + (f" ({describe(confirmed)})" if confirmed else "")
+                + "; not starting."
+            )
         checkpoint.COMMIT_GUARDS.append(self._guard)
         self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.run_id}", daemon=True)
         self._thread.start()

@@ -17,7 +17,8 @@ from cascade.artifacts.store import Store
 
 class Breakdown(BaseModel):
     """A table of one row per metric-key suffix: the first column, headed `label`, is the suffix; each of `columns`
-    (header, prefix) shows metric `<prefix><suffix>`. E.g. domain | rows (`rows/<domain>`) | tokens (`tokens/<domain>`)."""
+    (header, prefix) shows metric `<prefix><suffix>`. E.g. domain | rows (`rows/<domain>`) | tokens
+    (`tokens/<domain>`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

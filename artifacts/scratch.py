@@ -16,9 +16,9 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from cascade.artifacts.gc import readable_size
 
@@ -58,8 +58,10 @@ class LocalPlan:
         lines = [f"{verb}  {path}  ({readable_size(size)}; {owner})" for path, size, owner in self.unowned]
         lines += [f"kept  {path}  (no {OWNER} file: made by another tool or an older cascade)" for path in self.unknown]
         freed = readable_size(sum(size for _, size, _ in self.unowned))
-        lines.append(f"{self.tmp}: {len(self.unowned)} scratch dir(s) no live process owns, {freed} "
-                     f"{'freed' if self.deleted else 'to free'}; {self.in_use} in use")
+        lines.append(
+            f"{self.tmp}: {len(self.unowned)} scratch dir(s) no live process owns, {freed} "
+            f"{'freed' if self.deleted else 'to free'}; {self.in_use} in use"
+        )
         if not self.deleted and self.unowned:
             lines.append("run again with --yes to delete them")
         return "\n".join(lines)

@@ -48,9 +48,13 @@ class StepLog:
     def restore(self, step: int, history: list[dict[str, float]]) -> None:
         """A resume from the step checkpoint at `step`: its history (one entry per step 1..step) is the log."""
         first = step - len(history) + 1
-        self.rows = [{"step": first + i, "metrics": {k: float(v) for k, v in h.items()
-                                                      if isinstance(v, (int, float)) and v == v}}
-                     for i, h in enumerate(history)]
+        self.rows = [
+            {
+                "step": first + i,
+                "metrics": {k: float(v) for k, v in h.items() if isinstance(v, (int, float)) and v == v},
+            }
+            for i, h in enumerate(history)
+        ]
         self._dirty = True
         self.flush()
 
@@ -86,5 +90,5 @@ def read_run(store: Store, run_id: str) -> dict[str, list[dict[str, Any]]]:
     for name in sorted(store.list(prefix)):
         base = name.rsplit("/", 1)[-1]
         if base.endswith(".jsonl") and "-" in base:
-            out[base[:-len(".jsonl")].split("-", 1)[1]] = read_rows(store, f"{prefix}/{base}")
+            out[base[: -len(".jsonl")].split("-", 1)[1]] = read_rows(store, f"{prefix}/{base}")
     return out

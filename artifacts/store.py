@@ -34,35 +34,27 @@ CASCADE_VERIFY_UPLOADS=reread re-reads instead. A delete racing a write of the s
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import logging
 import os
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.exceptions import FSTimeoutError
 
 from cascade.artifacts.config import StorageConfig, url_from_env
+from cascade.artifacts.retry import RetryPolicy, answered, is_transient, retrying
 from cascade.artifacts.urls import credential_error
 
 log = logging.getLogger("cascade.store")
 T = TypeVar("T")
-
-# Error codes S3 and S3-compatible servers send for throttling and server-side trouble.
-TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-    "RequestTimeout", "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
-}
-AIOHTTP_TRANSIENT = {"ClientConnectionError", "ServerDisconnectedError", "ClientPayloadError", "ServerTimeoutError"}
-TRANSIENT_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, errno.ETIMEDOUT, errno.EPIPE,
-                    errno.EHOSTUNREACH, errno.ENETUNREACH}
 
 # RETRY BUDGET. One HTTP request: connect within CONNECT_TIMEOUT_S, and no socket read stalls longer than
 # READ_TIMEOUT_S (S3 servers answer a large PUT only once they hold it; 30 s covers a loaded MinIO or moto);
@@ -87,6 +79,8 @@ MIN_UPLOAD_RATE = 1 << 20  # bytes/s
 
 def body_deadline(size: int) -> float:
     return BOTO_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + size / MIN_UPLOAD_RATE
+
+
 _REACHED: set[tuple[str | None, str]] = set()  # (endpoint, bucket) pairs that have answered this process
 
 
@@ -101,89 +95,6 @@ class StoreUnreachable(StoreError):
 class StoreFailed(StoreError):
     """An S3 operation met connection trouble (no answer in time, a dropped connection, bytes that are not
     HTTP) on every attempt; the endpoint answered before, so the cause is the endpoint's, not the recipe's."""
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """attempts in all, and no retry starts later than `budget` seconds after the first attempt did; the delay
-    before retry n (1-based) is min(cap, base * 2**(n-1)) * uniform(0.5, 1)."""
-
-    attempts: int = 5
-    base: float = 0.5
-    cap: float = 8.0
-    budget: float = 60.0
-
-    @classmethod
-    def from_env(cls) -> RetryPolicy:
-        # An operator knob (and the fault tests'): how long a run rides out a storage outage before failing.
-        attempts = int(os.environ.get("CASCADE_STORE_ATTEMPTS", cls.attempts))
-        base = float(os.environ.get("CASCADE_STORE_BACKOFF", cls.base))
-        budget = float(os.environ.get("CASCADE_STORE_BUDGET", cls.budget))
-        return cls(attempts=max(1, attempts), base=base, budget=budget)
-
-    def delay(self, attempt: int) -> float:
-        return min(self.cap, self.base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Throttling, 5xx and connection trouble anywhere in the exception chain; not 4xx, not a missing key."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, FileNotFoundError | PermissionError):
-            return False
-        if isinstance(exc, ConnectionError | TimeoutError):  # builtin: refused, reset, aborted, broken pipe
-            return True
-        if isinstance(exc, OSError) and exc.errno in TRANSIENT_ERRNOS:
-            return True
-        module = type(exc).__module__
-        if module.startswith("botocore") and type(exc).__name__ in {
-            "EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError",
-            "ResponseStreamingError", "IncompleteReadError", "ProxyConnectionError", "HTTPClientError",
-        }:
-            return True
-        if module.startswith("aiohttp") and {c.__name__ for c in type(exc).__mro__} & AIOHTTP_TRANSIENT:
-            return True
-        response = getattr(exc, "response", None)
-        if isinstance(response, dict) and "Error" in response:
-            code = str(response["Error"].get("Code", ""))
-            status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-            return code in TRANSIENT_CODES or status >= 500 or status == 429
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def answered(exc: BaseException) -> bool:
-    """True when the server sent a response (an S3 error code) anywhere in the exception chain."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(getattr(exc, "response", None), dict):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def retrying(policy: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
-    """fn(), retried on transient errors; the last error is re-raised with a note saying how often it was tried."""
-    started = time.monotonic()
-    for attempt in range(1, policy.attempts + 1):
-        try:
-            return fn()
-        except Exception as e:
-            if not is_transient(e):
-                if attempt > 1:
-                    e.add_note(f"cascade: {what} failed after {attempt} attempts")
-                raise
-            wait, spent = policy.delay(attempt), time.monotonic() - started
-            if attempt == policy.attempts or spent + wait > policy.budget:
-                e.add_note(f"cascade: {what} failed after {attempt} attempts in {spent:.0f} s")
-                raise
-            # info, not a warning: a failure says how often it was tried, and the CLI's error stays one line
-            log.info("%s: transient %s (%s); retry %d/%d in %.1fs", what, type(e).__name__,
-                     str(e).splitlines()[0][:200] if str(e) else "", attempt, policy.attempts - 1, wait)
-            time.sleep(wait)
-    raise AssertionError("unreachable")
 
 
 def storage_options(cfg: StorageConfig) -> dict[str, Any]:
@@ -283,8 +194,9 @@ class Store:
             # One line for the CLI; the botocore/aiohttp error stays the cause, for a debugger.
             tried = (getattr(e, "__notes__", None) or [f"{what} {self.uri(key)} failed"])[-1].removeprefix("cascade: ")
             reason = str(e).splitlines()[0][:200] if str(e) else "no complete answer in time"
-            raise StoreFailed(f"S3 endpoint {self.endpoint or '(AWS default)'}: {tried} "
-                              f"({type(e).__name__}: {reason})") from e
+            raise StoreFailed(
+                f"S3 endpoint {self.endpoint or '(AWS default)'}: {tried} ({type(e).__name__}: {reason})"
+            ) from e
 
     def _ask(self, what: str, key: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """call(*args, **kwargs), an operation that moves no body; on s3 every attempt, retries included, ends
@@ -307,13 +219,15 @@ class Store:
         try:
             fsspec.asyn.sync(self.fs.loop, self.fs._call_s3, "head_bucket", Bucket=bucket, timeout=PROBE_TIMEOUT_S)
         except FSTimeoutError:
-            raise StoreUnreachable(f"S3 endpoint {endpoint} did not answer within {PROBE_TIMEOUT_S} s "
-                                   f"(store {self.uri('')})") from None
+            raise StoreUnreachable(
+                f"S3 endpoint {endpoint} did not answer within {PROBE_TIMEOUT_S} s (store {self.uri('')})"
+            ) from None
         except Exception as e:
             if not answered(e) and is_transient(e):
                 reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-                raise StoreUnreachable(f"S3 endpoint {endpoint} cannot be reached (store {self.uri('')}): "
-                                       f"{reason}") from None
+                raise StoreUnreachable(
+                    f"S3 endpoint {endpoint} cannot be reached (store {self.uri('')}): {reason}"
+                ) from None
         _REACHED.add((self.endpoint, bucket))
 
     def path(self, key: str) -> str:
@@ -367,9 +281,19 @@ class Store:
         data = local.read_bytes()
         digest = hashlib.sha256(data)
         bucket, obj = self.path(key).split("/", 1)
-        self._do("upload", key, lambda: self.fs.call_s3("put_object", Bucket=bucket, Key=obj, Body=data,
-                                                        timeout=body_deadline(len(data)),
-                                                        ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest)))
+        self._do(
+            "upload",
+            key,
+            lambda: self.fs.call_s3(
+                "put_object",
+                Bucket=bucket,
+                Key=obj,
+                Body=data,
+                timeout=body_deadline(len(data)),
+                ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=_b64(digest),
+            ),
+        )
         return Upload(digest.hexdigest())
 
     def _put_multipart(self, local: Path, key: str) -> Upload:
@@ -379,8 +303,9 @@ class Store:
         is compared with ours: `verified` says whether it matched. A failed upload is aborted."""
         bucket, obj = self.path(key).split("/", 1)
         part_size = max(self.part_size, -(-local.stat().st_size // 10_000))  # S3 allows 10,000 parts
-        upload_id = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=obj,
-                                    ChecksumAlgorithm="SHA256")["UploadId"]
+        upload_id = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=obj, ChecksumAlgorithm="SHA256")[
+            "UploadId"
+        ]
         whole, digests, parts, window = hashlib.sha256(), [], [], deque()
         ids = {"Bucket": bucket, "Key": obj, "UploadId": upload_id}
 
@@ -395,10 +320,22 @@ class Store:
                     whole.update(block)
                     digest = hashlib.sha256(block)
                     digests.append(digest.digest())
-                    window.append((number, digest, pool.submit(
-                        self.fs.call_s3, "upload_part", **ids, PartNumber=number, Body=block,
-                        timeout=body_deadline(len(block)),
-                        ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(digest))))
+                    window.append(
+                        (
+                            number,
+                            digest,
+                            pool.submit(
+                                self.fs.call_s3,
+                                "upload_part",
+                                **ids,
+                                PartNumber=number,
+                                Body=block,
+                                timeout=body_deadline(len(block)),
+                                ChecksumAlgorithm="SHA256",
+                                ChecksumSHA256=_b64(digest),
+                            ),
+                        )
+                    )
                     drain(PARTS_IN_FLIGHT - 1)  # bounded memory: at most PARTS_IN_FLIGHT parts held
                 drain(0)
             self.fs.call_s3("complete_multipart_upload", **ids, MultipartUpload={"Parts": parts})
@@ -462,7 +399,7 @@ class Store:
         if not self.exists(prefix):
             return []
         found = self._ask("list", prefix, self.fs.find, base)
-        return sorted(p[len(self.root) + 1:] for p in found)
+        return sorted(p[len(self.root) + 1 :] for p in found)
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """Size of every file under prefix, keyed relative to prefix: one listing instead of a HEAD per file."""
@@ -470,7 +407,7 @@ class Store:
             return {}
         base = self.path(prefix)
         found = self._ask("list", prefix, self.fs.find, base, detail=True)
-        return {name[len(base) + 1:]: int(info["size"]) for name, info in found.items() if info["type"] == "file"}
+        return {name[len(base) + 1 :]: int(info["size"]) for name, info in found.items() if info["type"] == "file"}
 
     def list_dirs(self, prefix: str) -> list[str]:
         base = self.path(prefix)

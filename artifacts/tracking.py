@@ -61,11 +61,17 @@ def tracking_on(cfg: TrackingConfig) -> bool:
     if uri not in _ANSWERED:
         _ANSWERED[uri] = server_answers(uri)
         if not _ANSWERED[uri] and not cfg.required:
-            log.warning("MLflow tracking server %s did not answer within %d s; running without tracking "
-                        "(tracking.required: false)", uri, PROBE_TIMEOUT_S)
+            log.warning(
+                "MLflow tracking server %s did not answer within %d s; running without tracking "
+                "(tracking.required: false)",
+                uri,
+                PROBE_TIMEOUT_S,
+            )
     if not _ANSWERED[uri] and cfg.required:
-        raise TrackingUnavailable(f"MLflow tracking server {uri} did not answer within {PROBE_TIMEOUT_S} s; start "
-                                  "it, or set tracking.required=false to run without tracking")
+        raise TrackingUnavailable(
+            f"MLflow tracking server {uri} did not answer within {PROBE_TIMEOUT_S} s; start "
+            "it, or set tracking.required=false to run without tracking"
+        )
     return _ANSWERED[uri]
 
 
@@ -146,8 +152,11 @@ class MLflowSink:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.buffer += [Metric(self.prefix + k, float(v), now, step) for k, v in metrics.items()
-                        if isinstance(v, (int, float)) and v == v]
+        self.buffer += [
+            Metric(self.prefix + k, float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and v == v
+        ]
         if len(self.buffer) >= FLUSH_EVERY:
             self.flush()
 
@@ -182,7 +191,7 @@ def open_experiment(cfg: TrackingConfig) -> tuple[Any, str]:
         return _open_experiment(uri, cfg.experiment)
     from filelock import FileLock
 
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{db}.lock"):
         return _open_experiment(uri, cfg.experiment)
@@ -225,9 +234,13 @@ class Tracker:
         if parent:
             found = self.client.search_runs([self.experiment_id], query, max_results=1)
         else:  # the parent run: the stage runs carry the same run tag, so skip every run that has a parent
-            found = [r for r in self.client.search_runs([self.experiment_id], query, max_results=1000,
-                                                        order_by=["attributes.start_time ASC"])
-                     if "mlflow.parentRunId" not in r.data.tags]
+            found = [
+                r
+                for r in self.client.search_runs(
+                    [self.experiment_id], query, max_results=1000, order_by=["attributes.start_time ASC"]
+                )
+                if "mlflow.parentRunId" not in r.data.tags
+            ]
         if found:
             return found[0].info.run_id
         all_tags = dict(tags, **({"mlflow.parentRunId": parent} if parent else {}))
@@ -347,8 +360,9 @@ def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domai
 
     client, name = tracker.client, registered_model_name(tracker.recipe.name)
     try:
-        client.create_registered_model(name, description=f"Cascade recipe {tracker.recipe.name}: one version "
-                                                          "per stage checkpoint")
+        client.create_registered_model(
+            name, description=f"Cascade recipe {tracker.recipe.name}: one version per stage checkpoint"
+        )
     except MlflowException as e:
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
@@ -358,8 +372,13 @@ def register_stage(tracker: Tracker, stage: str, checkpoint_uri: str, best_domai
         version = existing[0]
     else:
         tags = {RUN_TAG: tracker.run_id, STAGE_TAG: stage, CHECKPOINT_TAG: checkpoint_uri}
-        version = client.create_model_version(name, source, run_id=tracker.stage_run_id(stage), tags=tags,
-                                              description=f"{tracker.run_id}: after stage {stage}")
+        version = client.create_model_version(
+            name,
+            source,
+            run_id=tracker.stage_run_id(stage),
+            tags=tags,
+            description=f"{tracker.run_id}: after stage {stage}",
+        )
     for alias in [alias_for("stage", stage), *(alias_for("best", d) for d in best_domains)]:
         client.set_registered_model_alias(name, alias, version.version)
     return version
@@ -378,7 +397,7 @@ def registered_checkpoint(tracking_uri: str, reference: str) -> str:
     match = MODEL_ALIAS.match(reference)
     if match is None:
         raise LookupError(f"bad registry reference {reference!r}: expected models:/<model>@<alias>")
-    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).exists():
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///") :]).exists():
         raise LookupError(f"{reference}: no model registry at {tracking_uri}")  # and do not create one
     try:
         version = MlflowClient(tracking_uri=tracking_uri).get_model_version_by_alias(match[1], match[2])

@@ -25,8 +25,10 @@ def where_credentials_go(field: str, text: str) -> str:
     if field.split(".")[0] == "tracking" or field.startswith("MLFLOW_"):
         return "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
     if re.search(r"\bs3a?://", text) or field.startswith(("storage", "AWS_", "CASCADE_STORE")):
-        return ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS profile "
-                "(AWS_PROFILE, storage.profile; keys in ~/.aws/credentials)")
+        return (
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or an AWS profile "
+            "(AWS_PROFILE, storage.profile; keys in ~/.aws/credentials)"
+        )
     return "an environment variable, named by the OpenAI teacher's api_key_env for endpoints"
 
 
@@ -37,13 +39,16 @@ def credential_error(value: Any, where: str = "") -> str | None:
         if not has_credentials(value):
             return None
         field = where or "(top level)"
-        return (f"{field}: a URL holds credentials (user:password@host); remove them and put them in "
-                f"{where_credentials_go(field, value)}")
+        return (
+            f"{field}: a URL holds credentials (user:password@host); remove them and put them in "
+            f"{where_credentials_go(field, value)}"
+        )
     if isinstance(value, dict):
         items = ((str(k), v) for k, v in value.items())
     elif isinstance(value, list | tuple):
-        items = ((str(v.get("name", v.get("kind", i))) if isinstance(v, dict) else str(i), v)
-                 for i, v in enumerate(value))
+        items = (
+            (str(v.get("name", v.get("kind", i))) if isinstance(v, dict) else str(i), v) for i, v in enumerate(value)
+        )
     else:
         return None
     for key, item in items:

@@ -22,12 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from cascade.artifacts.store import Store
+from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds.difficulty.run import Reference, keep_or_drop, rollouts
 from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.hf import HFEngine
+from cascade.stages.kinds.difficulty.run import Reference, keep_or_drop, rollouts
 from cascade.stages.model import initial_model
-from cascade.stages.config import ModelConfig
 from cascade.stages.recipe import validate_recipe
 from cascade.stages.rollout import prompt_pool, score_texts
 
@@ -62,8 +62,11 @@ def run_filter(engine, tok, recipe, store_dir: Path, items, digest: str) -> tupl
     solved = (score_texts(items, texts) >= 1.0).sum(dim=1).tolist()
     decisions = keep_or_drop(solved, cfg.solved_threshold, cfg.unsolved, cfg.unsolved_fraction, seed=0)
     seconds = time.perf_counter() - t0
-    return seconds, {"kept": decisions.count("kept"), "cache_hits": hits,
-                     "chars": sum(len(t) for group in texts for t in group)}
+    return seconds, {
+        "kept": decisions.count("kept"),
+        "cache_hits": hits,
+        "chars": sum(len(t) for group in texts for t in group),
+    }
 
 
 def main() -> None:
@@ -78,29 +81,37 @@ def main() -> None:
 
     model, tok = initial_model(ModelConfig(source=args.model), seed=0)
     spec = {"train_size": args.prompts, "max_new_tokens": args.max_new_tokens}
-    recipe = validate_recipe({"domains": {args.domain: spec},
-                              "stages": [{"kind": "difficulty", "reference": "./bench", "domains": [args.domain],
-                                          "k": args.k}]})
+    recipe = validate_recipe(
+        {
+            "domains": {args.domain: spec},
+            "stages": [{"kind": "difficulty", "reference": "./bench", "domains": [args.domain], "k": args.k}],
+        }
+    )
     items = prompt_pool(recipe, [args.domain])
     ours = HFEngine(model, tok, batch_size=args.batch_size, seed=0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, engine, store in [("naive, per prompt: k calls of n=1", KSeparateCalls(ours, True), "naive1"),
-                                     ("naive, batched: k calls of n=1 over all prompts", KSeparateCalls(ours, False),
-                                      "naive2"),
-                                     ("ours: one call of n=k, shared prefill", ours, "ours"),
-                                     ("ours, warm rollout cache", ours, "ours")]:
+        for label, engine, store in [
+            ("naive, per prompt: k calls of n=1", KSeparateCalls(ours, True), "naive1"),
+            ("naive, batched: k calls of n=1 over all prompts", KSeparateCalls(ours, False), "naive2"),
+            ("ours: one call of n=k, shared prefill", ours, "ours"),
+            ("ours, warm rollout cache", ours, "ours"),
+        ]:
             seconds, stats = run_filter(engine, tok, recipe, Path(tmp) / store, items, "bench")
             rows.append((label, seconds, stats))
 
     per_prompt, batched = rows[0][1], rows[1][1]
-    print(f"\nmodel {args.model}, domain {args.domain}, {len(items)} prompts x k={args.k}, "
-          f"engine batch {args.batch_size} rows, max_new_tokens {args.max_new_tokens}\n")
+    print(
+        f"\nmodel {args.model}, domain {args.domain}, {len(items)} prompts x k={args.k}, "
+        f"engine batch {args.batch_size} rows, max_new_tokens {args.max_new_tokens}\n"
+    )
     print("| way | seconds | prompts/s | vs naive per prompt | vs naive batched | kept | cache hits | response chars |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, seconds, stats in rows:
-        print(f"| {label} | {seconds:.2f} | {len(items) / seconds:.2f} | {per_prompt / seconds:.2f}x | "
-              f"{batched / seconds:.2f}x | {stats['kept']} | {stats['cache_hits']} | {stats['chars']} |")
+        print(
+            f"| {label} | {seconds:.2f} | {len(items) / seconds:.2f} | {per_prompt / seconds:.2f}x | "
+            f"{batched / seconds:.2f}x | {stats['kept']} | {stats['cache_hits']} | {stats['chars']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -41,19 +42,41 @@ BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}
 def smollm2_config():
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
 
 
 def qwen2_half_b_config():
     from transformers import Qwen2Config
 
-    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                       bos_token_id=None, eos_token_id=151645, pad_token_id=151643)
+    return Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=151645,
+        pad_token_id=151643,
+    )
 
 
 ARCHS: dict[str, Callable[[], Any]] = {"smollm2-135m": smollm2_config, "qwen2-0.5b": qwen2_half_b_config}
@@ -112,16 +135,26 @@ def sft_step(model, optimizer, ids, mask, device: str, bf16: bool) -> float:
     return float(loss.detach())
 
 
-def grpo_step(model, optimizer, prompts: torch.Tensor, group: int, new_tokens: int, device: str,
-              bf16: bool) -> dict[str, float]:
+def grpo_step(
+    model, optimizer, prompts: torch.Tensor, group: int, new_tokens: int, device: str, bf16: bool
+) -> dict[str, float]:
     """One on-policy GRPO step: sample, score, normalize per group, update. prompts: [P, T_p] token ids."""
     prompts = prompts.to(device)
     started = time.perf_counter()
     model.eval()
     with torch.no_grad(), autocast(device, bf16):
-        out = model.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
-                             num_return_sequences=group, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                             temperature=1.0, top_p=1.0, top_k=0, pad_token_id=model.config.pad_token_id)
+        out = model.generate(
+            input_ids=prompts,
+            attention_mask=torch.ones_like(prompts),
+            do_sample=True,
+            num_return_sequences=group,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            pad_token_id=model.config.pad_token_id,
+        )
     model.train()
     sync(device)
     sampled = time.perf_counter()
@@ -135,12 +168,18 @@ def grpo_step(model, optimizer, prompts: torch.Tensor, group: int, new_tokens: i
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     sync(device)
-    return {"loss": loss, "sample_s": sampled - started, "update_s": time.perf_counter() - sampled,
-            "sampled_tokens": completion.numel(), "trained_tokens": out.numel()}
+    return {
+        "loss": loss,
+        "sample_s": sampled - started,
+        "update_s": time.perf_counter() - sampled,
+        "sampled_tokens": completion.numel(),
+        "trained_tokens": out.numel(),
+    }
 
 
-def grpo_backward(model, ids: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, device: str,
-                  bf16: bool, micro: int = 16) -> float:
+def grpo_backward(
+    model, ids: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, device: str, bf16: bool, micro: int = 16
+) -> float:
     """The GRPO loss of rollouts ids [N, T] (mask [N, T-1] on sampled targets, advantages [N]), backwarded in
     micro-batches of `micro` rows, each normalized by the global token count (the sum is the full batch's loss):
     128 rows of 384 tokens over a 151,936-token vocabulary are 28 GiB of fp32 logits at once."""
@@ -181,11 +220,19 @@ def bench_sft(arch: str, steps: int, batch: int, seq_len: int) -> dict[str, Any]
     tokens_per_s = batch * seq_len / seconds
     name, peak = gpu_peak_tflops()
     achieved = tokens_per_s * flops_per_token(model, seq_len)
-    return {"arch": arch, "what": "sft", "gpu": name, "batch": batch, "seq_len": seq_len, "step_s": seconds,
-            "tokens_per_s": tokens_per_s, "tflops": achieved / 1e12,
-            "mfu": achieved / (peak * 1e12) if peak else None,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-            "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "arch": arch,
+        "what": "sft",
+        "gpu": name,
+        "batch": batch,
+        "seq_len": seq_len,
+        "step_s": seconds,
+        "tokens_per_s": tokens_per_s,
+        "tflops": achieved / 1e12,
+        "mfu": achieved / (peak * 1e12) if peak else None,
+        "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def bench_grpo(arch: str, steps: int, prompts: int, group: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
@@ -200,14 +247,26 @@ def bench_grpo(arch: str, steps: int, prompts: int, group: int, prompt_len: int,
     trained = rows[0]["trained_tokens"]
     name, peak = gpu_peak_tflops()
     achieved = trained / update_s * flops_per_token(model, prompt_len + new_tokens)
-    return {"arch": arch, "what": "grpo", "gpu": name, "prompts": prompts, "group": group, "prompt_len": prompt_len,
-            "new_tokens": new_tokens, "step_s": sample_s + update_s, "sample_s": sample_s, "update_s": update_s,
-            "sampled_tokens_per_s": rows[0]["sampled_tokens"] / sample_s, "update_tokens_per_s": trained / update_s,
-            "update_mfu": achieved / (peak * 1e12) if peak else None}
+    return {
+        "arch": arch,
+        "what": "grpo",
+        "gpu": name,
+        "prompts": prompts,
+        "group": group,
+        "prompt_len": prompt_len,
+        "new_tokens": new_tokens,
+        "step_s": sample_s + update_s,
+        "sample_s": sample_s,
+        "update_s": update_s,
+        "sampled_tokens_per_s": rows[0]["sampled_tokens"] / sample_s,
+        "update_tokens_per_s": trained / update_s,
+        "update_mfu": achieved / (peak * 1e12) if peak else None,
+    }
 
 
-def loss_curve(arch: str, device: str, bf16: bool, steps: int, batch: int = 2, seq_len: int = 64,
-               num_layers: int | None = None) -> list[float]:
+def loss_curve(
+    arch: str, device: str, bf16: bool, steps: int, batch: int = 2, seq_len: int = 64, num_layers: int | None = None
+) -> list[float]:
     """SFT losses of `steps` steps on one seeded batch from seeded weights, the same on every device; the batch
     repeats, so the loss falls step by step (the model memorizes it) and the curve has a shape to compare."""
     model = build_model(arch, device, seed=0, num_layers=num_layers)
@@ -236,8 +295,15 @@ def main() -> int:
         results.append(bench_grpo(arch, max(2, args.steps // 3), prompts=16, group=8, prompt_len=128, new_tokens=256))
         gpu_curve = loss_curve(arch, "cuda", True, args.curve_steps)
         cpu_curve = loss_curve(arch, "cpu", False, args.curve_steps)
-        results.append({"arch": arch, "what": "loss_curve", "cuda_bf16": gpu_curve, "cpu_fp32": cpu_curve,
-                        "max_relative_gap": max_relative_gap(gpu_curve, cpu_curve)})
+        results.append(
+            {
+                "arch": arch,
+                "what": "loss_curve",
+                "cuda_bf16": gpu_curve,
+                "cpu_fp32": cpu_curve,
+                "max_relative_gap": max_relative_gap(gpu_curve, cpu_curve),
+            }
+        )
         torch.cuda.empty_cache()
         for row in results[-3:]:  # as each arch ends: a run cut off by its time limit keeps what it measured
             print(json.dumps(row), flush=True)

@@ -63,30 +63,62 @@ def side_command(side: str, setting: Setting) -> list[str]:
     return [sys.executable, str(REPO / "bench" / "grpo_cascade_side.py"), json.dumps(asdict(same))]
 
 
-def trl_same_work_kwargs(prompts: int, group: int, tokens: int, steps: int, lr: float, seed: int, dtype: str,
-                        temperature: float = 1.0, top_p: float = 1.0) -> dict:
+def trl_same_work_kwargs(
+    prompts: int,
+    group: int,
+    tokens: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    dtype: str,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> dict:
     """TRL 1.16 GRPOConfig keyword arguments (all but output_dir) that make GRPOTrainer do our stage's work: P
     prompts x G samples, generation batch = train batch (one generation per optimizer step, so the old logprobs are
     the detached current ones, as in ours), no KL (beta=0) and so no reference model, HF `generate` (use_vllm=False),
     fp32 or bf16 autocast, and no gradient checkpointing (TRL's default turns it on; our stage's default has it off).
     Plain data, so the main venv builds and tests them and the peer (in .venv-trl) takes them as JSON."""
     return dict(
-        use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, logging_steps=1, max_steps=steps,
-        seed=seed, learning_rate=lr, per_device_train_batch_size=prompts * group, gradient_accumulation_steps=1,
-        num_generations=group, steps_per_generation=1, max_completion_length=tokens, temperature=temperature,
-        top_p=top_p, beta=0.0, use_vllm=False, log_completions=False, bf16=dtype == "bf16",
-        dataloader_num_workers=0, gradient_checkpointing=False)
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        max_steps=steps,
+        seed=seed,
+        learning_rate=lr,
+        per_device_train_batch_size=prompts * group,
+        gradient_accumulation_steps=1,
+        num_generations=group,
+        steps_per_generation=1,
+        max_completion_length=tokens,
+        temperature=temperature,
+        top_p=top_p,
+        beta=0.0,
+        use_vllm=False,
+        log_completions=False,
+        bf16=dtype == "bf16",
+        dataloader_num_workers=0,
+        gradient_checkpointing=False,
+    )
 
 
 def run_checked(command: list[str], threads: int, who: str) -> str:
     """A side's process with the checkout on PYTHONPATH and `threads` torch threads; its stdout. A failure exits
     with the process's last stderr line."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": str(threads),
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
-        raise SystemExit(f"{who} failed (exit {done.returncode}): "
-                         f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        raise SystemExit(
+            f"{who} failed (exit {done.returncode}): {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+        )
     return done.stdout
 
 
@@ -97,8 +129,11 @@ def run_side(side: str, setting: Setting, loads: list[float]) -> dict:
     loads.append(os.getloadavg()[0])
     result = json.loads(stdout.strip().splitlines()[-1])
     seconds = result["step_seconds"]
-    return {"s_per_step": statistics.median(seconds), "tok_per_s": sum(result["tokens_sampled"]) / sum(seconds),
-            "kept_groups": result["kept_groups"]}
+    return {
+        "s_per_step": statistics.median(seconds),
+        "tok_per_s": sum(result["tokens_sampled"]) / sum(seconds),
+        "kept_groups": result["kept_groups"],
+    }
 
 
 def compare(setting: Setting, rounds: int, sides: tuple[str, ...] = SIDES) -> dict[str, dict]:
@@ -106,13 +141,18 @@ def compare(setting: Setting, rounds: int, sides: tuple[str, ...] = SIDES) -> di
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     loads: list[float] = []
     for r in range(rounds):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
+        for side in sides if r % 2 == 0 else sides[::-1]:
             runs[side].append(run_side(side, setting, loads))
             got = runs[side][-1]
-            print(f"  round {r + 1} {side:<18} {got['s_per_step']:.3f} s/step  {got['tok_per_s']:7.0f} tok/s  "
-                  f"kept groups {got['kept_groups']:.2f}  (load {loads[-2]:.1f} -> {loads[-1]:.1f})", flush=True)
-    return {side: {key: statistics.median(run[key] for run in got) for key in got[0]} | {"load": loads}
-            for side, got in runs.items()}
+            print(
+                f"  round {r + 1} {side:<18} {got['s_per_step']:.3f} s/step  {got['tok_per_s']:7.0f} tok/s  "
+                f"kept groups {got['kept_groups']:.2f}  (load {loads[-2]:.1f} -> {loads[-1]:.1f})",
+                flush=True,
+            )
+    return {
+        side: {key: statistics.median(run[key] for run in got) for key in got[0]} | {"load": loads}
+        for side, got in runs.items()
+    }
 
 
 def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
@@ -156,8 +196,10 @@ def print_comparison(label: str, medians: dict[str, dict]) -> None:
 
 def grid(base: Setting, dirs: dict[str, str], groups: list[int], lengths: list[int], rounds: int) -> None:
     """s/step and tokens/s of both sides (ours on the same work) per model x group size x completion length."""
-    print(f"{'model':<13} {'G':>3} {'T':>4}  {'cascade s/step':>14} {'tok/s':>7}  {'trl s/step':>10} {'tok/s':>7}  "
-          f"{'ratio':>5}  load")
+    print(
+        f"{'model':<13} {'G':>3} {'T':>4}  {'cascade s/step':>14} {'tok/s':>7}  {'trl s/step':>10} {'tok/s':>7}  "
+        f"{'ratio':>5}  load"
+    )
     for name, model_dir in dirs.items():
         for group in groups:
             for tokens in lengths:
@@ -165,15 +207,22 @@ def grid(base: Setting, dirs: dict[str, str], groups: list[int], lengths: list[i
                 got = compare(setting, rounds, ("cascade-same-work", "trl"))
                 ours, trl = got["cascade-same-work"], got["trl"]
                 loads = ours["load"] + trl["load"]
-                print(f"{name:<13} {group:>3} {tokens:>4}  {ours['s_per_step']:>14.3f} {ours['tok_per_s']:>7.0f}  "
-                      f"{trl['s_per_step']:>10.3f} {trl['tok_per_s']:>7.0f}  "
-                      f"{ours['s_per_step'] / trl['s_per_step']:>5.2f}  {min(loads):.1f}-{max(loads):.1f}", flush=True)
+                print(
+                    f"{name:<13} {group:>3} {tokens:>4}  {ours['s_per_step']:>14.3f} {ours['tok_per_s']:>7.0f}  "
+                    f"{trl['s_per_step']:>10.3f} {trl['tok_per_s']:>7.0f}  "
+                    f"{ours['s_per_step'] / trl['s_per_step']:>5.2f}  {min(loads):.1f}-{max(loads):.1f}",
+                    flush=True,
+                )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", nargs="+", help="tiny, smollm2-135m or an HF model dir (e.g. a trained policy: "
-                        "runs/<run>/01-sft/model of `make run`); default tiny; --grid: tiny and smollm2-135m")
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        help="tiny, smollm2-135m or an HF model dir (e.g. a trained policy: "
+        "runs/<run>/01-sft/model of `make run`); default tiny; --grid: tiny and smollm2-135m",
+    )
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group", type=int, nargs="+", help="group size(s); default 4; --grid: 4 8 16")
     parser.add_argument("--tokens", type=int, nargs="+", help="completion length(s); default 32; --grid: 32 128")
@@ -200,21 +249,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if not args.profile and not TRL_PYTHON.exists():
-        raise SystemExit(f"bench_grpo: no TRL venv at {TRL_VENV}: build it with "
-                         "`bash bench/trl-venv.sh` (or run --profile, which needs only ours)")
+        raise SystemExit(
+            f"bench_grpo: no TRL venv at {TRL_VENV}: build it with "
+            "`bash bench/trl-venv.sh` (or run --profile, which needs only ours)"
+        )
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
         dirs = model_dirs(args.model, Path(tmp))
         base = Setting(model_dir="", prompts=args.prompts, steps=args.steps, warmup=args.warmup, threads=args.threads)
-        print(f"bench_grpo: {args.prompts} prompts per step, {args.steps} timed steps after {args.warmup} warm-up, "
-              f"{args.threads} threads, load average {os.getloadavg()[0]:.1f}", flush=True)
+        print(
+            f"bench_grpo: {args.prompts} prompts per step, {args.steps} timed steps after {args.warmup} warm-up, "
+            f"{args.threads} threads, load average {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
         if args.profile:
             from grpo_cascade_side import profile_step  # noqa: PLC0415  (bench/ is the script's own dir)
 
             for name, model_dir in dirs.items():
                 for dtype in args.dtype:
                     for same_work in (False, True):
-                        setting = replace(base, model_dir=model_dir, group=args.group[0], tokens=args.tokens[0],
-                                          dtype=dtype, same_work=same_work)
+                        setting = replace(
+                            base,
+                            model_dir=model_dir,
+                            group=args.group[0],
+                            tokens=args.tokens[0],
+                            dtype=dtype,
+                            same_work=same_work,
+                        )
                         profile_step(setting, f"{name} {dtype} P{args.prompts} G{args.group[0]} T{args.tokens[0]}")
         elif args.grid:
             grid(replace(base, dtype=args.dtype[0]), dirs, args.group, args.tokens, args.rounds)
@@ -223,8 +283,9 @@ def main(argv: list[str] | None = None) -> None:
                 for dtype in args.dtype:
                     label = f"[{name} {dtype} P{args.prompts} G{args.group[0]} T{args.tokens[0]}]"
                     print(label, flush=True)
-                    setting = replace(base, model_dir=model_dir, group=args.group[0], tokens=args.tokens[0],
-                                      dtype=dtype)
+                    setting = replace(
+                        base, model_dir=model_dir, group=args.group[0], tokens=args.tokens[0], dtype=dtype
+                    )
                     print_comparison(label, compare(setting, args.rounds))
 
 

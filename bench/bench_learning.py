@@ -42,7 +42,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -89,12 +88,23 @@ def unsupported(cfg: GRPOConfig) -> list[str]:
 def trl_config_kwargs(cfg: GRPOConfig, max_new_tokens: int, seed: int) -> dict:
     """GRPOConfig keyword arguments (TRL 1.16, all but output_dir) for the work of our stage `cfg`."""
     return {
-        **trl_same_work_kwargs(cfg.prompts_per_step, cfg.group_size, max_new_tokens, cfg.steps, cfg.lr, seed, "fp32",
-                               cfg.temperature, cfg.top_p),
+        **trl_same_work_kwargs(
+            cfg.prompts_per_step,
+            cfg.group_size,
+            max_new_tokens,
+            cfg.steps,
+            cfg.lr,
+            seed,
+            "fp32",
+            cfg.temperature,
+            cfg.top_p,
+        ),
         # our GRPO stage steps at cfg.lr from its first step to its last (a warm-up is refused above), no decay
         "lr_scheduler_type": "constant",
         "optim": "adamw_torch_fused",  # stages.training.make_optimizer: torch's fused AdamW
-        "adam_beta1": cfg.adam_betas[0], "adam_beta2": cfg.adam_betas[1], "weight_decay": cfg.weight_decay,
+        "adam_beta1": cfg.adam_betas[0],
+        "adam_beta2": cfg.adam_betas[1],
+        "weight_decay": cfg.weight_decay,
         "max_grad_norm": cfg.grad_clip,
         # the sum over every completion token of the batch divided by their global count, as grpo_loss; "bnpo"
         # divides by the local batch's count (the same in one process, not under data parallelism), "grpo"
@@ -107,8 +117,14 @@ def trl_config_kwargs(cfg: GRPOConfig, max_new_tokens: int, seed: int) -> dict:
 
 def stage_settings(base: GRPOConfig, args: argparse.Namespace) -> dict:
     """The bench's stage: the recipe's, with the command line's overrides, no step checkpoints."""
-    overrides = {"steps": args.steps, "prompts_per_step": args.prompts, "group_size": args.group, "lr": args.lr,
-                 "temperature": args.temperature, "drop_flat_groups": False if args.keep_flat_groups else None}
+    overrides = {
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "group_size": args.group,
+        "lr": args.lr,
+        "temperature": args.temperature,
+        "drop_flat_groups": False if args.keep_flat_groups else None,
+    }
     return base.model_dump() | {"checkpoint_every": 0} | {k: v for k, v in overrides.items() if v is not None}
 
 
@@ -117,13 +133,22 @@ def bench_recipe(base: Recipe, stage: dict, args: argparse.Namespace, sft_dir: P
     split, eval size and completion length, a scratch store, the HF engine."""
     domain = base.domains[args.domain].model_dump() | {
         "heldout_size": args.eval_size or base.domains[args.domain].heldout_size,
-        "max_new_tokens": args.max_new_tokens or base.domains[args.domain].max_new_tokens}
-    return validate_recipe({
-        "name": "bench-learning", "seed": base.seed if args.seed is None else args.seed,
-        "model": {"source": str(sft_dir)}, "storage": {"root": store_root},
-        "engine": {"kind": "hf", "batch_size": base.engine.batch_size}, "compute": {"device": "cpu", "dtype": "fp32"},
-        "domains": {args.domain: domain}, "stages": [stage], "eval": {"split": args.split},
-    }, "bench_learning")
+        "max_new_tokens": args.max_new_tokens or base.domains[args.domain].max_new_tokens,
+    }
+    return validate_recipe(
+        {
+            "name": "bench-learning",
+            "seed": base.seed if args.seed is None else args.seed,
+            "model": {"source": str(sft_dir)},
+            "storage": {"root": store_root},
+            "engine": {"kind": "hf", "batch_size": base.engine.batch_size},
+            "compute": {"device": "cpu", "dtype": "fp32"},
+            "domains": {args.domain: domain},
+            "stages": [stage],
+            "eval": {"split": args.split},
+        },
+        "bench_learning",
+    )
 
 
 def sft_checkpoint(store_root: str, run_id: str) -> str:
@@ -141,8 +166,8 @@ def sft_checkpoint(store_root: str, run_id: str) -> str:
 
 def prompt_schedule(cfg: GRPOConfig, ctx) -> list[list]:
     """The prompts of each of our stage's steps, in order: its pool and its per-step draw (stages.rollout)."""
-    from cascade.stages.kinds.grpo.run import train_prompts
     from cascade.stages.kinds import StageInputs
+    from cascade.stages.kinds.grpo.run import train_prompts
     from cascade.stages.rollout import step_prompts
 
     pool = train_prompts(cfg, ctx, StageInputs())
@@ -155,23 +180,39 @@ def train_ours(cfg: GRPOConfig, ctx) -> dict:
 
     started = time.perf_counter()
     result = run_stage(cfg, ctx, StageInputs())
-    return {"steps": cfg.steps, "seconds": time.perf_counter() - started, "reward": ctx.log.series("reward"),
-            "source": result.checkpoint.uri}
+    return {
+        "steps": cfg.steps,
+        "seconds": time.perf_counter() - started,
+        "reward": ctx.log.series("reward"),
+        "source": result.checkpoint.uri,
+    }
 
 
 def train_trl(cfg: GRPOConfig, recipe: Recipe, schedule: list[list], threads: int, work: Path) -> dict:
     """TRL's GRPOTrainer on the same work, in .venv-trl; its model is an HF directory under `work`."""
     domain = cfg.domains[0]
-    job = {"model_dir": recipe.model.source, "out_dir": str(work / "trl"), "domain": domain,
-           "options": recipe.domains[domain].options, "threads": threads,
-           "config": trl_config_kwargs(cfg, recipe.domains[domain].max_new_tokens, recipe.seed),
-           "schedule": [[dataclasses.asdict(item) for item in step] for step in schedule]}
+    job = {
+        "model_dir": recipe.model.source,
+        "out_dir": str(work / "trl"),
+        "domain": domain,
+        "options": recipe.domains[domain].options,
+        "threads": threads,
+        "config": trl_config_kwargs(cfg, recipe.domains[domain].max_new_tokens, recipe.seed),
+        "schedule": [[dataclasses.asdict(item) for item in step] for step in schedule],
+    }
     (work / "trl-job.json").write_text(json.dumps(job))  # a step list too long for a command line
-    run_checked([str(TRL_PYTHON), str(REPO / "bench" / "learning_trl_peer.py"), str(work / "trl-job.json")],
-                threads, "bench_learning: the TRL run")
+    run_checked(
+        [str(TRL_PYTHON), str(REPO / "bench" / "learning_trl_peer.py"), str(work / "trl-job.json")],
+        threads,
+        "bench_learning: the TRL run",
+    )
     done = json.loads((work / "trl" / "trl.json").read_text())
-    return {"steps": cfg.steps, "seconds": done["seconds"], "reward": done["reward"],
-            "source": str(work / "trl" / "model")}
+    return {
+        "steps": cfg.steps,
+        "seconds": done["seconds"],
+        "reward": done["reward"],
+        "source": str(work / "trl" / "model"),
+    }
 
 
 def item_scores(recipe: Recipe, source: str, domain: str) -> dict[str, dict[str, float]]:
@@ -207,7 +248,8 @@ def summarize(sides: dict[str, dict], domain: str) -> dict:
         scores = side["scores"]
         summary["sides"][name] = {
             "mean": {c: sum(scores[c].values()) / len(scores[c]) for c in columns},
-            "gain": {} if name == "sft" else {c: paired_gain(start[c], scores[c]) for c in columns}}
+            "gain": {} if name == "sft" else {c: paired_gain(start[c], scores[c]) for c in columns},
+        }
     gain, se = paired_gain(sides["trl"]["scores"][domain], sides["ours"]["scores"][domain])
     summary["ours_minus_trl"] = (gain, se)
     summary["verdict"] = verdict(gain, se)
@@ -224,15 +266,27 @@ def format_gain(gain: tuple[float, float | None] | None) -> str:
 def render(sides: dict[str, dict], summary: dict) -> str:
     """The table (markdown) and the ours - TRL line with its verdict."""
     primary, greedy = (summary["columns"] + [None])[:2]
-    lines = [f"| side | steps | seconds | reward first {CURVE_ENDS} | reward last {CURVE_ENDS} | {primary} | "
-             f"gain vs SFT | {greedy or 'greedy'} | greedy gain |", "|" + " --- |" * 9]
+    lines = [
+        f"| side | steps | seconds | reward first {CURVE_ENDS} | reward last {CURVE_ENDS} | {primary} | "
+        f"gain vs SFT | {greedy or 'greedy'} | greedy gain |",
+        "|" + " --- |" * 9,
+    ]
     for name, side in sides.items():
         row, reward = summary["sides"][name], side.get("reward")
-        ends = [f"{sum(part) / len(part):.3f}" if part else "-"
-                for part in ((reward[:CURVE_ENDS], reward[-CURVE_ENDS:]) if reward else ([], []))]
-        cells = [name, str(side.get("steps", "-")), f"{side['seconds']:.1f}" if "seconds" in side else "-", *ends,
-                 f"{row['mean'][primary]:.3f}", format_gain(row["gain"].get(primary)),
-                 f"{row['mean'][greedy]:.3f}" if greedy else "-", format_gain(row["gain"].get(greedy))]
+        ends = [
+            f"{sum(part) / len(part):.3f}" if part else "-"
+            for part in ((reward[:CURVE_ENDS], reward[-CURVE_ENDS:]) if reward else ([], []))
+        ]
+        cells = [
+            name,
+            str(side.get("steps", "-")),
+            f"{side['seconds']:.1f}" if "seconds" in side else "-",
+            *ends,
+            f"{row['mean'][primary]:.3f}",
+            format_gain(row["gain"].get(primary)),
+            f"{row['mean'][greedy]:.3f}" if greedy else "-",
+            format_gain(row["gain"].get(greedy)),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(f"ours - TRL: {format_gain(summary['ours_minus_trl'])}: {summary['verdict']}")
     return "\n".join(lines)
@@ -272,10 +326,19 @@ def run(args: argparse.Namespace, base: Recipe, stage: dict, work: Path) -> tupl
         raise SystemExit("bench_learning: --checkpoint tiny is an untrained model; give an SFT checkpoint")
     recipe = bench_recipe(base, stage, args, sft_dir, f"file://{work / 'store'}")
     cfg = recipe.stages[0]
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), "bench-learning",
-                       f"runs/bench-learning/00-{cfg.name}", ListSink(), workdir=work)
-    sides = {"sft": {"source": str(sft_dir)}, "ours": train_ours(cfg, ctx),
-             "trl": train_trl(cfg, recipe, prompt_schedule(cfg, ctx), args.threads, work)}
+    ctx = StageContext(
+        recipe,
+        Store.from_config(recipe.storage),
+        "bench-learning",
+        f"runs/bench-learning/00-{cfg.name}",
+        ListSink(),
+        workdir=work,
+    )
+    sides = {
+        "sft": {"source": str(sft_dir)},
+        "ours": train_ours(cfg, ctx),
+        "trl": train_trl(cfg, recipe, prompt_schedule(cfg, ctx), args.threads, work),
+    }
     for side in sides.values():
         side["scores"] = item_scores(recipe, side["source"], args.domain)
     return sides, recipe
@@ -295,13 +358,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, help="default: the stage's")
     parser.add_argument("--temperature", type=float, help="default: the stage's (the eval samples at it too)")
     parser.add_argument("--max-new-tokens", type=int, help="default: the domain's")
-    parser.add_argument("--split", choices=["dev", "heldout"], default="dev",
-                        help="eval split: dev to tune settings, heldout once for a recorded result")
+    parser.add_argument(
+        "--split",
+        choices=["dev", "heldout"],
+        default="dev",
+        help="eval split: dev to tune settings, heldout once for a recorded result",
+    )
     parser.add_argument("--eval-size", type=int, help="eval items; default: the domain's heldout_size")
     parser.add_argument("--seed", type=int, help="the recipe seed (prompt draws, samples, eval items); default its")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of each side")
-    parser.add_argument("--keep-flat-groups", action="store_true",
-                        help="ours keeps groups whose rewards are all equal, as TRL does (drop_flat_groups: false)")
+    parser.add_argument(
+        "--keep-flat-groups",
+        action="store_true",
+        help="ours keeps groups whose rewards are all equal, as TRL does (drop_flat_groups: false)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="where rewards.png and learning.json go")
     args = parser.parse_args(argv)
     if args.run_id and not args.store:
@@ -327,18 +397,24 @@ def main(argv: list[str] | None = None) -> None:
         sides, recipe = run(args, base, stage, Path(tmp))
     summary = summarize(sides, args.domain)
     cfg = recipe.stages[0]
-    print(f"bench_learning: {cfg.name} on {args.domain}, {cfg.steps} steps x {cfg.prompts_per_step} prompts x "
-          f"{cfg.group_size} samples, lr {cfg.lr}, temperature {cfg.temperature}, "
-          f"{recipe.domains[args.domain].max_new_tokens} new tokens; eval {args.split} "
-          f"{recipe.domains[args.domain].heldout_size} items, {recipe.eval_sampling(args.domain)[1]} samples each")
+    print(
+        f"bench_learning: {cfg.name} on {args.domain}, {cfg.steps} steps x {cfg.prompts_per_step} prompts x "
+        f"{cfg.group_size} samples, lr {cfg.lr}, temperature {cfg.temperature}, "
+        f"{recipe.domains[args.domain].max_new_tokens} new tokens; eval {args.split} "
+        f"{recipe.domains[args.domain].heldout_size} items, {recipe.eval_sampling(args.domain)[1]} samples each"
+    )
     print(render(sides, summary))
     args.out.mkdir(parents=True, exist_ok=True)
     plot_rewards(sides, f"{cfg.name} on {args.domain}: ours vs TRL GRPOTrainer", args.out / "rewards.png")
-    record = {"settings": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                           "stage": cfg.model_dump(), "trl_config": trl_config_kwargs(
-                               cfg, recipe.domains[args.domain].max_new_tokens, recipe.seed)},
-              "sides": {name: {k: v for k, v in side.items() if k != "source"} for name, side in sides.items()},
-              "summary": summary}
+    record = {
+        "settings": {
+            **{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "stage": cfg.model_dump(),
+            "trl_config": trl_config_kwargs(cfg, recipe.domains[args.domain].max_new_tokens, recipe.seed),
+        },
+        "sides": {name: {k: v for k, v in side.items() if k != "source"} for name, side in sides.items()},
+        "summary": summary,
+    }
     (args.out / "learning.json").write_text(json.dumps(record, indent=1))
     print(f"wrote {args.out / 'rewards.png'} and {args.out / 'learning.json'}")
 

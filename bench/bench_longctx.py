@@ -50,14 +50,19 @@ class TimedSink(ListSink):  # a step ends when its metrics are logged
 ctx = StageContext(recipe, Store.from_config(recipe.storage), "bench", "runs/bench/00-rl", TimedSink(), workdir=tmp)
 run_grpo(recipe.stage("rl"), ctx, StageInputs())
 per_step = [b - a for a, b in zip(times, times[1:])]
-print(json.dumps({"domain": domain, "prompt_tokens": round(prompt_tokens), "s_per_step": round(statistics.median(per_step), 2),
+print(json.dumps({"domain": domain, "prompt_tokens": round(prompt_tokens),
+                  "s_per_step": round(statistics.median(per_step), 2),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 """
 
 
 def measure(domain: str, steps: int, keys: int, filler: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, domain, str(steps), str(keys), str(filler)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, domain, str(steps), str(keys), str(filler)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -73,9 +78,11 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | ---: |")
     for name, r in zip(("short", "long"), rows):
         print(f"| {name} | {r['domain']} | {r['prompt_tokens']} | {r['s_per_step']} | {r['peak_rss_mb']} |")
-    print(f"long/short: {rows[1]['prompt_tokens'] / rows[0]['prompt_tokens']:.1f}x the tokens, "
-          f"{rows[1]['s_per_step'] / rows[0]['s_per_step']:.1f}x the step time, "
-          f"{rows[1]['peak_rss_mb'] / rows[0]['peak_rss_mb']:.2f}x the peak memory")
+    print(
+        f"long/short: {rows[1]['prompt_tokens'] / rows[0]['prompt_tokens']:.1f}x the tokens, "
+        f"{rows[1]['s_per_step'] / rows[0]['s_per_step']:.1f}x the step time, "
+        f"{rows[1]['peak_rss_mb'] / rows[0]['peak_rss_mb']:.2f}x the peak memory"
+    )
 
 
 if __name__ == "__main__":

@@ -20,14 +20,14 @@ import time
 import yaml
 
 from cascade.artifacts.checkpoint import committed
+from cascade.artifacts.layout import recipe_key, step_key
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext, stage_workdir
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.gate import best_stages
-from cascade.artifacts.layout import recipe_key, step_key
-from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds import StageInputs, run_stage
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.recipe import Recipe
 
 
@@ -43,8 +43,9 @@ class TimedSink(ListSink):
         self.times[step] = time.time()
 
 
-def recovery_configs(recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int,
-                     mopd_overrides: dict[str, str]):
+def recovery_configs(
+    recipe: Recipe, domain: str, teachers: dict[str, str], steps: int, every: int, mopd_overrides: dict[str, str]
+):
     common = {"steps": steps, "checkpoint_every": every, "keep_step_checkpoints": steps}  # curve() reads them all
     fields = recipe.gate.recovery.model_dump() | mopd_overrides | {"name": "bench-mopd", "teachers": teachers, **common}
     mopd = type(recipe.gate.recovery).model_validate(fields)  # validated: a typo in --mopd is an error, not ignored
@@ -70,8 +71,13 @@ def main() -> None:
     ap.add_argument("--split", choices=["heldout", "dev"], default="heldout")
     ap.add_argument("--methods", default="mopd,grpo")
     ap.add_argument("--tag", default="", help="suffix of the bench's checkpoint folder, so variants run side by side")
-    ap.add_argument("--mopd", action="append", default=[], metavar="FIELD=VALUE",
-                    help="override a field of gate.recovery, e.g. lr=3e-4 or domains=[math] (YAML values)")
+    ap.add_argument(
+        "--mopd",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a field of gate.recovery, e.g. lr=3e-4 or domains=[math] (YAML values)",
+    )
     args = ap.parse_args()
     store = Store(args.store)
     recipe = Recipe.model_validate_json(store.read_bytes(recipe_key(args.run_id)))
@@ -86,8 +92,10 @@ def main() -> None:
     teachers = best_stages(report.evals_through(stage), list(recipe.domains))
     made = {s["name"]: committed(store, store.key_of(s["checkpoint"])) for s in report.stages if s["checkpoint"]}
     student = made[stage]
-    print(f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
-          f"teachers {teachers}")
+    print(
+        f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
+        f"teachers {teachers}"
+    )
     if args.split == "dev":
         best = evaluate_model(recipe, made[teachers[domain]], store)[0][domain]
         start = evaluate_model(recipe, student, store)[0][domain]
@@ -105,14 +113,25 @@ def main() -> None:
         scores = curve(ctx, args.steps, args.every)
         back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]
         first = back[0] if back else None
-        rows.append((method, first, round(sink.times[first] - started, 1) if first else None,
-                     scores[args.steps], {s: round(sc[domain], 3) for s, sc in scores.items()}))
-    print(f"\n| method | steps to within {tolerance} of {best:.3f} ({domain}) | train s to it | "
-          f"scores at step {args.steps} | {domain} per step |")
+        rows.append(
+            (
+                method,
+                first,
+                round(sink.times[first] - started, 1) if first else None,
+                scores[args.steps],
+                {s: round(sc[domain], 3) for s, sc in scores.items()},
+            )
+        )
+    print(
+        f"\n| method | steps to within {tolerance} of {best:.3f} ({domain}) | train s to it | "
+        f"scores at step {args.steps} | {domain} per step |"
+    )
     print("| --- | --- | --- | --- | --- |")
     for method, first, seconds, final, per_step in rows:
-        print(f"| {method} | {first or 'not within ' + str(args.steps)} | {seconds or '-'} | "
-              f"{ {d: round(v, 3) for d, v in final.items()} } | {per_step} |")
+        print(
+            f"| {method} | {first or 'not within ' + str(args.steps)} | {seconds or '-'} | "
+            f"{ {d: round(v, 3) for d, v in final.items()} } | {per_step} |"
+        )
 
 
 if __name__ == "__main__":

@@ -29,7 +29,12 @@ from cascade.stages.domains import get_domain  # noqa: E402
 from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.kinds.reward_model.run import (  # noqa: E402
-    encode_pairs, labelled_pairs, load_reward_model, pair_scores, sequence_scores)
+    encode_pairs,
+    labelled_pairs,
+    load_reward_model,
+    pair_scores,
+    sequence_scores,
+)
 from cascade.stages.losses import bradley_terry_loss  # noqa: E402
 from cascade.stages.model import load_hf  # noqa: E402
 from cascade.stages.precision import cpu_dtype  # noqa: E402
@@ -37,7 +42,7 @@ from cascade.stages.precision import cpu_dtype  # noqa: E402
 
 def one_row_per_answer(model, pairs, pad):
     scores = sequence_scores(model, [c for c, _ in pairs] + [r for _, r in pairs], pad)
-    return scores[: len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 def timed_steps(model, optimizer, score, batches, pad, dtype) -> float:
@@ -61,8 +66,14 @@ def main() -> None:
     args = parser.parse_args()
     policy, tokenizer = load_hf(args.policy)
     chat = get_domain("chat")
-    pairs = labelled_pairs(chat, HFEngine(policy, tokenizer, batch_size=512, seed=0), tokenizer,
-                           chat.generate("train", args.pairs_from, 0), 4, SamplingParams(max_new_tokens=24, seed=0))
+    pairs = labelled_pairs(
+        chat,
+        HFEngine(policy, tokenizer, batch_size=512, seed=0),
+        tokenizer,
+        chat.generate("train", args.pairs_from, 0),
+        4,
+        SamplingParams(max_new_tokens=24, seed=0),
+    )
     encoded = encode_pairs(tokenizer, pairs)
     random.Random(0).shuffle(encoded)
     needed = args.batch * args.steps * args.rounds
@@ -77,13 +88,15 @@ def main() -> None:
     for score in layouts.values():  # warm-up, untimed: the first forward pays one-off costs
         timed_steps(model, optimizer, score, [encoded[: args.batch]], pad, dtype)
     for r in range(args.rounds):
-        batches = [encoded[(r * args.steps + s) * args.batch:][: args.batch] for s in range(args.steps)]
+        batches = [encoded[(r * args.steps + s) * args.batch :][: args.batch] for s in range(args.steps)]
         for name, score in layouts.items():
             rates[name].append(timed_steps(model, optimizer, score, batches, pad, dtype))
     base = statistics.median(rates["one row per answer"])
-    print(f"reward model on {args.policy}: {len(encoded)} pairs, batch {args.batch}, {args.steps} steps a round, "
-          f"dtype {str(dtype).removeprefix('torch.')}, torch threads {torch.get_num_threads()}, "
-          f"load {os.getloadavg()[0]:.2f}")
+    print(
+        f"reward model on {args.policy}: {len(encoded)} pairs, batch {args.batch}, {args.steps} steps a round, "
+        f"dtype {str(dtype).removeprefix('torch.')}, torch threads {torch.get_num_threads()}, "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
     print("| layout | steps/s per round | median | vs one row per answer |\n|---|---|---|---|")
     for name, values in rates.items():
         median = statistics.median(values)

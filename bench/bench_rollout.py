@@ -30,13 +30,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from cascade.stages.config import ModelConfig  # noqa: E402
 from cascade.stages.domains import get_domain  # noqa: E402
-from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines import hf as hf_module  # noqa: E402
+from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
 from cascade.stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
-from cascade.stages.config import ModelConfig  # noqa: E402
 
 
 def timed_tokens(fn) -> tuple[int, float]:
@@ -57,8 +57,15 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, tok
     model.eval()
     t0 = time.perf_counter()
     out = model.generate(
-        input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-        max_new_tokens=tokens, num_return_sequences=samples, eos_token_id=tokenizer.eos_token_id,
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_new_tokens=tokens,
+        num_return_sequences=samples,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=pad,
     )
     seconds = time.perf_counter() - t0
@@ -156,10 +163,12 @@ def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> 
     names = [e for e in args.engines if e in timers]
     results: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             n_tok, secs = timers[name]()
             results[name].append((n_tok / secs, load()))
-            print(f"  round {r + 1} {name:<9} {n_tok / secs:8.0f} tok/s  ({n_tok} tok in {secs:.2f}s, load {load():.2f})")
+            print(
+                f"  round {r + 1} {name:<9} {n_tok / secs:8.0f} tok/s  ({n_tok} tok in {secs:.2f}s, load {load():.2f})"
+            )
     return results
 
 
@@ -177,16 +186,24 @@ def table(results: dict[str, list[tuple[float, float]]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m, or an HF model dir")
-    parser.add_argument("--engines", default="hf,generate,vllm", type=lambda s: s.split(","),
-                        help="comma list of hf, hf-other, generate, vllm (vllm needs the vLLM venv)")
+    parser.add_argument(
+        "--engines",
+        default="hf,generate,vllm",
+        type=lambda s: s.split(","),
+        help="comma list of hf, hf-other, generate, vllm (vllm needs the vLLM venv)",
+    )
     parser.add_argument("--other-decoder", default="", help="hf-other's stages/engines/decode.py (another version)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the vLLM server runs on the CPU)")
-    parser.add_argument("--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)")
+    parser.add_argument(
+        "--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)"
+    )
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each HF engine, alternating")
-    parser.add_argument("--hf-batch", type=int, default=128, help="rows per batch of our HF engine (the recipe default)")
+    parser.add_argument(
+        "--hf-batch", type=int, default=128, help="rows per batch of our HF engine (the recipe default)"
+    )
     parser.add_argument("--sync-steps", type=int, default=5)
     parser.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for the server, e.g. 0-1")
     parser.add_argument("--unseeded", action="store_true", help="sample without a seed")
@@ -202,8 +219,10 @@ def main() -> None:
     # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     shape = f"{args.prompts} {args.domain} prompts x {args.samples} samples x {args.tokens} tokens"
-    print(f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, "
-          f"hf batch {args.hf_batch}, torch threads {torch.get_num_threads()}, load {load():.2f}")
+    print(
+        f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, "
+        f"hf batch {args.hf_batch}, torch threads {torch.get_num_threads()}, load {load():.2f}"
+    )
     results = hf_rounds(args, model, tokenizer, prompts, sampling)
     print("\n".join(table(results)))
     if "vllm" in args.engines:

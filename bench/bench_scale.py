@@ -24,14 +24,23 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-LAUNCHERS = {"local": [], "torchrun x2": ["compute.launcher=torchrun", "compute.nproc_per_node=2"],
-             "ray x2": ["compute.launcher=ray", "compute.nproc_per_node=2"]}
+LAUNCHERS = {
+    "local": [],
+    "torchrun x2": ["compute.launcher=torchrun", "compute.nproc_per_node=2"],
+    "ray x2": ["compute.launcher=ray", "compute.nproc_per_node=2"],
+}
 
 
 def sft_overrides(tmp: Path, steps: int) -> list[str]:
-    return [f"storage.root=file://{tmp}/store", "tracking.enabled=false", f"stages.sft.steps={steps}",
-            "stages.sft.batch_size=8", "stages.sft.micro_batch_size=4", "stages.sft.checkpoint_every=0",
-            "stages.sft.warmup_steps=1"]
+    return [
+        f"storage.root=file://{tmp}/store",
+        "tracking.enabled=false",
+        f"stages.sft.steps={steps}",
+        "stages.sft.batch_size=8",
+        "stages.sft.micro_batch_size=4",
+        "stages.sft.checkpoint_every=0",
+        "stages.sft.warmup_steps=1",
+    ]
 
 
 def one_run(tmp: Path, data, steps: int, launcher: str, n: int) -> tuple[float, float]:
@@ -74,22 +83,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         recipe = load_recipe("micro", sft_overrides(tmp, args.steps))
-        ctx = StageContext(recipe, Store.from_config(recipe.storage), "bench", "runs/bench/00-sft_data", ListSink(),
-                           workdir=tmp)
+        ctx = StageContext(
+            recipe, Store.from_config(recipe.storage), "bench", "runs/bench/00-sft_data", ListSink(), workdir=tmp
+        )
         data = run_sft_data(recipe.stage("sft_data"), ctx, StageInputs()).checkpoint
         names = list(LAUNCHERS)
         for r in range(args.rounds):
-            for name in names[r % 3:] + names[: r % 3]:
+            for name in names[r % 3 :] + names[: r % 3]:
                 step, overhead = one_run(tmp, data, args.steps, name, len(sum(rows.values(), [])))
                 rows[name].append((step, overhead))
                 print(f"round {r + 1} {name}: {step * 1000:.1f} ms/step, overhead {overhead:.1f} s", file=sys.stderr)
     ray.shutdown()
-    print(f"micro SFT, {args.steps} steps of 8 rows, fp32, 1 thread per rank; median of {args.rounds} rounds; "
-          f"load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"micro SFT, {args.steps} steps of 8 rows, fp32, 1 thread per rank; median of {args.rounds} rounds; "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
     print("| launcher | step (ms) | launch overhead (s) |\n| --- | ---: | ---: |")
     for name, runs in rows.items():
-        print(f"| {name} | {statistics.median(s for s, _ in runs) * 1000:.1f} | "
-              f"{statistics.median(o for _, o in runs):.1f} |")
+        print(
+            f"| {name} | {statistics.median(s for s, _ in runs) * 1000:.1f} | "
+            f"{statistics.median(o for _, o in runs):.1f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as work:
             metrics, peak_mb = build_in_child(rows, near, Path(work))
         results[(rows, near)] = (metrics, peak_mb)
-        print(f"| {rows:,} | {'on' if near else 'off'} | {peak_mb:,.0f} MB | {metrics['wall_s']:.1f} s | "
-              f"{metrics['rows_per_s']:,.0f} | {metrics['shards']} |", flush=True)
+        print(
+            f"| {rows:,} | {'on' if near else 'off'} | {peak_mb:,.0f} MB | {metrics['wall_s']:.1f} s | "
+            f"{metrics['rows_per_s']:,.0f} | {metrics['shards']} |",
+            flush=True,
+        )
     (off, off_mb), (on, on_mb) = results[(args.near_rows, False)], results[(args.near_rows, True)]
     per_row_ms = (on["wall_s"] - off["wall_s"]) / args.near_rows * 1e3
     per_row_kb = (on_mb - off_mb) * 1024 / args.near_rows

@@ -18,13 +18,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
-from cascade.artifacts.store import Store
 
 
 class TimedSink(ListSink):
@@ -53,21 +53,32 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-smollm2-"))
-    recipe = load_recipe("smollm2-gsm8k", [
-        f"storage.root=file://{tmp}/store", "tracking.enabled=false",
-        f"stages.sft_data.sources.math.shared.count={args.rows}", f"stages.sft.steps={args.sft_steps}",
-        f"stages.sft.batch_size={args.sft_batch}", f"stages.sft.micro_batch_size={min(4, args.sft_batch)}",
-        "stages.sft.checkpoint_every=0", f"stages.gsm8k_rl.steps={args.grpo_steps}",
-        f"stages.gsm8k_rl.prompts_per_step={args.grpo_prompts}", f"stages.gsm8k_rl.group_size={args.grpo_group}",
-        "stages.gsm8k_rl.checkpoint_every=0", f"domains.math.max_new_tokens={args.max_new_tokens}",
-    ])
+    recipe = load_recipe(
+        "smollm2-gsm8k",
+        [
+            f"storage.root=file://{tmp}/store",
+            "tracking.enabled=false",
+            f"stages.sft_data.sources.math.shared.count={args.rows}",
+            f"stages.sft.steps={args.sft_steps}",
+            f"stages.sft.batch_size={args.sft_batch}",
+            f"stages.sft.micro_batch_size={min(4, args.sft_batch)}",
+            "stages.sft.checkpoint_every=0",
+            f"stages.gsm8k_rl.steps={args.grpo_steps}",
+            f"stages.gsm8k_rl.prompts_per_step={args.grpo_prompts}",
+            f"stages.gsm8k_rl.group_size={args.grpo_group}",
+            "stages.gsm8k_rl.checkpoint_every=0",
+            f"domains.math.max_new_tokens={args.max_new_tokens}",
+        ],
+    )
     store = Store.from_config(recipe.storage)
     refs, sinks = {}, {}
-    for index, (name, run, inputs) in enumerate((
-        ("sft_data", run_sft_data, lambda: StageInputs()),
-        ("sft", run_sft, lambda: StageInputs(stages={"sft_data": refs["sft_data"]})),
-        ("gsm8k_rl", run_grpo, lambda: StageInputs(policy=refs["sft"])),
-    )):
+    for index, (name, run, inputs) in enumerate(
+        (
+            ("sft_data", run_sft_data, lambda: StageInputs()),
+            ("sft", run_sft, lambda: StageInputs(stages={"sft_data": refs["sft_data"]})),
+            ("gsm8k_rl", run_grpo, lambda: StageInputs(policy=refs["sft"])),
+        )
+    ):
         sinks[name] = TimedSink()
         ctx = StageContext(recipe, store, "bench", f"runs/bench/{index:02d}-{name}", sinks[name], workdir=tmp)
         refs[name] = run(recipe.stage(name), ctx, inputs()).checkpoint
@@ -76,15 +87,19 @@ def main() -> None:
     tokens = sft.series("tokens_trained")[1:]
     print(f"load average {os.getloadavg()[0]:.1f}; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}")
     cfg = recipe.stage("sft")
-    print(f"SFT: batch {cfg.batch_size} (micro {cfg.micro_batch_size}), padded tokens per step "
-          f"{sum(tokens) / len(tokens):.0f}, {sum(sft_s) / len(sft_s):.2f} s/step, "
-          f"{sum(tokens) / sum(sft_s):.0f} tokens/s")
+    print(
+        f"SFT: batch {cfg.batch_size} (micro {cfg.micro_batch_size}), padded tokens per step "
+        f"{sum(tokens) / len(tokens):.0f}, {sum(sft_s) / len(sft_s):.2f} s/step, "
+        f"{sum(tokens) / sum(sft_s):.0f} tokens/s"
+    )
     grpo = sinks["gsm8k_rl"]
     step_s = grpo.step_seconds()
     sampled = grpo.series("tokens_sampled")
-    print(f"GRPO: {args.grpo_prompts} prompts x {args.grpo_group} samples, up to {args.max_new_tokens} new tokens: "
-          f"{step_s[-1]:.1f} s for step {len(step_s) + 1} ({sampled[-1]:.0f} tokens sampled; "
-          f"kept groups {grpo.series('kept_groups')[-1]:.2f})")
+    print(
+        f"GRPO: {args.grpo_prompts} prompts x {args.grpo_group} samples, up to {args.max_new_tokens} new tokens: "
+        f"{step_s[-1]:.1f} s for step {len(step_s) + 1} ({sampled[-1]:.0f} tokens sampled; "
+        f"kept groups {grpo.series('kept_groups')[-1]:.2f})"
+    )
 
 
 if __name__ == "__main__":

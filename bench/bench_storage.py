@@ -1,7 +1,8 @@
 """Storage and tracking overhead: checkpoint write/read through the Store vs plain s3fs, and MLflow's share of a
 tiny stage's wall time.
 
-    .venv/bin/python bench/bench_storage.py [--mb 96] [--repeats 3] [--tracking-recipe tiny --tracking-steps 60] [--skip-tracking]
+    .venv/bin/python bench/bench_storage.py [--mb 96] [--repeats 3] [--tracking-recipe tiny --tracking-steps 60]
+    [--skip-tracking]
 
 Storage: a moto S3 server on a free local port (a subprocess, stopped at the end). The checkpoint is shaped like a
 real one: model.safetensors (1/3 of --mb), state/trainer.pt (2/3: AdamW keeps two moments), and small config and
@@ -12,7 +13,8 @@ tokenizer files. "plain" is s3fs's own recursive put/get of the same directory (
 throughput ratio: goal >= 0.8). Medians of --repeats, plain and checkpoint interleaved so that load drift on a
 shared machine hits both alike.
 
-Tracking: an SFT stage (default: the tiny recipe's model and batch, cut to 60 steps) run twice per repeat, with a list sink and with the MLflow sink of a Tracker
+Tracking: an SFT stage (default: the tiny recipe's model and batch, cut to 60 steps) run twice per repeat, with a list
+sink and with the MLflow sink of a Tracker
 (local sqlite, created beforehand: its one-time schema migration is not a per-stage cost). Reports the time spent
 in tracking calls on the stage's thread (sink creation, every log call, end_stage's flush and wait) as a share of
 the stage's wall time (goal < 2%), the fixed per-stage part and the per-call part separately (to project onto
@@ -45,8 +47,13 @@ def make_checkpoint(path: Path, mb: int) -> int:
     (path / "state").mkdir()
     (path / "model" / "model.safetensors").write_bytes(rng(mb * 2**20 // 3))
     (path / "state" / "trainer.pt").write_bytes(rng(mb * 2**20 * 2 // 3))
-    for name, size in (("config.json", 700), ("generation_config.json", 120), ("tokenizer.json", 600_000),
-                       ("tokenizer_config.json", 900), ("chat_template.jinja", 1500)):
+    for name, size in (
+        ("config.json", 700),
+        ("generation_config.json", 120),
+        ("tokenizer.json", 600_000),
+        ("tokenizer_config.json", 900),
+        ("chat_template.jinja", 1500),
+    ):
         (path / "model" / name).write_bytes(rng(size))
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -66,25 +73,41 @@ def bench_storage(mb: int, repeats: int, tmp: Path) -> list[tuple[str, float, fl
         store = Store("s3://bench/root", opts)
         src = tmp / "ckpt"
         nbytes = make_checkpoint(src, mb)
-        times: dict[str, list[float]] = {k: [] for k in ("plain put", "ckpt write", "ckpt write (re-read check)",
-                                                         "plain get", "ckpt read")}
+        times: dict[str, list[float]] = {
+            k: [] for k in ("plain put", "ckpt write", "ckpt write (re-read check)", "plain get", "ckpt read")
+        }
         for i in range(repeats):
             remote = f"{store.path('plain')}/{i}"
-            put = lambda: times["plain put"].append(timed(lambda: store.fs.put(str(src), remote, recursive=True)))  # noqa: E731
-            write = lambda: times["ckpt write"].append(timed(lambda: write_checkpoint(  # noqa: E731
-                store, f"ckpt/{i}", src, stage="bench", step=i, parent=None, config_hash="b")))
-            for op in ((put, write) if i % 2 == 0 else (write, put)):  # alternate who goes first
+
+            def put():
+                times["plain put"].append(timed(lambda: store.fs.put(str(src), remote, recursive=True)))
+
+            def write():
+                times["ckpt write"].append(
+                    timed(
+                        lambda: write_checkpoint(
+                            store, f"ckpt/{i}", src, stage="bench", step=i, parent=None, config_hash="b"
+                        )
+                    )
+                )
+
+            for op in (put, write) if i % 2 == 0 else (write, put):  # alternate who goes first
                 op()
             os.environ["CASCADE_VERIFY_UPLOADS"] = "reread"
             reread = Store("s3://bench/root", opts)
-            times["ckpt write (re-read check)"].append(timed(lambda: write_checkpoint(
-                reread, f"reread/{i}", src, stage="bench", step=i, parent=None, config_hash="b")))
+            times["ckpt write (re-read check)"].append(
+                timed(
+                    lambda: write_checkpoint(
+                        reread, f"reread/{i}", src, stage="bench", step=i, parent=None, config_hash="b"
+                    )
+                )
+            )
             del os.environ["CASCADE_VERIFY_UPLOADS"]
             ref = write_checkpoint(store, f"ckpt/{i}", src, stage="bench", step=i, parent=None, config_hash="b")
             out_plain, out_ckpt = tmp / f"get-{i}", tmp / f"mat-{i}"
             get = lambda: times["plain get"].append(timed(lambda: store.fs.get(remote, str(out_plain), recursive=True)))  # noqa: E731
             read = lambda: times["ckpt read"].append(timed(lambda: materialize(store, ref, out_ckpt)))  # noqa: E731
-            for op in ((get, read) if i % 2 == 0 else (read, get)):
+            for op in (get, read) if i % 2 == 0 else (read, get):
                 op()
             shutil.rmtree(out_plain), shutil.rmtree(out_ckpt)
         med = {k: statistics.median(v) for k, v in times.items()}
@@ -113,18 +136,28 @@ class TimedSink:
 def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> list[tuple[str, float]]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from cascade.artifacts.tracking import Tracker
-    from cascade.stages.kinds import StageInputs
-    from cascade.stages.context import ListSink, StageContext
     from cascade.flows.recipes import load_recipe
+    from cascade.stages.context import ListSink, StageContext
+    from cascade.stages.kinds import StageInputs
     from cascade.stages.kinds.sft.run import run_sft
     from cascade.stages.kinds.sft_data.run import run_sft_data
 
     tmp.mkdir(parents=True, exist_ok=True)
-    recipe = load_recipe(recipe_name, [f"storage.root=file://{tmp}/store", f"tracking.uri=sqlite:///{tmp}/mlflow.db",
-                                       f"stages.sft.steps={steps}", "stages.sft.checkpoint_every=0"])
+    recipe = load_recipe(
+        recipe_name,
+        [
+            f"storage.root=file://{tmp}/store",
+            f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+            f"stages.sft.steps={steps}",
+            "stages.sft.checkpoint_every=0",
+        ],
+    )
     store = Store.from_config(recipe.storage)
-    data = run_sft_data(recipe.stage("sft_data"), StageContext(recipe, store, "b", "runs/b/00-sft_data",
-                                                               ListSink(), workdir=tmp), StageInputs()).checkpoint
+    data = run_sft_data(
+        recipe.stage("sft_data"),
+        StageContext(recipe, store, "b", "runs/b/00-sft_data", ListSink(), workdir=tmp),
+        StageInputs(),
+    ).checkpoint
     Tracker(recipe, "warm-up")  # creates the sqlite schema once: not a per-stage cost
     plain, tracked, shares, fixed, per_call = [], [], [], [], []
     for i in range(repeats):
@@ -146,11 +179,14 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
         per_call.append(statistics.median(calls))
         shares.append((opened + closed + sum(calls)) / wall)
     p, t = statistics.median(plain), statistics.median(tracked)
-    return [("stage wall, list sink (s)", p), ("stage wall, MLflow sink (s)", t),
-            ("fixed per stage: open + end (s)", statistics.median(fixed)),
-            ("per metrics call (ms)", statistics.median(per_call) * 1000),
-            ("tracking calls / stage wall (%)", statistics.median(shares) * 100),
-            ("A/B wall difference (%)", (t - p) / p * 100)]
+    return [
+        ("stage wall, list sink (s)", p),
+        ("stage wall, MLflow sink (s)", t),
+        ("fixed per stage: open + end (s)", statistics.median(fixed)),
+        ("per metrics call (ms)", statistics.median(per_call) * 1000),
+        ("tracking calls / stage wall (%)", statistics.median(shares) * 100),
+        ("A/B wall difference (%)", (t - p) / p * 100),
+    ]
 
 
 def main() -> None:
@@ -170,8 +206,10 @@ def main() -> None:
             print(f"{name:34s} {value:14.2f} {secs:9.2f}" if secs else f"{name:34s} {value:14.2f}")
         if not args.skip_tracking:
             rows = bench_tracking(args.repeats, args.tracking_steps, args.tracking_recipe, tmp / "tracking")
-            print(f"\nTracking: {args.tracking_recipe} recipe's SFT stage cut to {args.tracking_steps} steps, local "
-                  f"sqlite MLflow, median of {args.repeats}")
+            print(
+                f"\nTracking: {args.tracking_recipe} recipe's SFT stage cut to {args.tracking_steps} steps, local "
+                f"sqlite MLflow, median of {args.repeats}"
+            )
             for name, value in rows:
                 print(f"{name:34s} {value:10.3f}")
     finally:

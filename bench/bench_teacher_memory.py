@@ -1,7 +1,8 @@
 """Peak memory of MOPD's teacher forward: all rows at once vs micro-batched, on smollm2-135m.
 
 MOPD scores every sampled token with its domain's teacher. Forwarding all N rows at once materializes logits of
-[N, C, V] floats over the C completion columns (V = 49,152 for SmolLM2); forwarding `micro_batch_size` rows at a time, as the student's update
+[N, C, V] floats over the C completion columns (V = 49,152 for SmolLM2); forwarding `micro_batch_size` rows at a time,
+as the student's update
 does, holds [n, C, V]. Each setting runs in a fresh process (ru_maxrss only grows) and reports the peak RSS
 above the loaded model, and the wall time of the forward.
 
@@ -48,8 +49,9 @@ print(json.dumps({"micro": micro, "extra_mb": round(peak - before), "seconds": r
 
 
 def measure(rows: int, tokens: int, micro: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(rows), str(tokens), str(micro)], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(rows), str(tokens), str(micro)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

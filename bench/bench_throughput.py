@@ -20,13 +20,13 @@ from contextlib import nullcontext
 
 import torch
 
-from cascade.stages.engines.base import SamplingParams
-from cascade.stages.engines.hf import HFEngine
-from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
-from cascade.stages.kinds.sft.run import model_rows
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import OptimizerConfig
+from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.kinds.sft.run import model_rows
+from cascade.stages.losses import sft_loss, token_logprobs
+from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import make_optimizer
 
@@ -99,8 +99,15 @@ def generate_tps(model, tok, prompts: list[list[int]], n: int, new_tokens: int) 
     ids = torch.tensor([p for p in prompts])
     t0 = time.perf_counter()
     with torch.no_grad():
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new_tokens,
-                             num_return_sequences=n, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            max_new_tokens=new_tokens,
+            num_return_sequences=n,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
     peer = (gen.shape[1] - ids.shape[1]) * gen.shape[0] / (time.perf_counter() - t0)
     return ours, peer
 
@@ -127,21 +134,32 @@ def main() -> None:
     shapes = {layout: tuple(model_rows(skewed, PAD, layout == "packed", None)[0].shape) for layout in mix}
     rows = [
         ("matmul peak fp32 / bf16", f"{peak32 / 1e9:.0f} / {peak16 / 1e9:.0f} GFLOP/s", ""),
-        (f"SFT step, B32 x T128 (ours, {dtype})", f"{ours:,.0f} tok/s",
-         f"{6 * n_params * ours / peak:.0%} of {dtype} peak; {ours / naive:.2f}x naive"),
+        (
+            f"SFT step, B32 x T128 (ours, {dtype})",
+            f"{ours:,.0f} tok/s",
+            f"{6 * n_params * ours / peak:.0%} of {dtype} peak; {ours / naive:.2f}x naive",
+        ),
         ("SFT step, naive HF fp32 (peer)", f"{naive:,.0f} tok/s", f"{6 * n_params * naive / peak32:.0%} of fp32 peak"),
-        (f"SFT skewed mix, packed (ours, {dtype})", f"{mix['packed']:,.0f} tok/s",
-         f"rows {shapes['packed']}; {mix['packed'] / mix['padded']:.2f}x padded, {mix['packed'] / mix_naive:.2f}x naive"),
+        (
+            f"SFT skewed mix, packed (ours, {dtype})",
+            f"{mix['packed']:,.0f} tok/s",
+            f"rows {shapes['packed']}; {mix['packed'] / mix['padded']:.2f}x padded, "
+            f"{mix['packed'] / mix_naive:.2f}x naive",
+        ),
         (f"SFT skewed mix, padded (ours, {dtype})", f"{mix['padded']:,.0f} tok/s", f"rows {shapes['padded']}"),
         ("SFT skewed mix, naive HF fp32 (peer)", f"{mix_naive:,.0f} tok/s", "padded, labels=-100, attention mask"),
     ]
     if not args.sft_only:
         prompts = [prompt_ids(tok, f"Compute {i % 10}+{(i * 7) % 10}-{(i * 3) % 10}.") for i in range(64)]
         gen_ours, gen_peer = generate_tps(model.eval(), tok, prompts, n=8, new_tokens=64)
-        rows += [("rollout 64 x 8 x 64 (ours, HFEngine)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
-                 ("rollout 64 x 8 x 64 (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs")]
-    print(f"tiny model: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load average before / after: {load_before} / {os.getloadavg()}")
+        rows += [
+            ("rollout 64 x 8 x 64 (ours, HFEngine)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
+            ("rollout 64 x 8 x 64 (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs"),
+        ]
+    print(
+        f"tiny model: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average before / after: {load_before} / {os.getloadavg()}"
+    )
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:>22}  {note}")

@@ -5,7 +5,8 @@
 For each (prompt length, group size) of the grid, builds 8 prompts x G completions of 8-32 random tokens, and
 times the loss's forward and backward two ways: `full_row_logits` (the full rows, right-padded, in one forward:
 what the update did before, and its fallback now) and `shared_prefix_logits` (each prompt once, the completions
-on its repeated KV cache), both from stages/completions.py. Both give the same loss and gradient (tests/stages/test_training.py); the table prints the median
+on its repeated KV cache), both from stages/completions.py. Both give the same loss and gradient
+(tests/stages/test_training.py); the table prints the median
 seconds of --reps repetitions after one warm-up, alternating the two, and the load average.
 """
 
@@ -55,8 +56,10 @@ def main() -> None:
     model, tok = initial_model(ModelConfig(source=args.model), seed=0)
     model.train()
     pad = tok.pad_token_id
-    print(f"update forward+backward on {args.model}, {PROMPTS} prompts, completions 8-32 tokens, "
-          f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"update forward+backward on {args.model}, {PROMPTS} prompts, completions 8-32 tokens, "
+        f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}"
+    )
     print("| prompt tokens | G | full rows (s) | shared prompt (s) | full / shared | load |")
     print("| --- | --- | --- | --- | --- | --- |")
     for prompt_len in (20, 64):
@@ -65,15 +68,19 @@ def main() -> None:
             adv = torch.randn(len(batch), generator=torch.Generator().manual_seed(0))
             times: dict[str, list[float]] = {"full": [], "shared": []}
             for rep in range(args.reps + 1):
-                for name, logits_of in (("full", full_row_logits), ("shared", shared_prefix_logits))[:: 1 - 2 * (rep % 2)]:
+                for name, logits_of in (("full", full_row_logits), ("shared", shared_prefix_logits))[
+                    :: 1 - 2 * (rep % 2)
+                ]:
                     model.zero_grad(set_to_none=True)
                     start = time.perf_counter()
                     loss_of(logits_of, model, batch, adv, pad).backward()
                     if rep:  # the first repetition is the warm-up
                         times[name].append(time.perf_counter() - start)
             full, shared = statistics.median(times["full"]), statistics.median(times["shared"])
-            print(f"| {prompt_len} | {group} | {full:.3f} | {shared:.3f} | {full / shared:.2f}x | "
-                  f"{os.getloadavg()[0]:.1f} |")
+            print(
+                f"| {prompt_len} | {group} | {full:.3f} | {shared:.3f} | {full / shared:.2f}x | "
+                f"{os.getloadavg()[0]:.1f} |"
+            )
 
 
 if __name__ == "__main__":

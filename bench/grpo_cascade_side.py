@@ -18,13 +18,21 @@ import torch
 
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.recipe import validate_recipe
 
 # top-level ranges of a step, in order; backward is forward_backward less the logprob_forward ranges inside it
-PHASES = ("rollout", "scoring", "mismatch_forward", "logprob_forward", "backward", "optimizer", "weight_sync",
-          "logging")
+PHASES = (
+    "rollout",
+    "scoring",
+    "mismatch_forward",
+    "logprob_forward",
+    "backward",
+    "optimizer",
+    "weight_sync",
+    "logging",
+)
 
 
 class StepClock(ListSink):
@@ -43,16 +51,33 @@ class StepClock(ListSink):
 
 
 def run_stage(setting: dict, sink: ListSink, workdir: Path) -> None:
-    recipe = validate_recipe({
-        "seed": setting["seed"], "storage": {"root": f"file://{workdir}/store"},
-        "model": {"source": setting["model_dir"]}, "compute": {"dtype": setting["dtype"], "device": "cpu"},
-        "domains": {"math": {"train_size": setting["pool"], "heldout_size": 16, "max_new_tokens": setting["tokens"]}},
-        "stages": [{"kind": "grpo", "name": "rl", "domains": ["math"], "steps": setting["warmup"] + setting["steps"],
-                    "prompts_per_step": setting["prompts"], "group_size": setting["group"],
+    recipe = validate_recipe(
+        {
+            "seed": setting["seed"],
+            "storage": {"root": f"file://{workdir}/store"},
+            "model": {"source": setting["model_dir"]},
+            "compute": {"dtype": setting["dtype"], "device": "cpu"},
+            "domains": {
+                "math": {"train_size": setting["pool"], "heldout_size": 16, "max_new_tokens": setting["tokens"]}
+            },
+            "stages": [
+                {
+                    "kind": "grpo",
+                    "name": "rl",
+                    "domains": ["math"],
+                    "steps": setting["warmup"] + setting["steps"],
+                    "prompts_per_step": setting["prompts"],
+                    "group_size": setting["group"],
                     # one forward/backward over the whole batch, as TRL's per_device_train_batch_size = P x G
-                    "micro_batch_size": setting["prompts"] * setting["group"], "lr": setting["lr"],
-                    "checkpoint_every": 0, "drop_flat_groups": not setting["same_work"]}],
-    }, "bench_grpo")
+                    "micro_batch_size": setting["prompts"] * setting["group"],
+                    "lr": setting["lr"],
+                    "checkpoint_every": 0,
+                    "drop_flat_groups": not setting["same_work"],
+                }
+            ],
+        },
+        "bench_grpo",
+    )
     ctx = StageContext(recipe, Store.from_config(recipe.storage), "bench", "runs/bench/00-rl", sink, workdir=workdir)
     run_grpo(recipe.stage("rl"), ctx, StageInputs())
 
@@ -63,15 +88,21 @@ def timed_run(setting: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-grpo-ours-") as tmp:
         run_stage(setting, clock, Path(tmp))
     warm = setting["warmup"]
-    step_seconds = [b - a for a, b in zip(clock.times, clock.times[1:])][warm - 1:]  # steps warmup+1..S
-    return {"step_seconds": step_seconds, "tokens_sampled": clock.series("tokens_sampled")[warm:],
-            "kept_groups": sum(clock.series("kept_groups")[warm:]) / setting["steps"]}
+    step_seconds = [b - a for a, b in zip(clock.times, clock.times[1:])][warm - 1 :]  # steps warmup+1..S
+    return {
+        "step_seconds": step_seconds,
+        "tokens_sampled": clock.series("tokens_sampled")[warm:],
+        "kept_groups": sum(clock.series("kept_groups")[warm:]) / setting["steps"],
+    }
 
 
 def phase_seconds(prof: torch.profiler.profile, steps: int) -> dict[str, float]:
     """Seconds per step of each grpo.<phase> range (CPU wall time of the range, children included)."""
-    totals = {e.key.removeprefix("grpo."): e.cpu_time_total / 1e6 / steps
-              for e in prof.key_averages() if e.key.startswith("grpo.")}
+    totals = {
+        e.key.removeprefix("grpo."): e.cpu_time_total / 1e6 / steps
+        for e in prof.key_averages()
+        if e.key.startswith("grpo.")
+    }
     per_step = {phase: totals.get(phase, 0.0) for phase in PHASES}
     per_step["backward"] = totals.get("forward_backward", 0.0) - per_step["logprob_forward"]
     return per_step
@@ -92,8 +123,10 @@ def profile_step(setting, label: str) -> dict[str, float]:
     phases = phase_seconds(prof, cfg["steps"])
     phases["other"] = step - sum(phases.values())
     label += " same work" if cfg["same_work"] else " as configured"
-    print(f"[{label}] one GRPO step under torch.profiler: {step:.3f} s (mean of {cfg['steps']}), kept groups "
-          f"{sum(clock.series('kept_groups')[cfg['warmup']:]) / cfg['steps']:.2f}")
+    print(
+        f"[{label}] one GRPO step under torch.profiler: {step:.3f} s (mean of {cfg['steps']}), kept groups "
+        f"{sum(clock.series('kept_groups')[cfg['warmup'] :]) / cfg['steps']:.2f}"
+    )
     print(f"  {'phase':<18} {'s/step':>8} {'share':>6}")
     for phase, seconds in phases.items():
         print(f"  {phase:<18} {seconds:>8.4f} {seconds / step:>6.1%}", flush=True)

@@ -23,11 +23,11 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from bench_grpo import trl_same_work_kwargs  # noqa: E402  (bench/ is the script's own dir; stdlib imports only)
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from bench_grpo import trl_same_work_kwargs  # noqa: E402  (bench/ is the script's own dir; stdlib imports only)
 from cascade.stages.domains import get_domain  # noqa: E402
 
 
@@ -49,8 +49,9 @@ class StepClock(TrainerCallback):
 def prompt_dataset(items) -> Dataset:
     """One row per item, in order: its user message as a conversation (TRL applies the model's chat template with
     the generation prompt, as stages.model.prompt_ids does) and its index, which the reward reads."""
-    return Dataset.from_list([{"prompt": [{"role": "user", "content": it.prompt}], "item_index": i}
-                              for i, it in enumerate(items)])
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": it.prompt}], "item_index": i} for i, it in enumerate(items)]
+    )
 
 
 def grader_reward(domain, items):
@@ -81,17 +82,31 @@ def main() -> None:
     model, tokenizer = load_policy(setting["model_dir"])
     clock = StepClock()
     with tempfile.TemporaryDirectory(prefix="bench-grpo-trl-") as out:
-        config = GRPOConfig(output_dir=out, **trl_same_work_kwargs(
-            prompts, group, setting["tokens"], steps, setting["lr"], setting["seed"], setting["dtype"]))
-        trainer = GRPOTrainer(model=model, reward_funcs=grader_reward(math, pool), args=config,
-                              train_dataset=prompt_dataset(pool), processing_class=tokenizer, callbacks=[clock])
+        config = GRPOConfig(
+            output_dir=out,
+            **trl_same_work_kwargs(
+                prompts, group, setting["tokens"], steps, setting["lr"], setting["seed"], setting["dtype"]
+            ),
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=grader_reward(math, pool),
+            args=config,
+            train_dataset=prompt_dataset(pool),
+            processing_class=tokenizer,
+            callbacks=[clock],
+        )
         trainer.train()
     step_seconds = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 2..S
-    print(json.dumps({
-        "step_seconds": step_seconds[setting["warmup"] - 1:],
-        "tokens_sampled": [m * prompts * group for m in clock.mean_lengths][setting["warmup"]:],
-        "kept_groups": 1.0,  # TRL backpropagates every group
-    }))
+    print(
+        json.dumps(
+            {
+                "step_seconds": step_seconds[setting["warmup"] - 1 :],
+                "tokens_sampled": [m * prompts * group for m in clock.mean_lengths][setting["warmup"] :],
+                "kept_groups": 1.0,  # TRL backpropagates every group
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import torch
+from grpo_trl_peer import grader_reward, load_policy, prompt_dataset  # bench/ is the script's own dir
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from grpo_trl_peer import grader_reward, load_policy, prompt_dataset  # bench/ is the script's own dir
 from cascade.stages.domains import Item, get_domain
 
 
@@ -42,9 +42,14 @@ def main() -> None:
     items = [Item(**row) for step in job["schedule"] for row in step]
     model, tokenizer = load_policy(job["model_dir"])
     log = RewardLog()
-    trainer = GRPOTrainer(model=model, reward_funcs=grader_reward(domain, items),
-                          args=GRPOConfig(output_dir=str(out / "trainer"), **job["config"]),
-                          train_dataset=prompt_dataset(items), processing_class=tokenizer, callbacks=[log])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=grader_reward(domain, items),
+        args=GRPOConfig(output_dir=str(out / "trainer"), **job["config"]),
+        train_dataset=prompt_dataset(items),
+        processing_class=tokenizer,
+        callbacks=[log],
+    )
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started

@@ -28,10 +28,10 @@ from cascade.flows.recipes import RunRequest, request_recipe
 from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
 from cascade.tasks.stages import (
+    choose_teachers_task,
     eval_task,
     finish_task,
     gate_task,
-    choose_teachers_task,
     links_task,
     record_recovery_task,
     result_storage,
@@ -84,30 +84,38 @@ def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
         for index, stage in enumerate(recipe.stages):
             if getattr(stage, "teachers", None) == "auto":
                 stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(
-                    recipe, run_id, stage, evaluated)
+                    recipe, run_id, stage, evaluated
+                )
             ref = _named(stage_run, recipe, run_id, f"{index:02d}-{stage.kind}-{stage.name}")(
-                recipe, run_id, stage, index, stage_inputs(stage, policy, made))
+                recipe, run_id, stage, index, stage_inputs(stage, policy, made)
+            )
             made[stage.name] = ref
             if kind_of(stage.kind).makes != "policy":
                 continue
             policy = ref
             if not recipe.eval.enabled:
                 continue
-            scores = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(recipe, run_id, stage.name, index, policy)
+            scores = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(
+                recipe, run_id, stage.name, index, policy
+            )
             evaluated = stage.name
             can_recover = recipe.gate.policy == "recover" and recoveries < recipe.gate.max_recoveries
             policy_now = "warn" if recipe.gate.policy == "recover" and not can_recover else recipe.gate.policy
             fired = _named(gate_task, recipe, run_id, f"gate-after-{stage.name}")(
-                recipe, run_id, stage.name, scores, policy_now)
+                recipe, run_id, stage.name, scores, policy_now
+            )
             if not (fired and can_recover):
                 continue
             recoveries += 1
             recovery = choose_teachers_task(
-                recipe, run_id, recipe.gate.recovery.model_copy(update={"name": f"recover-{stage.name}"}), stage.name)
+                recipe, run_id, recipe.gate.recovery.model_copy(update={"name": f"recover-{stage.name}"}), stage.name
+            )
             policy = made[recovery.name] = _named(stage_run, recipe, run_id, f"mopd-recover-{stage.name}")(
-                recipe, run_id, recovery, index, stage_inputs(recovery, policy, made))
+                recipe, run_id, recovery, index, stage_inputs(recovery, policy, made)
+            )
             recovered = _named(eval_task, recipe, run_id, f"eval-after-recover-{stage.name}")(
-                recipe, run_id, recovery.name, index, policy)
+                recipe, run_id, recovery.name, index, policy
+            )
             record_recovery_task(recipe, run_id, stage.name, recovered)
             evaluated = recovery.name
     return finish_task(recipe, run_id, "FINISHED")

@@ -9,8 +9,9 @@ name that is not in it) is a RecipeError when the flow starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,7 +24,7 @@ from cascade.stages.recipe import (  # load_recipe: re-exported, the name every 
     RECIPES_DIR,
     Recipe,
     RecipeError,
-    load_recipe,
+    load_recipe,  # noqa: F401
     parse_recipe_text,
     read_recipe_file,
     refuse_url_credentials,
@@ -52,11 +53,17 @@ class RunRequest(Strict):
     lr: LearningRate | None = Field(None, description="Peak learning rate of every training stage.")
     stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
     domains: list[DomainName] | None = Field(
-        None, min_length=1, description="Train and evaluate only these of the recipe's domains; an RL or "
-        "difficulty stage left with none of its domains is dropped.")
-    storage_root: str | None = Field(None, pattern=r"^(file|s3)://([^/?#@]+|[^/?#@]*/.*)$",  # no user:pw@
-                                     description="file:///dir or s3://bucket/prefix; credentials come from the "
-                                     "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)")
+        None,
+        min_length=1,
+        description="Train and evaluate only these of the recipe's domains; an RL or "
+        "difficulty stage left with none of its domains is dropped.",
+    )
+    storage_root: str | None = Field(
+        None,
+        pattern=r"^(file|s3)://([^/?#@]+|[^/?#@]*/.*)$",  # no user:pw@
+        description="file:///dir or s3://bucket/prefix; credentials come from the "
+        "environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY or AWS_PROFILE)",
+    )
     run_id: str | None = Field(None, pattern=RUN_ID_PATTERN, description="Continue this run; empty: a new run.")
 
     @model_validator(mode="before")

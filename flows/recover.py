@@ -33,7 +33,9 @@ STAGE = "recover"
 
 
 @flow(name="recover", flow_run_name="recover-{baseline}", log_prints=True)
-def recover_flow(student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None) -> dict[str, Any]:
+def recover_flow(
+    student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None
+) -> dict[str, Any]:
     """The recovered checkpoint's URI, scores and verdicts against the baseline."""
     loaded = load_recipe(recipe)
     run_id = run_id or f"recover-{new_eval_id()}"
@@ -41,17 +43,22 @@ def recover_flow(student: str, recipe: str = "tiny", baseline: str = "nightly", 
     if best is None or not set(best.domains) & set(loaded.domains):
         raise ValueError(f"baseline {baseline!r} has no teacher for any domain of recipe {loaded.name!r}")
     start = resolve_task.with_options(task_run_name=f"resolve-student-{student}")(loaded, student)
-    teachers = {d: resolve_task.with_options(task_run_name=f"resolve-teacher-{d}")(loaded, entry.uri)
-                for d, entry in sorted(best.domains.items()) if d in loaded.domains}
+    teachers = {
+        d: resolve_task.with_options(task_run_name=f"resolve-teacher-{d}")(loaded, entry.uri)
+        for d, entry in sorted(best.domains.items())
+        if d in loaded.domains
+    }
     # teachers by a name of their own: two domains' best checkpoints may share a stage name across runs
     cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: f"best-{d}" for d in teachers}})
     inputs = StageInputs(policy=start, stages={f"best-{d}": ref for d, ref in teachers.items()})
     with running(loaded, run_id) as loaded:  # one writer per run: LeaseHeld otherwise
-        recover_stage = stage_task.with_options(task_run_name=f"00-mopd-{STAGE}",
-                                                result_storage=result_storage(loaded, run_id))
+        recover_stage = stage_task.with_options(
+            task_run_name=f"00-mopd-{STAGE}", result_storage=result_storage(loaded, run_id)
+        )
         model = recover_stage(loaded, run_id, cfg, 0, inputs)
         record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(
-            loaded, model.uri, model, layout.eval_key(run_id, 0, STAGE))
+            loaded, model.uri, model, layout.eval_key(run_id, 0, STAGE)
+        )
         record_recovered_task(loaded, run_id, STAGE, record.scores)
         rows = judge_task(loaded, best, record)
         publish_verdicts_task(loaded, baseline, layout.verdicts_key(run_id), rows, STAGE)

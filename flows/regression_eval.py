@@ -61,7 +61,8 @@ def regression_eval_flow(
         ref = resolve_task.with_options(task_run_name=f"resolve-{name}")(loaded, name)
         slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
         record = evaluate_checkpoint_task.with_options(task_run_name=f"evaluate-{name}")(
-            loaded, name, ref, layout.regression_record_key(eval_id, slug))
+            loaded, name, ref, layout.regression_record_key(eval_id, slug)
+        )
         verdicts = judge_task.with_options(task_run_name=f"judge-{name}")(loaded, stored, record)
         if regressions(verdicts):
             emit_regression_task(recipe, baseline, record, regressions(verdicts))
@@ -71,6 +72,8 @@ def regression_eval_flow(
     if update_baseline:
         raise_baseline_task(loaded, baseline, records)
     for row in rows:
-        print(f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {row['baseline']} "
-              f"(drop {row['drop']}, tolerance {row['tolerance']}): {row['verdict']}")
+        print(
+            f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {row['baseline']} "
+            f"(drop {row['drop']}, tolerance {row['tolerance']}): {row['verdict']}"
+        )
     return rows

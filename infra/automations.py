@@ -46,8 +46,9 @@ def recover_automation(recover_deployment_id: UUID) -> AutomationCore:
             posture=Posture.Reactive,
             threshold=1,
         ),
-        actions=[RunDeployment(source="selected", deployment_id=recover_deployment_id,
-                               parameters=dict(RECOVER_PARAMETERS))],
+        actions=[
+            RunDeployment(source="selected", deployment_id=recover_deployment_id, parameters=dict(RECOVER_PARAMETERS))
+        ],
     )
 
 

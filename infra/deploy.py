@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from cascade.infra.deployments import DEPLOYMENTS, DeploymentSpec
 from cascade.infra.prefect_server import configured_api_url, free_port, serving, start_server
@@ -46,10 +47,17 @@ def runner_deployments(specs: list[DeploymentSpec]) -> list[Any]:
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron
 
-    return [spec.load_flow().to_deployment(
-        name=spec.name, description=spec.description, parameters=spec.parameters or None,
-        schedule=Cron(spec.cron, timezone=spec.timezone) if spec.cron else None,
-        tags=list(spec.tags), entrypoint_type=EntrypointType.MODULE_PATH) for spec in specs]
+    return [
+        spec.load_flow().to_deployment(
+            name=spec.name,
+            description=spec.description,
+            parameters=spec.parameters or None,
+            schedule=Cron(spec.cron, timezone=spec.timezone) if spec.cron else None,
+            tags=list(spec.tags),
+            entrypoint_type=EntrypointType.MODULE_PATH,
+        )
+        for spec in specs
+    ]
 
 
 def run_automations_hook(say: Callable[[str], None]) -> None:
@@ -69,8 +77,8 @@ def ui_url(api_url: str) -> str:
 def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Callable[[str], None]) -> None:
     from prefect import serve as serve_deployments
 
-    from cascade.artifacts.tracking import open_experiment
     from cascade.artifacts.config import TrackingConfig
+    from cascade.artifacts.tracking import open_experiment
     from cascade.tasks.stages import COMPUTE_LIMIT_ENV
 
     os.environ[COMPUTE_LIMIT_ENV] = limit_name  # the flow runs (subprocesses) take slots of this limit
@@ -81,8 +89,10 @@ def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Call
         for deployment in deployments:
             deployment.apply()
         run_automations_hook(say)
-        say(f"deployments: {', '.join(d.full_name for d in deployments)}; "
-            f"training stages share global concurrency limit {limit_name!r} (1 slot)")
+        say(
+            f"deployments: {', '.join(d.full_name for d in deployments)}; "
+            f"training stages share global concurrency limit {limit_name!r} (1 slot)"
+        )
         say(f"Prefect UI: {ui_url(api_url)}")
         if serve:
             say("serving: flow runs of these deployments execute here until Ctrl-C")

@@ -33,15 +33,26 @@ class DeploymentSpec:
 
 
 DEPLOYMENTS: list[DeploymentSpec] = [
-    DeploymentSpec("cascade", "cascade.flows.cascade:cascade_from_form",
-                   "Run a recipe end to end from a typed form; with a run_id, continue that run.",
-                   tags=("cascade", "training")),
-    DeploymentSpec("nightly", "cascade.flows.regression_eval:regression_eval_flow",
-                   "Evaluate named checkpoints against a stored per-domain baseline; emit "
-                   "cascade.regression.detected on a regression.",
-                   cron="0 3 * * *", parameters={"recipe": "tiny", "baseline": "nightly"},
-                   tags=("cascade", "regression-eval")),
-    DeploymentSpec("recover", "cascade.flows.recover:recover_flow",
-                   "MOPD from the baseline's best-per-domain teachers onto a regressed checkpoint, then eval.",
-                   parameters={"recipe": "tiny", "baseline": "nightly"}, tags=("cascade", "recover")),
+    DeploymentSpec(
+        "cascade",
+        "cascade.flows.cascade:cascade_from_form",
+        "Run a recipe end to end from a typed form; with a run_id, continue that run.",
+        tags=("cascade", "training"),
+    ),
+    DeploymentSpec(
+        "nightly",
+        "cascade.flows.regression_eval:regression_eval_flow",
+        "Evaluate named checkpoints against a stored per-domain baseline; emit "
+        "cascade.regression.detected on a regression.",
+        cron="0 3 * * *",
+        parameters={"recipe": "tiny", "baseline": "nightly"},
+        tags=("cascade", "regression-eval"),
+    ),
+    DeploymentSpec(
+        "recover",
+        "cascade.flows.recover:recover_flow",
+        "MOPD from the baseline's best-per-domain teachers onto a regressed checkpoint, then eval.",
+        parameters={"recipe": "tiny", "baseline": "nightly"},
+        tags=("cascade", "recover"),
+    ),
 ]

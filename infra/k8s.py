@@ -31,12 +31,15 @@ def job_variables(recipe: Recipe) -> dict[str, Any]:
     trained = [s for s in [*recipe.stages, recipe.gate.recovery] if kind_of(s.kind).distributable]
     computes = [c for c in map(recipe.compute_for, trained) if c.launcher != "ray"]
     gpu_ranks = [c.nproc_per_node for c in computes if c.device != "cpu"]
-    variables: dict[str, Any] = {"gpus_per_node": max(gpu_ranks, default=1),
-                                 "nnodes": max((c.nnodes for c in computes), default=1)}
+    variables: dict[str, Any] = {
+        "gpus_per_node": max(gpu_ranks, default=1),
+        "nnodes": max((c.nnodes for c in computes), default=1),
+    }
     hosts = {c.rdzv_endpoint.rsplit(":", 1)[0] for c in computes if c.nnodes > 1}
     if len(hosts) > 1:
-        raise JobVariablesError(f"multi-node stages rendezvous at different hosts {sorted(hosts)}: one Job has "
-                                "one rendezvous service")
+        raise JobVariablesError(
+            f"multi-node stages rendezvous at different hosts {sorted(hosts)}: one Job has one rendezvous service"
+        )
     if hosts:
         variables["rdzv_service"] = hosts.pop().split(".", 1)[0]
     return variables

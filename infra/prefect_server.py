@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 SERVER_START_TIMEOUT_S = 120  # ~5 s idle; much longer on two busy cores
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -62,8 +63,14 @@ def _die_with_parent() -> Any:
 def spawn(args: list[str], env: dict[str, str], out: IO[bytes] | None = None) -> subprocess.Popen:
     """A server process that dies with this one. Its own session: a Ctrl-C at the terminal reaches the
     command, which then stops the server itself."""
-    return subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT if out else None,
-                            start_new_session=True, preexec_fn=_die_with_parent())
+    return subprocess.Popen(
+        args,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT if out else None,
+        start_new_session=True,
+        preexec_fn=_die_with_parent(),
+    )
 
 
 def wait_healthy(api_url: str, process: subprocess.Popen | None, timeout: float) -> None:
@@ -94,12 +101,18 @@ def start_server(home: Path, port: int, log: Path) -> tuple[subprocess.Popen, st
     home.mkdir(parents=True, exist_ok=True)
     # retryable errors logged: the UI does not retry a 503 (sqlite's "database is locked"), so its "Something went
     # wrong" toast is explained only by this log (docs/DEPLOYMENTS.md)
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true")
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_API_URL=f"http://127.0.0.1:{port}/api",
+        PREFECT_SERVER_LOG_RETRYABLE_ERRORS="true",
+    )
     env.pop("PREFECT_API_URL", None)
     with open(log, "ab") as out:
-        process = spawn([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                         "--port", str(port)], env, out)
+        process = spawn(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)], env, out
+        )
     api_url = f"http://127.0.0.1:{port}/api"
     try:
         wait_healthy(api_url, process, SERVER_START_TIMEOUT_S)
@@ -139,9 +152,24 @@ class LocalAPI:
         # The command line and environment of Prefect's SubprocessASGIServer, whose database and settings
         # this keeps; its errors go to the terminal, as Prefect's do.
         env = dict(os.environ, PREFECT_UI_ENABLED="0", PREFECT__SERVER_EPHEMERAL="1", PREFECT__SERVER_FINAL="1")
-        self.process = spawn([sys.executable, "-m", "uvicorn", "--factory", "prefect.server.api.server:create_app",
-                              "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
-                              "--lifespan", "on"], env)
+        self.process = spawn(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--factory",
+                "prefect.server.api.server:create_app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "error",
+                "--lifespan",
+                "on",
+            ],
+            env,
+        )
 
     @property
     def embedded(self) -> bool:

@@ -139,7 +139,8 @@ def _probe() -> list[_Hierarchy]:
         _log.warning(
             "sandbox: no writable cgroup memory controller (%s): memory is limited per process only "
             "(RLIMIT_AS: a program's processes together may hold memory_mb x max_processes), and "
-            "socket buffers are held to the kernel's default size only where seccomp runs", why,
+            "socket buffers are held to the kernel's default size only where seccomp runs",
+            why,
         )
     return usable
 
@@ -183,7 +184,7 @@ def _candidates() -> list[_Hierarchy]:
             own_path = next((path for names, path in own if not names), None)
         if own_path is None or not (own_path + "/").startswith(root.rstrip("/") + "/"):
             continue  # our cgroup is not below this mount
-        own_dir = os.path.join(mount_point, own_path[len(root.rstrip("/")):].lstrip("/"))
+        own_dir = os.path.join(mount_point, own_path[len(root.rstrip("/")) :].lstrip("/"))
         if fstype == "cgroup2":
             controllers = _handed_down(own_dir)
         if controllers:

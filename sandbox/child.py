@@ -36,8 +36,13 @@ MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 
 PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 22, 24, 28
 PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 36, 38
 _MOUNT_OPTION_FLAGS = {
-    "ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
-    "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME,
+    "ro": MS_RDONLY,
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": MS_NOATIME,
+    "nodiratime": MS_NODIRATIME,
+    "relatime": MS_RELATIME,
     "strictatime": MS_STRICTATIME,
 }
 
@@ -339,8 +344,14 @@ def _setup_mounts(libc, config: dict, layers: set[str], code: bytes) -> None:
     _mount(libc, None, "/tmp", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if os.path.isdir("/dev/shm") and not os.path.islink("/dev/shm"):
         # Writable (POSIX semaphores of multiprocessing need it) but private.
-        _mount(libc, "tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-               f"size=16m,nr_inodes={inodes},mode=1777")
+        _mount(
+            libc,
+            "tmpfs",
+            "/dev/shm",
+            "tmpfs",
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            f"size=16m,nr_inodes={inodes},mode=1777",
+        )
     for path in ["/var/tmp", "/run"] + list(config["hide"]):
         if os.path.isdir(path) and not os.path.islink(path):
             _mount(libc, "tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")

@@ -19,15 +19,71 @@ __all__ = ["filter_program", "supported"]
 # aarch64: asm-generic/unistd.h).  audit arch: AUDIT_ARCH_X86_64 / _AARCH64.
 _ARCHES = {
     "x86_64": {
-        "audit": 0xC000003E, "socket": 41, "socketpair": 53, "setsockopt": 54, "clone": 56, "clone3": 435,
-        "deny": [101, 155, 161, 165, 166, 175, 246, 248, 249, 250, 272, 298, 308, 313, 321, 323,
-                 425, 428, 429, 430, 431, 432, 442],
+        "audit": 0xC000003E,
+        "socket": 41,
+        "socketpair": 53,
+        "setsockopt": 54,
+        "clone": 56,
+        "clone3": 435,
+        "deny": [
+            101,
+            155,
+            161,
+            165,
+            166,
+            175,
+            246,
+            248,
+            249,
+            250,
+            272,
+            298,
+            308,
+            313,
+            321,
+            323,
+            425,
+            428,
+            429,
+            430,
+            431,
+            432,
+            442,
+        ],
         "unaccounted": [29, 64, 68, 319, 447],
     },
     "aarch64": {
-        "audit": 0xC00000B7, "socket": 198, "socketpair": 199, "setsockopt": 208, "clone": 220, "clone3": 435,
-        "deny": [39, 40, 41, 51, 97, 104, 105, 117, 217, 218, 219, 241, 268, 273, 280, 282,
-                 425, 428, 429, 430, 431, 432, 442],
+        "audit": 0xC00000B7,
+        "socket": 198,
+        "socketpair": 199,
+        "setsockopt": 208,
+        "clone": 220,
+        "clone3": 435,
+        "deny": [
+            39,
+            40,
+            41,
+            51,
+            97,
+            104,
+            105,
+            117,
+            217,
+            218,
+            219,
+            241,
+            268,
+            273,
+            280,
+            282,
+            425,
+            428,
+            429,
+            430,
+            431,
+            432,
+            442,
+        ],
         "unaccounted": [194, 190, 186, 279, 447],
     },
 }
@@ -61,7 +117,9 @@ def filter_program() -> list[tuple[int, int, int, int]]:
     ld_abs, jeq, jge, jset, and_k, ret = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
     allow, kill = 0x7FFF0000, 0x80000000
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
-    clone_new_mask = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
+    clone_new_mask = (
+        CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET | 0x02000000
+    )
     prog = [(ld_abs, 0, 0, 4), (jeq, 1, 0, arch["audit"]), (ret, 0, 0, kill), (ld_abs, 0, 0, 0)]
     if arch["audit"] == 0xC000003E:  # x32 ABI numbers (bit 30) on x86_64
         prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]
@@ -77,16 +135,35 @@ def filter_program() -> list[tuple[int, int, int, int]]:
     # it).  A stream pair is born connected and refuses connect() and sendto()
     # with an address; a datagram pair could still address any socket file.
     # args[0] (family) and args[1] (type, flags masked off) at offsets 16, 24.
-    prog += [(jeq, 0, 7, arch["socketpair"]), (ld_abs, 0, 0, 16), (jeq, 0, 4, 1), (ld_abs, 0, 0, 24),
-             (and_k, 0, 0, 0xF), (jeq, 0, 1, 1), (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    prog += [
+        (jeq, 0, 7, arch["socketpair"]),
+        (ld_abs, 0, 0, 16),
+        (jeq, 0, 4, 1),
+        (ld_abs, 0, 0, 24),
+        (and_k, 0, 0, 0xF),
+        (jeq, 0, 1, 1),
+        (ret, 0, 0, allow),
+        (ret, 0, 0, eperm),
+    ]
     # setsockopt(): no SO_SNDBUF/SO_RCVBUF(FORCE) at SOL_SOCKET (args[1], args[2]): a socket keeps the
     # kernel's default buffer (about 208 KiB), where a program raising it to wmem_max held 470 MiB of
     # kernel memory in 30 socket pairs, outside RLIMIT_AS (a memory cgroup counts it where there is one).
     prog += [(jeq, 0, 9, arch["setsockopt"]), (ld_abs, 0, 0, 24), (jeq, 0, 6, _SOL_SOCKET), (ld_abs, 0, 0, 32)]
-    prog += [(jeq, 3, 0, _SO_SNDBUF), (jeq, 2, 0, _SO_RCVBUF), (jeq, 1, 0, _SO_SNDBUFFORCE),
-             (jeq, 0, 1, _SO_RCVBUFFORCE), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    prog += [
+        (jeq, 3, 0, _SO_SNDBUF),
+        (jeq, 2, 0, _SO_RCVBUF),
+        (jeq, 1, 0, _SO_SNDBUFFORCE),
+        (jeq, 0, 1, _SO_RCVBUFFORCE),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
     # clone(): no new namespaces (flags are args[0]).
-    prog += [(jeq, 0, 4, arch["clone"]), (ld_abs, 0, 0, 16), (jset, 0, 1, clone_new_mask), (ret, 0, 0, eperm),
-             (ret, 0, 0, allow)]
+    prog += [
+        (jeq, 0, 4, arch["clone"]),
+        (ld_abs, 0, 0, 16),
+        (jset, 0, 1, clone_new_mask),
+        (ret, 0, 0, eperm),
+        (ret, 0, 0, allow),
+    ]
     prog += [(ret, 0, 0, allow)]
     return prog

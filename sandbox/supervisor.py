@@ -9,6 +9,7 @@ layers provide and what they do not: the package docstring.  Standard library on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -20,7 +21,6 @@ import sys
 import tempfile
 import threading
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -258,12 +258,16 @@ def _sandbox_env(workdir: str) -> dict[str, str]:
 
 def _sandbox_python(setuid: bool) -> str | None:
     override = os.environ.get("CASCADE_SANDBOX_PYTHON")
-    candidates = [override] if override else [
-        sys.executable,
-        getattr(sys, "_base_executable", None),
-        "/usr/bin/python3",
-        "/usr/local/bin/python3",
-    ]
+    candidates = (
+        [override]
+        if override
+        else [
+            sys.executable,
+            getattr(sys, "_base_executable", None),
+            "/usr/bin/python3",
+            "/usr/local/bin/python3",
+        ]
+    )
     for candidate in candidates:
         if not candidate:
             continue
@@ -316,8 +320,13 @@ def _supervise(
     argv = [sys.executable, "-I", "-S", "-B", _CHILD_SCRIPT, json.dumps(config)]
     try:
         proc = subprocess.Popen(
-            argv, cwd=workdir, env=_bootstrap_env(), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
+            argv,
+            cwd=workdir,
+            env=_bootstrap_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
             start_new_session=True,
         )
     except OSError as exc:
@@ -343,7 +352,7 @@ def _supervise(
     memory_exceeded = group is not None and group.memory_exceeded()
     status, returncode, note = _judge(report, exited, proc.returncode, limits, memory_exceeded)
     if note:
-        stderr = (stderr + ("\n" if stderr else "") + f"[sandbox] {note}")
+        stderr = stderr + ("\n" if stderr else "") + f"[sandbox] {note}"
     return Verdict(status, returncode, stdout, stderr, seconds, mode)
 
 
@@ -453,9 +462,18 @@ def _kill_uid(uid: int, python: str) -> None:
     killer = "import os, signal\ntry:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError:\n    pass\n"
     for _ in range(3):
         try:
-            subprocess.run([python, "-I", "-S", "-c", killer], user=uid, group=uid, extra_groups=[],
-                           env=_bootstrap_env(), cwd="/", stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+            subprocess.run(
+                [python, "-I", "-S", "-c", killer],
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                env=_bootstrap_env(),
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError):
             return
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.base import Domain, Item
@@ -67,12 +68,15 @@ def is_correct(score: float) -> bool:
     return score >= 1.0 - 1e-9
 
 
-def score_items(domain: Domain, items: list[Item], completions: list[list[str]]) -> tuple[list[list[float]], list[list[dict]]]:
+def score_items(
+    domain: Domain, items: list[Item], completions: list[list[str]]
+) -> tuple[list[list[float]], list[list[dict]]]:
     """Scores and per-sample details (empty dicts when the domain has no `grade_details`)."""
     details_fn = getattr(domain, "grade_details", None)
     if details_fn is None:  # one grade_batch call: a domain may grade in parallel (e.g. code in sandboxes)
-        flat = domain.grade_batch([it for it, g in zip(items, completions, strict=True) for _ in g],
-                                  [c for g in completions for c in g])
+        flat = domain.grade_batch(
+            [it for it, g in zip(items, completions, strict=True) for _ in g], [c for g in completions for c in g]
+        )
         scores, start = [], 0
         for group in completions:
             scores.append([float(x) for x in flat[start : start + len(group)]])
@@ -82,8 +86,9 @@ def score_items(domain: Domain, items: list[Item], completions: list[list[str]])
     return [[float(d["score"]) for d in group] for group in details], details
 
 
-def summarize(domain: Domain, items: list[Item], scores: list[list[float]], details: list[list[dict]],
-              samples: int) -> dict[str, float]:
+def summarize(
+    domain: Domain, items: list[Item], scores: list[list[float]], details: list[list[dict]], samples: int
+) -> dict[str, float]:
     """pass@1, pass@k (k = samples > 1), mean score, pass@1 per group, and the domain's own metrics."""
     if not scores:
         return {"items": 0, "samples": samples}
@@ -115,7 +120,9 @@ def _length_order(prompts: list[list[int]]) -> list[int]:
     return sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
 
 
-def generate_all(engine, prompts: list[list[int]], samples: int, sampling, progress: Progress | None) -> list[list[Any]]:
+def generate_all(
+    engine, prompts: list[list[int]], samples: int, sampling, progress: Progress | None
+) -> list[list[Any]]:
     """Completions for every prompt, in chunks of about one engine batch so progress moves as work is done."""
     chunk = max(1, getattr(engine, "batch_size", 64) // samples)
     order = _length_order(prompts)
@@ -168,8 +175,16 @@ def evaluate_benchmark(
 
 
 def _row(spec: BenchmarkSpec, item: Item, sample: int, completion: str, score: float, details: dict, **extra) -> dict:
-    row = {"benchmark": spec.name, "id": item.id, "sample": sample, "prompt": item.prompt, "completion": completion,
-           "score": score, "verdict": "pass" if is_correct(score) else "fail", **extra}
+    row = {
+        "benchmark": spec.name,
+        "id": item.id,
+        "sample": sample,
+        "prompt": item.prompt,
+        "completion": completion,
+        "score": score,
+        "verdict": "pass" if is_correct(score) else "fail",
+        **extra,
+    }
     if details:
         row["details"] = {k: v for k, v in details.items() if k != "score"}
     return row
@@ -188,7 +203,9 @@ def grade_rows(name: str, data_file: str | Path, progress: Progress | None = Non
                 raise row
             completion = row.get("completion")
             if not isinstance(completion, str):
-                raise ValueError("missing 'completion' (a string)" if completion is None else "'completion' is not a string")
+                raise ValueError(
+                    "missing 'completion' (a string)" if completion is None else "'completion' is not a string"
+                )
             item = spec.parse_row(row, number - 1)
             item_scores, item_details = score_items(domain, [item], [[completion]])
             s, d = item_scores[0][0], item_details[0][0]

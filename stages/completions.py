@@ -45,17 +45,24 @@ class CompletionBatch:
         return len(self.owner)
 
     def to(self, device: torch.device) -> CompletionBatch:
-        return replace(self, owner=self.owner.to(device), ids=self.ids.to(device), mask=self.mask.to(device),
-                       inf_logp=self.inf_logp.to(device))
+        return replace(
+            self,
+            owner=self.owner.to(device),
+            ids=self.ids.to(device),
+            mask=self.mask.to(device),
+            inf_logp=self.inf_logp.to(device),
+        )
 
     def select(self, rows: Tensor) -> CompletionBatch:
         """The rows `rows` picks (a [N] bool mask or indices), in order; prompts are kept whole."""
-        return replace(self, owner=self.owner[rows], ids=self.ids[rows], mask=self.mask[rows],
-                       inf_logp=self.inf_logp[rows])
+        return replace(
+            self, owner=self.owner[rows], ids=self.ids[rows], mask=self.mask[rows], inf_logp=self.inf_logp[rows]
+        )
 
 
-def completion_batch(pairs: list[tuple[list[int], Completion]], pad: int, temperature: float = 1.0,
-                     top_p: float = 1.0) -> CompletionBatch:
+def completion_batch(
+    pairs: list[tuple[list[int], Completion]], pad: int, temperature: float = 1.0, top_p: float = 1.0
+) -> CompletionBatch:
     """(prompt, completion) rows sampled at `temperature` and `top_p` -> a CompletionBatch; consecutive rows with the
     same prompt share its entry."""
     prompts: list[list[int]] = []
@@ -93,8 +100,14 @@ def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: T
     [n, C, V], column j the logits that predict ids[:, j]."""
     prompt_ids, prompt_mask = left_padded(prompts, pad, ids.device)
     cache = DynamicCache()
-    last = model(input_ids=prompt_ids, attention_mask=prompt_mask, past_key_values=cache, use_cache=True,
-                 position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1).logits[:, -1]  # [u, V]
+    last = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        past_key_values=cache,
+        use_cache=True,
+        position_ids=(prompt_mask.cumsum(-1) - 1).clamp(min=0),
+        logits_to_keep=1,
+    ).logits[:, -1]  # [u, V]
     first = last[repeat, None]  # [n, 1, V]: the prompt's last position predicts y_0
     if ids.shape[1] == 1:
         return first
@@ -102,8 +115,9 @@ def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: T
     body = ids[:, :-1]  # the last token predicts nothing
     attention = torch.cat([prompt_mask[repeat], torch.ones_like(body)], dim=1)
     positions = prompt_mask.sum(-1)[repeat, None] + torch.arange(body.shape[1], device=ids.device)
-    rest = model(input_ids=body, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                 use_cache=True).logits  # [n, C-1, V]
+    rest = model(
+        input_ids=body, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits  # [n, C-1, V]
     return torch.cat([first, rest], dim=1)
 
 
@@ -118,4 +132,3 @@ def full_row_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor
     rows.scatter_(1, columns, ids)
     logits = model(input_ids=rows).logits  # [n, W, V]
     return logits.gather(1, (columns - 1)[..., None].expand(-1, -1, logits.shape[-1]))
-

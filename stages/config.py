@@ -54,8 +54,10 @@ class ModelConfig(Strict):
     @model_validator(mode="after")
     def _heads_split_hidden(self) -> ModelConfig:
         if self.hidden_size % (2 * self.num_heads):  # the model's first forward would fail on a shape mismatch
-            raise ValueError(f"hidden_size {self.hidden_size} must be num_heads ({self.num_heads}) times an even "
-                             "head size: RoPE rotates pairs of dimensions")
+            raise ValueError(
+                f"hidden_size {self.hidden_size} must be num_heads ({self.num_heads}) times an even "
+                "head size: RoPE rotates pairs of dimensions"
+            )
         return self
 
     def context_overrides(self) -> dict:
@@ -81,8 +83,9 @@ class EngineConfig(Strict):
     # from the ranks' bundles, so rollout and training capacity are sized apart: Ray's resource names, CPU, GPU or
     # a custom resource that a node pool advertises (e.g. {rollout: 1}). A CUDA server wants {GPU: <tensor
     # parallel size>}.
-    ray_resources: dict[str, Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, allow_inf_nan=False)]] = \
-        {"CPU": 1.0}
+    ray_resources: dict[str, Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, allow_inf_nan=False)]] = {
+        "CPU": 1.0
+    }
 
 
 class DomainSpec(Strict):
@@ -94,7 +97,9 @@ class DomainSpec(Strict):
     # the distribution RL trains (a greedy eval of a weak model churns items between checkpoints and misses what RL
     # moves); greedy pass@1 is scored beside it as column `greedy/<domain>`. None: the temperature of the first RL
     # stage that trains the domain (1.0 without one), and 4 samples. eval_temperature 0: greedy only.
-    eval_temperature: Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    eval_temperature: Annotated[float, BeforeValidator(_no_bool), Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = (
+        None
+    )
     eval_samples: Annotated[int, Field(strict=True, ge=1, le=64)] | None = None
     # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
     # haystack; every item of the domain (train, held-out, SFT data) is generated with them

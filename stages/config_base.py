@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Literal, NamedTuple, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
@@ -145,8 +146,10 @@ class ComputeConfig(Strict):
     @model_validator(mode="after")
     def _multi_node_needs_endpoint(self) -> ComputeConfig:
         if self.nnodes > 1 and self.rdzv_endpoint is None and self.launcher != "ray":
-            raise ValueError("compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches), or "
-                             "compute.launcher: ray")
+            raise ValueError(
+                "compute.nnodes > 1 needs compute.rdzv_endpoint (host:port every node reaches), or "
+                "compute.launcher: ray"
+            )
         return self
 
     @model_validator(mode="after")
@@ -177,6 +180,7 @@ class ComputeOverride(Strict):
 
 
 # --- data sources and teachers: where an sft_data stage (and a GRPO stage's prompts) reads rows and answers ---
+
 
 class SourceDraw(Strict):
     """How many rows a source contributes, counted before filtering: a count, or a share of train_size."""
@@ -219,7 +223,7 @@ class FileSource(SourceDraw):
     meta_field: str = "meta"  # what the domain's grader reads (math: {"answer": "72"}); optional
 
 
-DataSource = Annotated[Union[SyntheticSource, SharedSource, FileSource], Field(discriminator="kind")]
+DataSource = Annotated[SyntheticSource | SharedSource | FileSource, Field(discriminator="kind")]
 
 
 class OracleTeacher(Strict):
@@ -241,10 +245,11 @@ class OpenAITeacher(GenerationTeacher, OpenAIEndpoint):
     kind: Literal["openai"] = "openai"
 
 
-TeacherConfig = Annotated[Union[OracleTeacher, ModelTeacher, OpenAITeacher], Field(discriminator="kind")]
+TeacherConfig = Annotated[OracleTeacher | ModelTeacher | OpenAITeacher, Field(discriminator="kind")]
 
 
 # --- stage configs: every kind's config derives from StageConfig ---
+
 
 class StageConfig(Strict):
     """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
@@ -349,8 +354,10 @@ class OnPolicyConfig(TrainingConfig):
     def _floor_fits(self) -> OnPolicyConfig:
         domains = getattr(self, "domains", None) or []
         if self.min_prompts_per_domain * len(domains) > self.prompts_per_step:
-            raise ValueError(f"stage {self.name!r}: min_prompts_per_domain {self.min_prompts_per_domain} x "
-                             f"{len(domains)} domains is more than prompts_per_step {self.prompts_per_step}")
+            raise ValueError(
+                f"stage {self.name!r}: min_prompts_per_domain {self.min_prompts_per_domain} x "
+                f"{len(domains)} domains is more than prompts_per_step {self.prompts_per_step}"
+            )
         return self
 
     @model_validator(mode="after")

@@ -11,9 +11,10 @@ import logging
 import random
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import PreTrainedTokenizerFast
@@ -25,7 +26,6 @@ from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.model import initial_model, load_hf, save_hf
 from cascade.stages.recipe import Recipe
-
 
 log = logging.getLogger("cascade.checkpoint")
 TRAIN_STATE_DIR = "train"  # state/train/: a step checkpoint's model + optimizer state, DCP-sharded by rank
@@ -102,8 +102,9 @@ def load_policy(ctx: StageContext, ref: CheckpointRef | None) -> tuple[torch.nn.
     return load_checkpoint(ctx.recipe, ctx.store, ref, ctx.workdir)
 
 
-def load_checkpoint(recipe: Recipe, store: Store, ref: CheckpointRef | None,
-                    workdir: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def load_checkpoint(
+    recipe: Recipe, store: Store, ref: CheckpointRef | None, workdir: Path
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """A checkpoint of `store` (downloaded and verified into workdir), or the recipe's model source for None."""
     if ref is None:
         return initial_model(recipe.model, recipe.seed)
@@ -136,8 +137,16 @@ def save_model_checkpoint(
         if state is not None:
             (local / "state").mkdir(exist_ok=True)
             torch.save(state, local / "state" / "trainer.pt")
-        return write_checkpoint(ctx.store, key, local, stage=cfg.name, step=step, parent=parent,
-                                config_hash=config_hash(cfg), metrics=metrics)
+        return write_checkpoint(
+            ctx.store,
+            key,
+            local,
+            stage=cfg.name,
+            step=step,
+            parent=parent,
+            config_hash=config_hash(cfg),
+            metrics=metrics,
+        )
     finally:  # the staged copy: a long stage would otherwise keep one per step checkpoint until it ends
         shutil.rmtree(local, ignore_errors=True)
 
@@ -181,8 +190,9 @@ def _verified_copy(ctx: StageContext, ref: CheckpointRef) -> Path:
     return local
 
 
-def load_step_state(ctx: StageContext, ref: CheckpointRef, load: ModelLoad = load_hf
-                    ) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any], Path]:
+def load_step_state(
+    ctx: StageContext, ref: CheckpointRef, load: ModelLoad = load_hf
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast, dict[str, Any], Path]:
     """The step's HF model (read by `load`), tokenizer, trainer state (step, RNG, history), and the local copy (its
     DCP state)."""
     local = _verified_copy(ctx, ref)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -197,8 +198,9 @@ def save_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, p
     every rank sees), rank 0 the metadata last."""
     model_state, optim_state = get_state_dict(model, optimizer)
     with one_process_dcp():
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(path),
-                 no_dist=not dist.is_initialized())
+        dcp.save(
+            {"model": model_state, "optim": optim_state}, checkpoint_id=str(path), no_dist=not dist.is_initialized()
+        )
 
 
 def load_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:

@@ -14,9 +14,9 @@ import hashlib
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.report import GREEDY_COLUMN
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
-from cascade.artifacts.report import GREEDY_COLUMN
 from cascade.stages.config import BENCHMARK_COLUMN
 from cascade.stages.context import load_checkpoint
 from cascade.stages.engines import make_engine
@@ -47,8 +47,10 @@ def evaluate_domains(
             groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
             grades = item_grades(domain, items, groups)
             scores[column] = sum(grades) / len(grades)
-            rows += [{"domain": column, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
-                     for it, g, s in zip(items, groups, grades)]
+            rows += [
+                {"domain": column, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
+                for it, g, s in zip(items, groups, grades)
+            ]
     return scores, rows
 
 
@@ -56,34 +58,46 @@ def item_grades(domain, items, groups: list[list[str]]) -> list[float]:
     """Each item's score: the mean grade of its answers (groups[i]: item i's k answers)."""
     k = len(groups[0]) if groups else 1
     flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
-    return [sum(flat[i * k:(i + 1) * k]) / k for i in range(len(items))]
+    return [sum(flat[i * k : (i + 1) * k]) / k for i in range(len(items))]
 
 
 def item_seeds(seed: int, domain: str, items) -> list[int]:
     """One 63-bit seed per item, a hash of (recipe seed, domain, item id): stable across runs and processes."""
-    return [int.from_bytes(hashlib.sha256(f"{seed}:{domain}:{it.id}".encode()).digest()[:8], "big") >> 1
-            for it in items]
+    return [
+        int.from_bytes(hashlib.sha256(f"{seed}:{domain}:{it.id}".encode()).digest()[:8], "big") >> 1 for it in items
+    ]
 
 
-def evaluate_benchmarks(engine: RolloutEngine, tokenizer, recipe: Recipe
-                        ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate_benchmarks(
+    engine: RolloutEngine, tokenizer, recipe: Recipe
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"."""
     from cascade.stages.benchmarks import evaluate_benchmark
 
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name, spec in recipe.eval.benchmarks.items():
-        result = evaluate_benchmark(engine, tokenizer, name, spec.limit, data_root=recipe.eval.resolved_data_root(),
-                                    max_new_tokens=spec.max_new_tokens, seed=recipe.seed)
+        result = evaluate_benchmark(
+            engine,
+            tokenizer,
+            name,
+            spec.limit,
+            data_root=recipe.eval.resolved_data_root(),
+            max_new_tokens=spec.max_new_tokens,
+            seed=recipe.seed,
+        )
         column = BENCHMARK_COLUMN + name
         scores[column] = result.metrics["pass@1"]
-        rows += [{"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"],
-                  "score": r["score"]} for r in result.rows]
+        rows += [
+            {"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"], "score": r["score"]}
+            for r in result.rows
+        ]
     return scores, rows
 
 
-def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None,
-                batch_size: int | None = None) -> tuple[Any, RolloutEngine]:
+def open_policy(
+    recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None, batch_size: int | None = None
+) -> tuple[Any, RolloutEngine]:
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
     (any source `stages.model_source.resolve_model_dir` takes), with the recipe's engine settings."""
     store = store or Store.from_config(recipe.storage)
@@ -93,8 +107,9 @@ def open_policy(recipe: Recipe, checkpoint: CheckpointRef | None = None, store: 
     return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
 
 
-def evaluate_model(recipe: Recipe, checkpoint: CheckpointRef | None = None,
-                   store: Store | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def evaluate_model(
+    recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source), and every
     benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store)

@@ -29,10 +29,19 @@ def decide(
             continue
         drop = best[0] - score
         if drop > tolerances[domain]:
-            decisions.append({
-                "stage": stage, "domain": domain, "best": best[0], "best_stage": best[1], "now": score,
-                "drop": round(drop, 4), "tolerance": tolerances[domain], "action": policy, "after_recovery": None,
-            })
+            decisions.append(
+                {
+                    "stage": stage,
+                    "domain": domain,
+                    "best": best[0],
+                    "best_stage": best[1],
+                    "now": score,
+                    "drop": round(drop, 4),
+                    "tolerance": tolerances[domain],
+                    "action": policy,
+                    "after_recovery": None,
+                }
+            )
     return decisions
 
 

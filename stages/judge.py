@@ -51,7 +51,7 @@ class JudgeError(RuntimeError):
 
 
 def parse_verdict(text: str | None) -> str | None:
-    """"A" or "B" when the reply is that one letter (brackets and punctuation allowed), else None."""
+    """ "A" or "B" when the reply is that one letter (brackets and punctuation allowed), else None."""
     match = VERDICT.match(text or "")
     return match.group(1) if match else None
 
@@ -66,18 +66,23 @@ class PairwiseJudge:
         self.lock = threading.Lock()
 
     def compare(self, requests: list[str], xs: list[str], ys: list[str]) -> list[float]:
-        games = [(r, x, y) for r, x, y in zip(requests, xs, ys, strict=True)] + \
-                [(r, y, x) for r, x, y in zip(requests, xs, ys, strict=True)]
+        games = [(r, x, y) for r, x, y in zip(requests, xs, ys, strict=True)] + [
+            (r, y, x) for r, x, y in zip(requests, xs, ys, strict=True)
+        ]
         with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.concurrency, len(games)))) as pool:
             verdicts = list(pool.map(lambda g: self._verdict(*g[1], tag=f"game-{g[0]}"), enumerate(games)))
         n = len(requests)
         return [((verdicts[i] == "A") + (verdicts[n + i] == "B")) / 2 for i in range(n)]
 
     def _verdict(self, request: str, a: str, b: str, tag: str) -> str | None:
-        body = json.dumps({
-            "model": self.cfg.model, "temperature": 0.0, "max_tokens": self.cfg.max_tokens,
-            "messages": [{"role": "user", "content": JUDGE_PROMPT.format(request=request, a=a, b=b)}],
-        }).encode()
+        body = json.dumps(
+            {
+                "model": self.cfg.model,
+                "temperature": 0.0,
+                "max_tokens": self.cfg.max_tokens,
+                "messages": [{"role": "user", "content": JUDGE_PROMPT.format(request=request, a=a, b=b)}],
+            }
+        ).encode()
         try:
             raw = self.client.request(body, tag)
         except RequestRefused:
@@ -108,10 +113,14 @@ class JudgeRewards:
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
         cells = [(item, c.text) for item, group in zip(items, groups) for c in group]
         before, retries = self.judge.malformed, self.judge.retries
-        scores = self.judge.compare([i.prompt for i, _ in cells], [t for _, t in cells], [i.reference for i, _ in cells])
-        self.last = {"judge_malformed": float(self.judge.malformed - before),
-                     "judge_retries": float(self.judge.retries - retries),
-                     "rubric_score": float(score_groups(items, groups).mean())}
+        scores = self.judge.compare(
+            [i.prompt for i, _ in cells], [t for _, t in cells], [i.reference for i, _ in cells]
+        )
+        self.last = {
+            "judge_malformed": float(self.judge.malformed - before),
+            "judge_retries": float(self.judge.retries - retries),
+            "rubric_score": float(score_groups(items, groups).mean()),
+        }
         return torch.tensor(scores).view(len(groups), -1)
 
     def close(self) -> None:

@@ -69,9 +69,19 @@ def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs)
 def torchrun_command(compute: ComputeConfig, spec_dir: Path) -> list[str]:
     """The torchrun command line of one node: c10d rendezvous at compute.rdzv_endpoint, or a free local port."""
     endpoint = compute.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={compute.nnodes}",
-            f"--nproc-per-node={compute.nproc_per_node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            "--max-restarts=0", "-m", "cascade.stages.launch", str(spec_dir)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={compute.nnodes}",
+        f"--nproc-per-node={compute.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        "--max-restarts=0",
+        "-m",
+        "cascade.stages.launch",
+        str(spec_dir),
+    ]
 
 
 def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeConfig) -> StageResult:
@@ -82,8 +92,14 @@ def run_torchrun(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: Comp
         (spec_dir / SPEC).write_bytes(pickle.dumps(spec))
         (spec_dir / EVENTS).touch()
         with open(spec_dir / TORCHRUN_LOG, "wb") as log:
-            proc = subprocess.Popen(torchrun_command(compute, spec_dir), stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent(), cwd=_repo_root())
+            proc = subprocess.Popen(
+                torchrun_command(compute, spec_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+                cwd=_repo_root(),
+            )
         events = EventTail(spec_dir / EVENTS)
         try:
             while proc.poll() is None:

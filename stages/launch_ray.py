@@ -74,10 +74,19 @@ class RankActor:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def run(self, spec_bytes: bytes, rank: int, local_rank: int, world_size: int, master: tuple[str, int],
-            queue: Any) -> None:
-        os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
-                           "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "CASCADE_LAUNCHER": "ray"})
+    def run(
+        self, spec_bytes: bytes, rank: int, local_rank: int, world_size: int, master: tuple[str, int], queue: Any
+    ) -> None:
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(world_size),
+                "MASTER_ADDR": master[0],
+                "MASTER_PORT": str(master[1]),
+                "CASCADE_LAUNCHER": "ray",
+            }
+        )
         run_rank(pickle.loads(spec_bytes), rank, QueueSink(queue) if rank == 0 else NullSink())
 
 
@@ -98,12 +107,16 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
     try:
         ranks = _start_ranks(group, compute, device)
         places = ray.get([r.where.remote() for r in ranks])
-        log.info("stage %s placed: %s", cfg.name, ", ".join(
-            f"rank {i} on node {p['ip']} ({p['node'][:8]})" for i, p in enumerate(places)))
+        log.info(
+            "stage %s placed: %s",
+            cfg.name,
+            ", ".join(f"rank {i} on node {p['ip']} ({p['node'][:8]})" for i, p in enumerate(places)),
+        )
         master = (places[0]["ip"], ray.get(ranks[0].free_port.remote()))
         spec = pickle.dumps(rank_spec(cfg, ctx, inputs))
-        runs = {r.run.remote(spec, i, i % compute.nproc_per_node, len(ranks), master, queue): i
-                for i, r in enumerate(ranks)}
+        runs = {
+            r.run.remote(spec, i, i % compute.nproc_per_node, len(ranks), master, queue): i for i, r in enumerate(ranks)
+        }
         return _follow(cfg.name, runs, places, queue, ctx)
     finally:
         for r in ranks:
@@ -125,7 +138,8 @@ def _placement(stage: str, compute: ComputeConfig, device: str) -> Any:
         free = ray.available_resources().get(device, 0)
         raise DistributedStageError(
             f"stage {stage}: the Ray cluster has no room for {compute.nnodes} node(s) x {compute.nproc_per_node} "
-            f"{device} rank(s) ({strategy}) after {PLACEMENT_TIMEOUT_S:.0f} s; {free:g} {device} free")
+            f"{device} rank(s) ({strategy}) after {PLACEMENT_TIMEOUT_S:.0f} s; {free:g} {device} free"
+        )
     return group
 
 
@@ -135,12 +149,16 @@ def _start_ranks(group: Any, compute: ComputeConfig, device: str) -> list[Any]:
 
     one = {"num_gpus": 1, "num_cpus": 0} if device == "GPU" else {"num_cpus": 1}
     actor = ray.remote(max_restarts=0)(RankActor)
-    return [actor.options(**one, scheduling_strategy=PlacementGroupSchedulingStrategy(group, node)).remote()
-            for node in range(compute.nnodes) for _ in range(compute.nproc_per_node)]
+    return [
+        actor.options(**one, scheduling_strategy=PlacementGroupSchedulingStrategy(group, node)).remote()
+        for node in range(compute.nnodes)
+        for _ in range(compute.nproc_per_node)
+    ]
 
 
-def _follow(stage: str, runs: dict[Any, int], places: list[dict[str, Any]], queue: Any,
-            ctx: StageContext) -> StageResult:
+def _follow(
+    stage: str, runs: dict[Any, int], places: list[dict[str, Any]], queue: Any, ctx: StageContext
+) -> StageResult:
     """Forward rank 0's events until every rank returns; on the first failure, the one line of its root cause."""
     import ray
 

@@ -24,7 +24,8 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
 def sampling_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
     """The logits of the distribution a sampler draws from, so that token_logprobs of them is log pi_{T,p}:
 
-        z' = z / T  on the nucleus N,  -inf off it;  pi_{T,p}(y) = softmax(z')[y] = softmax(z/T)[y] / sum_{v in N} softmax(z/T)[v]
+        z' = z / T  on the nucleus N,  -inf off it;
+        pi_{T,p}(y) = softmax(z')[y] = softmax(z/T)[y] / sum_{v in N} softmax(z/T)[v]
 
     N is the smallest set of most probable tokens whose mass under softmax(z/T) reaches top_p (a token is in N when
     the mass of the tokens before it, in descending order, is at most top_p), chosen without gradient. T = 1 and
@@ -92,8 +93,13 @@ def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, 
 
 
 def mopd_loss(
-    logp: Tensor, teacher_logp: Tensor, inf_logp: Tensor, mask: Tensor, num_tokens: int,
-    eps_low: float, eps_high: float,
+    logp: Tensor,
+    teacher_logp: Tensor,
+    inf_logp: Tensor,
+    mask: Tensor,
+    num_tokens: int,
+    eps_low: float,
+    eps_high: float,
 ) -> Tensor:
     """Multi-domain on-policy distillation loss (Nemotron-Cascade 2), on the sampled token only.
 

@@ -65,7 +65,9 @@ def initial_model(cfg: ModelConfig, seed: int) -> tuple[torch.nn.Module, PreTrai
     return load_hf(cfg.source, cfg.context_overrides())
 
 
-def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
+def load_hf(
+    model_dir: str | Path, config_overrides: dict | None = None
+) -> tuple[torch.nn.Module, PreTrainedTokenizerFast]:
     """Any source but "tiny"; a checkpoint is downloaded to a temporary directory, removed once it is loaded.
     config_overrides: config keys set on load (a recipe's context window and RoPE scaling)."""
     with tempfile.TemporaryDirectory(prefix="cascade-model-", ignore_cleanup_errors=True) as work:
@@ -78,7 +80,9 @@ def load_hf(model_dir: str | Path, config_overrides: dict | None = None) -> tupl
             model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=torch.float32)
             tokenizer = load_tokenizer(path)
         except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt or truncated weights file
-            raise ModelSourceError(f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+            raise ModelSourceError(
+                f"cannot load the model in {path}: {str(e).splitlines()[0] if str(e) else e!r}"
+            ) from None
         return model, chat_ready(tokenizer, path)
 
 
@@ -88,8 +92,10 @@ def chat_ready(tokenizer: PreTrainedTokenizerFast, path: Path) -> PreTrainedToke
     out of every loss and pass attention masks to generation, so the filler id never matters. Its padding side
     does not matter either: the stages pad by hand (SFT and training batches right, the HF engine left)."""
     if not tokenizer.chat_template:
-        raise ModelSourceError(f"the tokenizer in {path} has no chat template: use an instruct model, or add "
-                               "`chat_template` to its tokenizer_config.json")
+        raise ModelSourceError(
+            f"the tokenizer in {path} has no chat template: use an instruct model, or add "
+            "`chat_template` to its tokenizer_config.json"
+        )
     if tokenizer.eos_token_id is None:
         raise ModelSourceError(f"the tokenizer in {path} has no eos token: completions would never stop")
     if tokenizer.pad_token_id is None:
@@ -97,8 +103,12 @@ def chat_ready(tokenizer: PreTrainedTokenizerFast, path: Path) -> PreTrainedToke
     return tokenizer
 
 
-def save_hf(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: str | Path,
-            weights: dict[str, torch.Tensor] | None = None) -> None:
+def save_hf(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    out_dir: str | Path,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> None:
     """weights: the full state dict, when the module holds only a shard of it (FSDP2); None: the module's own."""
     model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=weights)
     tokenizer.save_pretrained(str(out_dir))
@@ -124,9 +134,10 @@ def turn_end_id(tokenizer: PreTrainedTokenizerFast) -> int:
     """The token the chat template closes an assistant turn with (Qwen's <|im_end|>, Llama 3's <|eot_id|>): the
     first special token after the answer's text in a rendered conversation. A template that puts none there (a
     plain-text turn separator) ends turns with the tokenizer's eos."""
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "q"},
-                                              {"role": "assistant", "content": TURN_PROBE}], tokenize=False)
-    after = rendered[rendered.rfind(TURN_PROBE) + len(TURN_PROBE):] if TURN_PROBE in rendered else ""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": TURN_PROBE}], tokenize=False
+    )
+    after = rendered[rendered.rfind(TURN_PROBE) + len(TURN_PROBE) :] if TURN_PROBE in rendered else ""
     special = set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
     return next((i for i in tokenizer.encode(after, add_special_tokens=False) if i in special), tokenizer.eos_token_id)
 
@@ -136,8 +147,11 @@ def end_of_turn_ids(tokenizer: PreTrainedTokenizerFast, generation_config=None) 
     eos ids (an int or a list). Sampling stops at any of them; the HF engine, the vLLM engine and SFT's targets
     (completion_ids) read them from here, so where an answer ends is one fact."""
     configured = getattr(generation_config, "eos_token_id", None)
-    ids = [turn_end_id(tokenizer), tokenizer.eos_token_id,
-           *(configured if isinstance(configured, list) else [configured])]
+    ids = [
+        turn_end_id(tokenizer),
+        tokenizer.eos_token_id,
+        *(configured if isinstance(configured, list) else [configured]),
+    ]
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 

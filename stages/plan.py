@@ -45,14 +45,28 @@ class Throughput:
 _TINY = 3.4e6  # the tiny model's parameters, on which the cpu figures were measured
 _H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM (the H200 has the same compute)
 PROFILES = {
-    "cpu": Throughput("cpu", 6 * _TINY * 8552, 2 * _TINY * 4700,
-                      "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s "
-                      "(also the ceilings for smaller models)", max_train_tokens_per_s=8552, max_sample_tokens_per_s=4700),
-    "h100": Throughput("h100", 0.40 * _H100_BF16, 0.10 * _H100_BF16,
-                       "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)"),
-    "h200": Throughput("h200", 0.40 * _H100_BF16, 0.13 * _H100_BF16,
-                       "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
-                       "(more memory bandwidth for decode)"),
+    "cpu": Throughput(
+        "cpu",
+        6 * _TINY * 8552,
+        2 * _TINY * 4700,
+        "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s "
+        "(also the ceilings for smaller models)",
+        max_train_tokens_per_s=8552,
+        max_sample_tokens_per_s=4700,
+    ),
+    "h100": Throughput(
+        "h100",
+        0.40 * _H100_BF16,
+        0.10 * _H100_BF16,
+        "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)",
+    ),
+    "h200": Throughput(
+        "h200",
+        0.40 * _H100_BF16,
+        0.13 * _H100_BF16,
+        "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
+        "(more memory bandwidth for decode)",
+    ),
 }
 
 
@@ -100,8 +114,10 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     est = StageEstimate(f"eval after {name}", "eval")
     items = sum(d.heldout_size for d in recipe.domains.values())
-    est.tokens_sampled = sum(spec.heldout_size * answers_per_item(recipe, domain) * spec.max_new_tokens
-                             for domain, spec in recipe.domains.items())
+    est.tokens_sampled = sum(
+        spec.heldout_size * answers_per_item(recipe, domain) * spec.max_new_tokens
+        for domain, spec in recipe.domains.items()
+    )
     for bench, spec in recipe.eval.benchmarks.items():
         count = spec.limit or benchmark_size(bench, recipe)
         if count is None:
@@ -155,8 +171,7 @@ class Plan:
         return sum(getattr(r, attr) for r in self.rows)
 
 
-def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1,
-              prompt_tokens: int = 128) -> Plan:
+def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1, prompt_tokens: int = 128) -> Plan:
     rows = []
     for cfg in recipe.stages:
         rows.append(estimate_stage(cfg, recipe, size, prompt_tokens))
@@ -164,8 +179,9 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
             rows.append(eval_estimate(cfg.name, recipe))
     recovery = None
     if recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0 and recipe.eval.enabled:
-        recovery = estimate_stage(recipe.gate.recovery.model_copy(update={"name": "MOPD recovery"}), recipe, size,
-                                  prompt_tokens)
+        recovery = estimate_stage(
+            recipe.gate.recovery.model_copy(update={"name": "MOPD recovery"}), recipe, size, prompt_tokens
+        )
         recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
     for est in rows + ([recovery] if recovery else []):
         est.seconds = seconds(est, size, profile, devices)
@@ -177,8 +193,10 @@ def placement(compute: ComputeConfig) -> str:
     unit = {"cuda": "GPU", "cpu": "CPU"}.get(compute.device, "GPU (CPU on a cluster without GPUs)")
     if compute.launcher == "ray":
         cluster = compute.ray_address or "RAY_ADDRESS, else a local Ray"
-        return (f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "
-                f"one {unit} each; cluster: {cluster}")
+        return (
+            f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "
+            f"one {unit} each; cluster: {cluster}"
+        )
     if compute.world_size == 1 and compute.launcher == "auto":
         return "in the stage task's process"
     nodes = f", {compute.nnodes} nodes from {compute.rdzv_endpoint}" if compute.nnodes > 1 else " on this node"
@@ -216,8 +234,12 @@ def dag_lines(recipe: Recipe) -> list[str]:
             continue
         benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
         lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
-        branch = (f"fired -> MOPD recovery ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
-                  "so far) -> eval -> go on from it" if gate.policy == "recover" else f"fired -> {gate.policy}")
+        branch = (
+            f"fired -> MOPD recovery ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
+            "so far) -> eval -> go on from it"
+            if gate.policy == "recover"
+            else f"fired -> {gate.policy}"
+        )
         lines.append(f"    `- gate ({gate.policy}): {branch}")
     return lines
 
@@ -241,21 +263,32 @@ def _duration(s: float) -> str:
 
 def render_table(plan: Plan) -> str:
     """The estimate as a Markdown table (the CLI prints it; the README quotes it), assumptions underneath."""
-    head = "| stage | kind | tokens sampled | tokens trained | storage | time |\n| --- | --- | ---: | ---: | ---: | ---: |"
-    body = [f"| {r.stage} | {r.kind} | {_human(r.tokens_sampled)} | {_human(r.tokens_trained)} | "
-            f"{_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |" for r in plan.rows]
-    body.append(f"| **total** | | {_human(plan.total('tokens_sampled'))} | {_human(plan.total('tokens_trained'))} | "
-                f"{_human(plan.total('storage_bytes'), 'B')} | {_duration(plan.total('seconds'))} |")
+    head = (
+        "| stage | kind | tokens sampled | tokens trained | storage | time |\n| --- | --- | ---: | ---: | ---: | ---: |"
+    )
+    body = [
+        f"| {r.stage} | {r.kind} | {_human(r.tokens_sampled)} | {_human(r.tokens_trained)} | "
+        f"{_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |"
+        for r in plan.rows
+    ]
+    body.append(
+        f"| **total** | | {_human(plan.total('tokens_sampled'))} | {_human(plan.total('tokens_trained'))} | "
+        f"{_human(plan.total('storage_bytes'), 'B')} | {_duration(plan.total('seconds'))} |"
+    )
     if plan.recovery:
         r = plan.recovery
-        body.append(f"| {r.stage} (if the gate fires) | {r.kind} | {_human(r.tokens_sampled)} | "
-                    f"{_human(r.tokens_trained)} | {_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |")
+        body.append(
+            f"| {r.stage} (if the gate fires) | {r.kind} | {_human(r.tokens_sampled)} | "
+            f"{_human(r.tokens_trained)} | {_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |"
+        )
     size = plan.size
     params = _human(size.total) + (f" ({_human(size.active)} active)" if size.active != size.total else "")
     model = plan.recipe.model.source if size.from_config else "as given"
-    notes = [f"model: {model}, {params} parameters; prompts ~{plan.prompt_tokens} tokens; answers at their domain's "
-             "max_new_tokens (upper bounds)",
-             f"throughput: {plan.profile.basis}; {plan.devices} device(s)"]
+    notes = [
+        f"model: {model}, {params} parameters; prompts ~{plan.prompt_tokens} tokens; answers at their domain's "
+        "max_new_tokens (upper bounds)",
+        f"throughput: {plan.profile.basis}; {plan.devices} device(s)",
+    ]
     for r in plan.rows + ([plan.recovery] if plan.recovery else []):
         label = "evals" if r.kind == "eval" else r.stage  # every eval has the same notes: say them once
         notes += [f"{label}: {n}" for n in r.notes if f"{label}: {n}" not in notes]
@@ -282,12 +315,26 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
             ax.annotate("", (1.8, y + 0.25), (1.8, y + 0.55), arrowprops=dict(arrowstyle="->"))
         if kind_of(cfg.kind).makes == "policy" and recipe.eval.enabled:
             ax.annotate("", (4.2, y), (2.9, y), arrowprops=dict(arrowstyle="->", color="#777"))
-            ax.text(5.0, y, "eval + gate", ha="center", va="center", fontsize=8,
-                    bbox=dict(boxstyle="round,pad=0.3", fc="#fef7e0", ec="#f9ab00"))
+            ax.text(
+                5.0,
+                y,
+                "eval + gate",
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox=dict(boxstyle="round,pad=0.3", fc="#fef7e0", ec="#f9ab00"),
+            )
             if recipe.gate.policy == "recover":
                 ax.annotate("", (7.2, y), (5.9, y), arrowprops=dict(arrowstyle="->", ls="--", color="#d93025"))
-                ax.text(8.3, y, "fired:\nMOPD recovery", ha="center", va="center",
-                        fontsize=8, bbox=dict(boxstyle="round,pad=0.3", fc="#fce8e6", ec="#d93025"))
+                ax.text(
+                    8.3,
+                    y,
+                    "fired:\nMOPD recovery",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    bbox=dict(boxstyle="round,pad=0.3", fc="#fce8e6", ec="#d93025"),
+                )
     ax.set_title(f"recipe {recipe.name}: {n} stages, gate policy {recipe.gate.policy}", fontsize=10)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -295,5 +342,14 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
 
 def plan_json(plan: Plan) -> str:
     rows = [r.__dict__ for r in plan.rows + ([plan.recovery] if plan.recovery else [])]
-    return json.dumps({"recipe": plan.recipe.name, "params": plan.size.total, "active_params": plan.size.active,
-                       "profile": plan.profile.name, "devices": plan.devices, "rows": rows}, indent=1)
+    return json.dumps(
+        {
+            "recipe": plan.recipe.name,
+            "params": plan.size.total,
+            "active_params": plan.size.active,
+            "profile": plan.profile.name,
+            "devices": plan.devices,
+            "rows": rows,
+        },
+        indent=1,
+    )

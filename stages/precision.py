@@ -19,7 +19,7 @@ import math
 import os
 import platform
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,9 +61,14 @@ def cpu_dtype() -> Precision:
     busy = runqueue_wait_s() - waited > BUSY_WAIT_SHARE * identity["threads"] * (time.perf_counter() - started)
     dtype: Precision = "bf16" if fp32_s >= BF16_MIN_SPEEDUP * bf16_s else "fp32"
     if not busy:
-        measured = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        cache[key] = {**identity, "dtype": dtype, "fp32_ms": round(fp32_s * 1e3, 2),
-                      "bf16_ms": round(bf16_s * 1e3, 2), "measured": measured}
+        measured = datetime.now(UTC).isoformat(timespec="seconds")
+        cache[key] = {
+            **identity,
+            "dtype": dtype,
+            "fp32_ms": round(fp32_s * 1e3, 2),
+            "bf16_ms": round(bf16_s * 1e3, 2),
+            "measured": measured,
+        }
         write_cache(path, cache)
     return dtype
 
@@ -75,8 +80,13 @@ def cache_path() -> Path:
 def host_identity() -> dict[str, Any]:
     """What the decision depends on: the machine, its CPU, torch's kernels and how many threads run them."""
     model, flags = cpu_model_and_flags()
-    return {"host": platform.node(), "cpu": model, "cpu_flags_hash": hashlib.sha256(flags.encode()).hexdigest()[:16],
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+    return {
+        "host": platform.node(),
+        "cpu": model,
+        "cpu_flags_hash": hashlib.sha256(flags.encode()).hexdigest()[:16],
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def cpu_model_and_flags() -> tuple[str, str]:
@@ -131,8 +141,10 @@ def time_probe() -> tuple[float, float]:
     a 2x difference in a median of five (docs/LOG.md, 2026-11-26)."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(PROBE_ROWS, PROBE_WIDTH, generator=generator)
-    weights = [(torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=generator) / PROBE_WIDTH**0.5).requires_grad_()
-               for _ in range(PROBE_LAYERS)]
+    weights = [
+        (torch.randn(PROBE_WIDTH, PROBE_WIDTH, generator=generator) / PROBE_WIDTH**0.5).requires_grad_()
+        for _ in range(PROBE_LAYERS)
+    ]
 
     def step_seconds(bf16: bool) -> float:
         started = time.perf_counter()

@@ -36,8 +36,15 @@ def run_rank(spec: dict[str, Any], rank: int, sink: Any) -> None:
         ours.setLevel(logging.INFO)
     try:
         with stage_workdir() as workdir:
-            ctx = StageContext(spec["recipe"], Store.from_config(spec["recipe"].storage), spec["run_id"], spec["key"],
-                               sink, progress=sink.progress if rank == 0 else lambda done, total: None, workdir=workdir)
+            ctx = StageContext(
+                spec["recipe"],
+                Store.from_config(spec["recipe"].storage),
+                spec["run_id"],
+                spec["key"],
+                sink,
+                progress=sink.progress if rank == 0 else lambda done, total: None,
+                workdir=workdir,
+            )
             result = run_stage(spec["cfg"], ctx, spec["inputs"])
     finally:
         if forward is not None:
@@ -104,8 +111,15 @@ class EventSink:
         self._write({"note": [name, level, message]})
 
     def result(self, result: StageResult) -> None:
-        self._write({"result": {"checkpoint": result.checkpoint.model_dump(mode="json"), "metrics": result.metrics,
-                                "plots": result.plots}})
+        self._write(
+            {
+                "result": {
+                    "checkpoint": result.checkpoint.model_dump(mode="json"),
+                    "metrics": result.metrics,
+                    "plots": result.plots,
+                }
+            }
+        )
 
 
 class NullSink:

@@ -11,6 +11,7 @@ to the raw mapping before it comes here.
 from __future__ import annotations
 
 import stat
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,8 @@ from cascade.stages.config_base import (
 from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
 from cascade.stages.kinds.sft_data import SFTDataConfig
 
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+# The shipped recipes are package data: a checkout, an editable install and a wheel all find them here.
+RECIPES_DIR = Path(str(resources.files("cascade.recipes")))
 MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; a bigger file is not one
 # A recipe nests a handful of levels and holds hundreds of values. An alias counts once per use: a 520-byte
 # "billion laughs" file expands to 10^9 values, and a recursive alias or 5,000 levels overflow Python's stack.
@@ -105,8 +107,10 @@ class Recipe(Strict):
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
         if not kind_of(self.gate.recovery.kind).recovers:
-            raise ValueError(f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
-                             f"{', '.join(recovery_kinds())}")
+            raise ValueError(
+                f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
+                f"{', '.join(recovery_kinds())}"
+            )
         if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
@@ -131,8 +135,10 @@ class Recipe(Strict):
 
     def tolerances(self) -> dict[str, float]:
         """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""
-        return {**{d: spec.tolerance for d, spec in self.domains.items()},
-                **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()}}
+        return {
+            **{d: spec.tolerance for d, spec in self.domains.items()},
+            **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()},
+        }
 
     def eval_sampling(self, domain: str) -> tuple[float, int]:
         """(temperature, samples per item) of the domain's primary eval metric (DomainSpec.eval_temperature):
@@ -196,8 +202,10 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
     for read in stage.reads():
         if not any(s.name == read.stage and kind_of(s.kind).makes == read.product for s in earlier):
             makers = "/".join(sorted(k for k, row in KINDS.items() if row.makes == read.product))
-            raise ValueError(f"stage {stage.name!r} reads {read.field} {read.stage!r}, which no earlier {makers} "
-                             f"stage writes{read.hint}")
+            raise ValueError(
+                f"stage {stage.name!r} reads {read.field} {read.stage!r}, which no earlier {makers} "
+                f"stage writes{read.hint}"
+            )
     row = kind_of(stage.kind)
     if row.check is not None:
         row.check(stage, earlier, domains)
@@ -323,8 +331,9 @@ def load_bounded_yaml(text: str, source: str) -> Any:
         loader.dispose()
 
 
-def _expanded_size(node: yaml.Node, depth: int, sizes: dict[int, tuple[int, int]], open_: set[int],
-                   source: str) -> tuple[int, int]:
+def _expanded_size(
+    node: yaml.Node, depth: int, sizes: dict[int, tuple[int, int]], open_: set[int], source: str
+) -> tuple[int, int]:
     """(values, height) of `node` with every alias expanded; an alias is the node it names, so sizes are memoized
     per node and a node met again on its own path is a recursive alias."""
     if depth > MAX_YAML_DEPTH:

@@ -58,8 +58,9 @@ def save_baseline(store: Store, baseline: Baseline) -> None:
     store.write_bytes(baseline_key(baseline.name), baseline.model_dump_json(indent=1).encode())
 
 
-def compare(checkpoint: str, scores: dict[str, float], baseline: Baseline | None,
-            tolerances: dict[str, float]) -> list[dict[str, Any]]:
+def compare(
+    checkpoint: str, scores: dict[str, float], baseline: Baseline | None, tolerances: dict[str, float]
+) -> list[dict[str, Any]]:
     """One row per gated column (each domain's primary metric, each benchmark): score, baseline, drop (baseline -
     score), tolerance, verdict. A column without a tolerance (greedy/<domain>) is not compared."""
     rows = []
@@ -69,9 +70,17 @@ def compare(checkpoint: str, scores: dict[str, float], baseline: Baseline | None
         entry = baseline.domains.get(domain) if baseline else None
         drop = None if entry is None else round(entry.score - score, 4)
         verdict: Verdict = "no baseline" if drop is None else "regressed" if drop > tolerances[domain] else "ok"
-        rows.append({"checkpoint": checkpoint, "domain": domain, "score": score,
-                     "baseline": entry.score if entry else None, "drop": drop, "tolerance": tolerances[domain],
-                     "verdict": verdict})
+        rows.append(
+            {
+                "checkpoint": checkpoint,
+                "domain": domain,
+                "score": score,
+                "baseline": entry.score if entry else None,
+                "drop": drop,
+                "tolerance": tolerances[domain],
+                "verdict": verdict,
+            }
+        )
     return rows
 
 
@@ -97,8 +106,11 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
     if not record.model:
         raise BaselineError(f"{where} has no `model` (the checkpoint URI it scored)")
     name = record.checkpoint or record.model
-    return {d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
-            for d, s in record.scores.items() if not d.startswith(GREEDY_COLUMN)}  # greedy: shown, not a bar
+    return {
+        d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
+        for d, s in record.scores.items()
+        if not d.startswith(GREEDY_COLUMN)
+    }  # greedy: shown, not a bar
 
 
 def read_eval_record(blob: bytes, where: str) -> EvalRecord:

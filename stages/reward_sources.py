@@ -14,15 +14,32 @@ rollout's reward is the sum of weight x that source's reward. Adding a source is
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, SerializeAsAny, Tag, ValidationError, field_validator
-from pydantic import model_validator
+from pydantic import (
+    BeforeValidator,
+    Discriminator,
+    Field,
+    SerializeAsAny,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cascade.artifacts.config import Strict
-from cascade.stages.config_base import (BatchSize, Count, NonNegative, OpenAIEndpoint, Read, _no_bool, first_error,
-                                         imported_on_call)
+from cascade.stages.config_base import (
+    BatchSize,
+    Count,
+    NonNegative,
+    OpenAIEndpoint,
+    Read,
+    _no_bool,
+    first_error,
+    imported_on_call,
+)
 
 
 class RewardSourceConfig(Strict):
@@ -86,7 +103,9 @@ def import_function(path: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except Exception as e:  # the user's module may fail in any way while it is imported
         first = (str(e).splitlines() or [""])[0]
-        raise ValueError(f"reward function {path!r}: cannot import {module_name}: {type(e).__name__}: {first}") from None
+        raise ValueError(
+            f"reward function {path!r}: cannot import {module_name}: {type(e).__name__}: {first}"
+        ) from None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"reward function {path!r}: {module_name} has no callable {name!r}")
@@ -144,8 +163,8 @@ class WeightedReward(Strict):
 
 # A stage's `reward:`: one source (a mapping with `kind`), or a list of weighted sources whose rewards are summed.
 RewardSpec = Annotated[
-    Union[Annotated[SerializeAsAny[RewardSourceConfig], Tag("source")],
-          Annotated[list[WeightedReward], Field(min_length=1), Tag("sum")]],
+    Annotated[SerializeAsAny[RewardSourceConfig], Tag("source")]
+    | Annotated[list[WeightedReward], Field(min_length=1), Tag("sum")],
     Discriminator(lambda value: "sum" if isinstance(value, list) else "source"),
     BeforeValidator(source_config),
 ]
@@ -165,8 +184,12 @@ def reward_reads(reward: Any, field: str) -> list[Read]:
 
 for _row in (
     RewardSourceRow("grader", GraderReward, imported_on_call("cascade.stages.rewards", "GraderRewards")),
-    RewardSourceRow("reward_model", RewardModelReward, imported_on_call("cascade.stages.rewards", "RewardModelRewards"),
-                    frozen_forward=True),
+    RewardSourceRow(
+        "reward_model",
+        RewardModelReward,
+        imported_on_call("cascade.stages.rewards", "RewardModelRewards"),
+        frozen_forward=True,
+    ),
     RewardSourceRow("judge", JudgeReward, imported_on_call("cascade.stages.judge", "JudgeRewards")),
     RewardSourceRow("callable", CallableReward, imported_on_call("cascade.stages.rewards", "CallableRewards")),
 ):

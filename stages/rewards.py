@@ -25,9 +25,9 @@ import torch
 from cascade.artifacts.checkpoint import CheckpointRef, materialize
 from cascade.stages.domains import Item
 from cascade.stages.engines import Completion
+from cascade.stages.kinds.reward_model.run import load_reward_model, sequence_scores
 from cascade.stages.losses import length_normalized_rewards
 from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.kinds.reward_model.run import load_reward_model, sequence_scores
 from cascade.stages.reward_sources import (
     REWARD_SOURCES,
     CallableReward,
@@ -42,8 +42,7 @@ class RewardSource(Protocol):
         """Rewards [P, G]: groups[p][j] is sample j for items[p]."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
     def metrics(self) -> dict[str, float]:
         """What the last rewards() call measured besides the rewards (logged with the step)."""
@@ -78,15 +77,21 @@ class RewardModelRewards:
 
     @torch.no_grad()
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
-        seqs = [prompt_ids(self.tokenizer, item.prompt) + completion_ids(self.tokenizer, c.text)
-                for item, group in zip(items, groups) for c in group]
+        seqs = [
+            prompt_ids(self.tokenizer, item.prompt) + completion_ids(self.tokenizer, c.text)
+            for item, group in zip(items, groups)
+            for c in group
+        ]
         pad, size = self.tokenizer.pad_token_id, self.cfg.batch_size
         scores = torch.cat([sequence_scores(self.model, seqs[i : i + size], pad) for i in range(0, len(seqs), size)])
         raw = scores.view(len(groups), -1)  # [P, G]
         lengths = torch.tensor([[len(c.token_ids) for c in group] for group in groups])
         rubric = score_groups(items, groups)
-        self.last = {"rm_score": float(raw.mean()), "rubric_score": float(rubric.mean()),
-                     "rm_rubric_corr": correlation(raw.flatten(), rubric.flatten())}
+        self.last = {
+            "rm_score": float(raw.mean()),
+            "rubric_score": float(rubric.mean()),
+            "rm_rubric_corr": correlation(raw.flatten(), rubric.flatten()),
+        }
         return length_normalized_rewards(raw, lengths, self.cfg.length_coef)
 
     def close(self) -> None:
@@ -114,13 +119,18 @@ class CallableRewards:
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
         rows = [(item, c.text) for item, group in zip(items, groups) for c in group]
         keys = sorted({k for item in items for k in item.meta})
-        fields = {"id": [i.id for i, _ in rows], "domain": [i.domain for i, _ in rows],
-                  "reference": [i.reference for i, _ in rows],
-                  **{k: [i.meta.get(k) for i, _ in rows] for k in keys}}
+        fields = {
+            "id": [i.id for i, _ in rows],
+            "domain": [i.domain for i, _ in rows],
+            "reference": [i.reference for i, _ in rows],
+            **{k: [i.meta.get(k) for i, _ in rows] for k in keys},
+        }
         scores = self.function(prompts=[i.prompt for i, _ in rows], completions=[text for _, text in rows], **fields)
         if len(scores) != len(rows) or any(s is None for s in scores):
-            raise ValueError(f"reward function {self.path!r} returned {len(scores)} rewards for {len(rows)} "
-                             "completions (one number each)")
+            raise ValueError(
+                f"reward function {self.path!r} returned {len(scores)} rewards for {len(rows)} "
+                "completions (one number each)"
+            )
         return torch.tensor([float(s) for s in scores]).view(len(groups), -1)
 
     def close(self) -> None:
@@ -159,6 +169,9 @@ def make_reward_source(reward: Any, ctx: Any, stages: dict[str, CheckpointRef]) 
     holds the checkpoints of the stages it reads."""
     if not isinstance(reward, list):
         return REWARD_SOURCES[reward.kind].build(reward, ctx, stages)
-    return WeightedRewards([(f"{k}:{term.source.kind}", term.weight,
-                             REWARD_SOURCES[term.source.kind].build(term.source, ctx, stages))
-                            for k, term in enumerate(reward)])
+    return WeightedRewards(
+        [
+            (f"{k}:{term.source.kind}", term.weight, REWARD_SOURCES[term.source.kind].build(term.source, ctx, stages))
+            for k, term in enumerate(reward)
+        ]
+    )

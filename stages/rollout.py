@@ -27,12 +27,15 @@ def prompt_pool(recipe: Recipe, domains: list[str], per_domain: int | None = Non
     pool: list[Item] = []
     for name in domains:
         size = recipe.domains[name].train_size
-        pool += recipe.domain(name).generate("train", size if per_domain is None else min(per_domain, size), recipe.seed)
+        pool += recipe.domain(name).generate(
+            "train", size if per_domain is None else min(per_domain, size), recipe.seed
+        )
     return pool
 
 
-def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
-                   weights: dict[str, float] | None = None, floor: int = 0) -> list[Item]:
+def sample_prompts(
+    pool: list[Item], n: int, seed: int, stage: str, step: int, weights: dict[str, float] | None = None, floor: int = 0
+) -> list[Item]:
     """n prompts of the pool without replacement: uniformly, or `weights[d]`'s share of them from domain d; with a
     floor, every domain of the pool (of positive weight) gets at least `floor` of them, its share by pool size
     when no weights are given."""
@@ -46,8 +49,10 @@ def sample_prompts(pool: list[Item], n: int, seed: int, stage: str, step: int,
     drawn: list[Item] = []
     for domain, count in weighted_counts(n, weights, floor).items():
         if count > len(by_domain[domain]):
-            raise ValueError(f"stage {stage!r}: domain {domain!r} has {len(by_domain[domain])} prompts, "
-                             f"fewer than its {count} of each step")
+            raise ValueError(
+                f"stage {stage!r}: domain {domain!r} has {len(by_domain[domain])} prompts, "
+                f"fewer than its {count} of each step"
+            )
         drawn += random.Random(f"prompts:{seed}:{stage}:{step}:{domain}").sample(by_domain[domain], count)
     return drawn
 
@@ -94,12 +99,16 @@ def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine
 def sync_metrics(engine: Any) -> dict[str, float]:
     """The last weight sync's seconds and probe difference, for engines that check their weights (vLLM)."""
     last = getattr(engine, "last_sync", None)
-    return {"weight_sync_seconds": last["total_s"], "weight_probe_max_abs_diff": last["probe_max_abs_diff"]} \
-        if last else {}
+    return (
+        {"weight_sync_seconds": last["total_s"], "weight_probe_max_abs_diff": last["probe_max_abs_diff"]}
+        if last
+        else {}
+    )
 
 
-def unsharded_replica(model: torch.nn.Module, weights: dict[str, torch.Tensor],
-                      device: torch.device) -> torch.nn.Module:
+def unsharded_replica(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], device: torch.device
+) -> torch.nn.Module:
     """A plain module of the policy's architecture holding its gathered `weights`: what an engine samples from or
     saves, where the trainer's FSDP2 shards cannot serve."""
     from transformers import AutoModelForCausalLM
@@ -128,8 +137,12 @@ class ShardedRollouts:
             raise ValueError(f"{len(prompts)} prompts per step cannot be shared by {self.world.size} ranks")
         mine = self.world.shard(len(prompts))
         seed = None if sampling.seed is None else sampling.seed + self.world.rank
-        groups = self.engine.generate(prompts[mine.start : mine.stop], n, dataclasses.replace(sampling, seed=seed),
-                                      seeds=None if seeds is None else seeds[mine.start : mine.stop])
+        groups = self.engine.generate(
+            prompts[mine.start : mine.stop],
+            n,
+            dataclasses.replace(sampling, seed=seed),
+            seeds=None if seeds is None else seeds[mine.start : mine.stop],
+        )
         return [group for share in self.world.all_gather(groups) for group in share]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -174,8 +187,9 @@ class SharedServerRollouts:
         if seeds is None and sampling.seed is not None:
             seeds = prompt_seeds(sampling.seed, len(prompts))
         mine = self.world.shard(len(prompts))
-        groups = self.engine.generate(prompts[mine.start : mine.stop], n, sampling,
-                                      seeds=None if seeds is None else seeds[mine.start : mine.stop])
+        groups = self.engine.generate(
+            prompts[mine.start : mine.stop], n, sampling, seeds=None if seeds is None else seeds[mine.start : mine.stop]
+        )
         return [group for share in self.world.all_gather(groups) for group in share]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
@@ -206,26 +220,40 @@ def prompt_stream(cfg: OnPolicyConfig, refill: int = 0) -> str:
     return cfg.name if refill == 0 else f"{cfg.name}#refill{refill}"
 
 
-def step_prompts(pool: list[Item], cfg: OnPolicyConfig, seed: int, step: int, refill: int = 0,
-                 count: int | None = None) -> list[Item]:
+def step_prompts(
+    pool: list[Item], cfg: OnPolicyConfig, seed: int, step: int, refill: int = 0, count: int | None = None
+) -> list[Item]:
     """The prompts an on-policy stage trains on at `step` (refill round `refill`: `count` of them): a function of
     (recipe seed, stage, step), so a resumed step, and bench/bench_learning.py's TRL peer, get the same ones."""
     floor = cfg.min_prompts_per_domain if refill == 0 else 0  # a refill fills what is missing
-    return sample_prompts(pool, count or cfg.prompts_per_step, seed, prompt_stream(cfg, refill), step,
-                          cfg.domain_weights, floor)
+    return sample_prompts(
+        pool, count or cfg.prompts_per_step, seed, prompt_stream(cfg, refill), step, cfg.domain_weights, floor
+    )
 
 
-def sample_groups(engine: RolloutEngine, tokenizer, pool: list[Item], cfg: OnPolicyConfig, recipe: Recipe,
-                  domains: list[str], step: int, refill: int = 0,
-                  count: int | None = None) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
+def sample_groups(
+    engine: RolloutEngine,
+    tokenizer,
+    pool: list[Item],
+    cfg: OnPolicyConfig,
+    recipe: Recipe,
+    domains: list[str],
+    step: int,
+    refill: int = 0,
+    count: int | None = None,
+) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
     """The rollout phase of every on-policy stage: this step's P prompts (or `count`), their chat-formatted token
     ids, and G samples of each from the current policy (groups[p][j] is sample j of prompt p). Refill round r > 0
     of a step draws its prompts and samples with seeds of their own, so a resumed step replays every round."""
     items = step_prompts(pool, cfg, recipe.seed, step, refill, count)
     prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
     stream = prompt_stream(cfg, refill)
-    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                              max_new_tokens=max_new_tokens(recipe, domains), seed=step_seed(recipe.seed, stream, step))
+    sampling = SamplingParams(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=max_new_tokens(recipe, domains),
+        seed=step_seed(recipe.seed, stream, step),
+    )
     return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
 
 

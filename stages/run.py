@@ -79,13 +79,16 @@ def committed_stages(recipe: Recipe, store: Store, run_id: str, only: list[str] 
         done, _ = adoptable(store, layout.stage_key(run_id, index, cfg.name))
         found.append(done if done is not None and done.config_hash == config_hash(cfg) else None)
         if found[-1] is None and only is not None and cfg.name not in only:
-            raise RecipeError(f"stage {cfg.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
-                              "run it first (name it with --stage, or drop --stage)")
+            raise RecipeError(
+                f"stage {cfg.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
+                "run it first (name it with --stage, or drop --stage)"
+            )
     return found
 
 
-def run_one(recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_every: int
-            ) -> tuple[CheckpointRef, dict[str, Any]]:
+def run_one(
+    recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_every: int
+) -> tuple[CheckpointRef, dict[str, Any]]:
     # here, not at the top: they import torch and transformers, and bad input is answered before that (in ~1 s)
     from cascade.stages.context import StageContext, TeeSink, stage_workdir
     from cascade.stages.launch import run_stage_where_configured
@@ -95,22 +98,32 @@ def run_one(recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_e
     steps, shown = StepLog(store, run_id, index, cfg.name), DriverSink(cfg.name, log_every)
     started = time.time()
     with stage_workdir() as workdir:
-        ctx = StageContext(recipe, store, run_id, layout.stage_key(run_id, index, cfg.name), TeeSink(shown, steps),
-                           workdir=workdir)
+        ctx = StageContext(
+            recipe, store, run_id, layout.stage_key(run_id, index, cfg.name), TeeSink(shown, steps), workdir=workdir
+        )
         result = run_stage_where_configured(cfg, ctx, inputs)
     steps.close()
     seconds = round(time.time() - started, 2)
     print(f"[{cfg.name}] committed {result.checkpoint.uri} in {seconds} s", file=sys.stderr, flush=True)
-    return result.checkpoint, {"checkpoint": result.checkpoint.uri, "seconds": seconds, "metrics": result.metrics,
-                               "steps": shown.rows}
+    return result.checkpoint, {
+        "checkpoint": result.checkpoint.uri,
+        "seconds": seconds,
+        "metrics": result.metrics,
+        "steps": shown.rows,
+    }
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m cascade.stages.run", description=__doc__.split("\n")[0])
     parser.add_argument("recipe", help="a shipped recipe's name or a YAML file")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. compute.device=cuda stages.sft.steps=20")
-    parser.add_argument("--stage", action="append", dest="stages", metavar="NAME",
-                        help="run only this stage (repeatable); earlier stages must be committed")
+    parser.add_argument(
+        "--stage",
+        action="append",
+        dest="stages",
+        metavar="NAME",
+        help="run only this stage (repeatable); earlier stages must be committed",
+    )
     parser.add_argument("--run-id", default=RUN_ID)
     parser.add_argument("--log-every", type=int, default=10, help="print every N-th step's metrics")
     parser.add_argument("--metrics-json", type=Path, help="write each stage's checkpoint, seconds and metrics here")
@@ -123,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
         unknown = sorted(set(args.stages or []) - {s.name for s in recipe.stages})
         if unknown:
-            raise RecipeError(f"no stage named {unknown[0]!r} in recipe {recipe.name!r} "
-                              f"(stages: {', '.join(s.name for s in recipe.stages)})")
+            raise RecipeError(
+                f"no stage named {unknown[0]!r} in recipe {recipe.name!r} "
+                f"(stages: {', '.join(s.name for s in recipe.stages)})"
+            )
         if not layout.valid_run_id(args.run_id):
-            raise RecipeError(f"bad --run-id {args.run_id!r}: lowercase letters, digits, '.', '_' and '-', "
-                              "starting with a letter or digit")
+            raise RecipeError(
+                f"bad --run-id {args.run_id!r}: lowercase letters, digits, '.', '_' and '-', "
+                "starting with a letter or digit"
+            )
         if args.log_every < 1:
             raise RecipeError(f"--log-every must be at least 1, not {args.log_every}")
         summary = run_stages(recipe, args.run_id, args.stages, args.log_every)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -78,8 +79,9 @@ def micro_batches(n: int, size: int) -> list[slice]:
     return [slice(i, min(n, i + size)) for i in range(0, n, size)]
 
 
-def backward_micro_batches(n: int, size: int, loss_of: Callable[[slice], torch.Tensor],
-                           run: TrainRun | None = None) -> float:
+def backward_micro_batches(
+    n: int, size: int, loss_of: Callable[[slice], torch.Tensor], run: TrainRun | None = None
+) -> float:
     """Backward each micro-batch's loss (already normalized by the global count); return the summed loss. With
     a run, over every rank: ranks run the same number of micro-batches, a short rank idle ones."""
     if run is None:
@@ -109,8 +111,14 @@ class TrainRun:
     another model gives `fresh`, which returns its starting model and tokenizer, and `load`, which reads the model
     of one of its step checkpoints (a reward model: a one-label classifier; `start` is then only the parent)."""
 
-    def __init__(self, ctx: StageContext, cfg: TrainingConfig, start: CheckpointRef | None,
-                 fresh: Callable[[], tuple[torch.nn.Module, Any]] | None = None, load: ModelLoad = load_hf):
+    def __init__(
+        self,
+        ctx: StageContext,
+        cfg: TrainingConfig,
+        start: CheckpointRef | None,
+        fresh: Callable[[], tuple[torch.nn.Module, Any]] | None = None,
+        load: ModelLoad = load_hf,
+    ):
         self.ctx, self.cfg, self.start = ctx, cfg, start
         self.world = world_for(ctx.recipe.compute_for(cfg))
         resume = latest_step_checkpoint(ctx, cfg)
@@ -171,7 +179,16 @@ class TrainRun:
         ref = None
         if self.world.is_main:
             ref = save_model_checkpoint(
-                self.ctx, key, self.model, self.tokenizer, cfg=self.cfg, step=self.step, parent=self.start,
-                metrics=metrics, state=state, local=local, weights=weights,
+                self.ctx,
+                key,
+                self.model,
+                self.tokenizer,
+                cfg=self.cfg,
+                step=self.step,
+                parent=self.start,
+                metrics=metrics,
+                state=state,
+                local=local,
+                weights=weights,
             )
         return self.world.from_main(ref)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 ProgressFactory = Callable[[str], Callable[[int, int], None]]
 Progress = Callable[[int, int], None]

@@ -75,20 +75,36 @@ def judge_task(recipe: Recipe, baseline: Baseline | None, record: EvalRecord) ->
 
 
 @task(name="emit-regression", cache_policy=NO_CACHE)
-def emit_regression_task(recipe_source: str, baseline: str, record: EvalRecord,
-                         regressed: list[dict[str, Any]]) -> str | None:
+def emit_regression_task(
+    recipe_source: str, baseline: str, record: EvalRecord, regressed: list[dict[str, Any]]
+) -> str | None:
     """The `cascade.regression.detected` event of one checkpoint; returns its id (None: events are off)."""
     worst_first = sorted(regressed, key=lambda r: -r["drop"])
     event = emit_event(
         REGRESSION_EVENT,
-        resource={"prefect.resource.id": CHECKPOINT_RESOURCE + record.checkpoint,
-                  "prefect.resource.name": record.checkpoint, "cascade.checkpoint.uri": record.model},
-        related=[{"prefect.resource.id": f"cascade.domain.{r['domain']}", "prefect.resource.role": "regressed-domain",
-                  "cascade.drop": str(r["drop"])} for r in worst_first],
-        payload={"recipe": recipe_source, "baseline": baseline, "checkpoint": record.checkpoint,
-                 "checkpoint_uri": record.model, "digest": record.digest,
-                 "regressions": [{k: r[k] for k in ("domain", "score", "baseline", "drop", "tolerance")}
-                                 for r in worst_first]},
+        resource={
+            "prefect.resource.id": CHECKPOINT_RESOURCE + record.checkpoint,
+            "prefect.resource.name": record.checkpoint,
+            "cascade.checkpoint.uri": record.model,
+        },
+        related=[
+            {
+                "prefect.resource.id": f"cascade.domain.{r['domain']}",
+                "prefect.resource.role": "regressed-domain",
+                "cascade.drop": str(r["drop"]),
+            }
+            for r in worst_first
+        ],
+        payload={
+            "recipe": recipe_source,
+            "baseline": baseline,
+            "checkpoint": record.checkpoint,
+            "checkpoint_uri": record.model,
+            "digest": record.digest,
+            "regressions": [
+                {k: r[k] for k in ("domain", "score", "baseline", "drop", "tolerance")} for r in worst_first
+            ],
+        },
     )
     return str(event.id) if event else None
 
@@ -97,8 +113,11 @@ def emit_regression_task(recipe_source: str, baseline: str, record: EvalRecord,
 def publish_verdicts_task(recipe: Recipe, baseline: str, key: str, rows: list[dict[str, Any]], artifact: str) -> None:
     """The checkpoint x domain table: a Prefect table artifact (key `<artifact>-<baseline>`) and the JSON at key."""
     Store.from_config(recipe.storage).write_bytes(key, json.dumps(rows, indent=1).encode())
-    ui_artifacts.create_table_artifact(rows, key=_artifact_key(artifact, baseline),
-                                       description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain")
+    ui_artifacts.create_table_artifact(
+        rows,
+        key=_artifact_key(artifact, baseline),
+        description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain",
+    )
 
 
 @task(name="raise-baseline", cache_policy=NO_CACHE)

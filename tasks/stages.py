@@ -20,8 +20,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from prefect import artifacts as ui_artifacts
 from prefect import get_run_logger, task
@@ -70,10 +71,13 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
     cfg, inputs = parameters["cfg"], parameters["inputs"]
     recipe, run_id = parameters["recipe"], parameters["run_id"]
-    digests = {"policy": inputs.policy.digest if inputs.policy else None,
-               **{f"stage/{name}": ref.digest for name, ref in inputs.stages.items()}}
-    blob = json.dumps({"store": recipe.storage.resolved_root(), "config": config_hash(cfg),
-                       "inputs": digests}, sort_keys=True)
+    digests = {
+        "policy": inputs.policy.digest if inputs.policy else None,
+        **{f"stage/{name}": ref.digest for name, ref in inputs.stages.items()},
+    }
+    blob = json.dumps(
+        {"store": recipe.storage.resolved_root(), "config": config_hash(cfg), "inputs": digests}, sort_keys=True
+    )
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     key = _artifact_key(run_id, f"{parameters['index']:02d}-{cfg.name}-{digest}")
     store = Store.from_config(recipe.storage)
@@ -135,8 +139,18 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
         raise
     steps.close()
     plots = {name: f"{result.checkpoint.uri}/{path}" for name, path in result.plots.items()}
-    _record(store, report, cfg, "completed", result.checkpoint.uri, time.time() - started, result.metrics, plots,
-            rebuilt, peak_rss_mb=memory.peak_mb())
+    _record(
+        store,
+        report,
+        cfg,
+        "completed",
+        result.checkpoint.uri,
+        time.time() - started,
+        result.metrics,
+        plots,
+        rebuilt,
+        peak_rss_mb=memory.peak_mb(),
+    )
     if tracker:
         try:
             tracker.log_checkpoint_files(sink, store, result.checkpoint.key, list(result.plots.values()))
@@ -146,15 +160,32 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     return result.checkpoint
 
 
-def _record(store: Store, report: RunReport, cfg, status: str, uri: str | None, seconds: float, metrics: dict,
-            plots: dict[str, str] | None = None, rebuilt: str | None = None,
-            peak_rss_mb: float | None = None) -> None:
+def _record(
+    store: Store,
+    report: RunReport,
+    cfg,
+    status: str,
+    uri: str | None,
+    seconds: float,
+    metrics: dict,
+    plots: dict[str, str] | None = None,
+    rebuilt: str | None = None,
+    peak_rss_mb: float | None = None,
+) -> None:
     """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone;
     peak_rss_mb: the process's peak resident memory while the stage ran."""
-    report.record_stage({**_kind_facts(cfg), "status": status, "checkpoint": uri,
-                         "seconds": round(seconds, 1), "metrics": metrics, **({"plots": plots} if plots else {}),
-                         **({"rebuilt": rebuilt} if rebuilt else {}),
-                         **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {})})
+    report.record_stage(
+        {
+            **_kind_facts(cfg),
+            "status": status,
+            "checkpoint": uri,
+            "seconds": round(seconds, 1),
+            "metrics": metrics,
+            **({"plots": plots} if plots else {}),
+            **({"rebuilt": rebuilt} if rebuilt else {}),
+            **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {}),
+        }
+    )
     report.save(store)
 
 
@@ -237,14 +268,17 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
     report.save(store)
     if decisions:
-        ui_artifacts.create_table_artifact(decisions, key=_artifact_key(run_id, "gate"),
-                                           description=f"Regression gate after stage {stage}")
+        ui_artifacts.create_table_artifact(
+            decisions, key=_artifact_key(run_id, "gate"), description=f"Regression gate after stage {stage}"
+        )
         if tracking_on(recipe.tracking):
             Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d['domain']}": d["action"] for d in decisions})
     if decisions and policy == "fail":
         worst = max(decisions, key=lambda d: d["drop"])
-        raise GateFailed(f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {stage} "
-                         f"(tolerance {worst['tolerance']})")
+        raise GateFailed(
+            f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {stage} "
+            f"(tolerance {worst['tolerance']})"
+        )
     return decisions
 
 
@@ -269,11 +303,15 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
             decision["after_recovery"] = scores[decision["domain"]]
     report.save(store)
     fired = [g for g in report.gate if g["stage"] == stage]
-    ui_artifacts.create_table_artifact(fired, key=_artifact_key(run_id, "gate"),
-                                       description=f"Regression gate after {stage}, with MOPD recovery scores")
+    ui_artifacts.create_table_artifact(
+        fired,
+        key=_artifact_key(run_id, "gate"),
+        description=f"Regression gate after {stage}, with MOPD recovery scores",
+    )
     if tracking_on(recipe.tracking):
-        Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"]
-                                          for g in fired})
+        Tracker(recipe, run_id).set_tags(
+            {f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"] for g in fired}
+        )
     return fired
 
 
@@ -297,14 +335,19 @@ def links_task(recipe: Recipe, run_id: str) -> str:
         _, report = open_report(recipe, run_id)
         report.links.update(links)
         report.save(store)
-    for what, key in (("run directory", layout.run_dir(run_id)), ("recipe", layout.recipe_key(run_id)),
-                      ("report", layout.report_key(run_id)), ("HTML report", layout.html_report_key(run_id)),
-                      ("evals", layout.evals_dir(run_id))):
+    for what, key in (
+        ("run directory", layout.run_dir(run_id)),
+        ("recipe", layout.recipe_key(run_id)),
+        ("report", layout.report_key(run_id)),
+        ("HTML report", layout.html_report_key(run_id)),
+        ("evals", layout.evals_dir(run_id)),
+    ):
         lines.append(f"| {what} | `{store.uri(key)}` |")
     lines += ["", f"Resume from the terminal: `cascade resume {run_id} --store {store.uri('')}`"]
     text = "\n".join(lines)
-    ui_artifacts.create_markdown_artifact(text, key=_artifact_key(run_id, "links"),
-                                          description=f"MLflow run and store URIs of {run_id}")
+    ui_artifacts.create_markdown_artifact(
+        text, key=_artifact_key(run_id, "links"), description=f"MLflow run and store URIs of {run_id}"
+    )
     return text
 
 
@@ -325,7 +368,9 @@ def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
             yield recipe
         except BaseException as e:
             reason = (str(e).splitlines() or [""])[0][:300]
-            finish_task(recipe, run_id, "FAILED", f"{type(e).__name__}: {redact(reason)}" if reason else type(e).__name__)
+            finish_task(
+                recipe, run_id, "FAILED", f"{type(e).__name__}: {redact(reason)}" if reason else type(e).__name__
+            )
             raise
 
 
@@ -353,8 +398,11 @@ def finish_task(recipe: Recipe, run_id: str, status: str, stopped: str | None = 
     domains, rows = report.forgetting_matrix()
     if rows:
         table = [{"after_stage": stage, **{d: s for d, s in zip(domains, scores)}} for stage, scores in rows]
-        ui_artifacts.create_table_artifact(table, key=_artifact_key(run_id, "forgetting-matrix"),
-                                           description=f"Held-out score per domain after each stage of {run_id}")
+        ui_artifacts.create_table_artifact(
+            table,
+            key=_artifact_key(run_id, "forgetting-matrix"),
+            description=f"Held-out score per domain after each stage of {run_id}",
+        )
     if tracker:
         tracker.log_report(report)
         tracker.finish(status)
@@ -371,9 +419,14 @@ def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | N
         logger.warning(f"run report of {run_id} not written ({type(e).__name__}: {e})")
         return
     uri = store.uri(layout.html_report_key(run_id))
-    lines = [f"# Run report of `{run_id}`", "",
-             f"The forgetting heatmap, training curves, data, gate timeline, cost and links in one page: "
-             f"[report.html]({uri})", "", f"- in the store: `{uri}`"]
+    lines = [
+        f"# Run report of `{run_id}`",
+        "",
+        f"The forgetting heatmap, training curves, data, gate timeline, cost and links in one page: "
+        f"[report.html]({uri})",
+        "",
+        f"- in the store: `{uri}`",
+    ]
     if tracker:
         try:
             tracker.log_html_report(rendered.html, rendered.images)
@@ -382,7 +435,8 @@ def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | N
             logger.warning(f"MLflow: run report of {run_id} not logged ({e})")
     lines.append(f"- from the terminal: `cascade report {run_id} --html report.html`")
     try:
-        ui_artifacts.create_markdown_artifact("\n".join(lines), key=_artifact_key(run_id, "report"),
-                                              description=f"The run report of {run_id}")
+        ui_artifacts.create_markdown_artifact(
+            "\n".join(lines), key=_artifact_key(run_id, "report"), description=f"The run report of {run_id}"
+        )
     except Exception as e:
         logger.warning(f"Prefect: report artifact of {run_id} not created ({e})")

@@ -19,7 +19,8 @@ import torch  # noqa: E402  (after the thread settings above: torch reads them w
 
 needs_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
-    reason="no CUDA device: the GPU checks run only on a GPU machine (bench/RESULTS.md lists the runs so far)")
+    reason="no CUDA device: the GPU checks run only on a GPU machine (bench/RESULTS.md lists the runs so far)",
+)
 # a test that takes `device` from this runs on the CPU everywhere and on cuda where there is one (bench/gpu/check.sh)
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
@@ -69,6 +70,14 @@ def prefect_harness():
         yield
 
 
+@pytest.fixture(scope="session")
+def prefect_api(prefect_harness):
+    """The API URL of the test session's Prefect server, for CLI subprocesses to share."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
 def micro_recipe(tmp_path, *overrides: str):
     """The micro recipe with its store and MLflow db under tmp_path."""
     from cascade.flows.recipes import load_recipe
@@ -81,8 +90,14 @@ def micro_recipe(tmp_path, *overrides: str):
 
 # Debian's chromium, driven by Playwright (never `playwright install`): the browser tests of the UI and the report
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 @pytest.fixture
@@ -109,6 +124,7 @@ def pytest_collection_modifyitems(items):
     a minute after the other workers).
     `make test` passes --no-loadscope-reorder: by default xdist hands out files by their number of tests, largest
     first, which put this one-test file last again."""
+
     def files_with(marker: str) -> set[str]:
         return {item.nodeid.split("::")[0] for item in items if item.get_closest_marker(marker)}
 

@@ -66,7 +66,7 @@ def steps(title: str) -> dict[int, str]:
 def closing_paragraph(title: str) -> str:
     """What a checklist says follows without further changes: the `Nothing else changes` paragraph."""
     text = section(title)
-    return text[text.index("Nothing else changes"):]
+    return text[text.index("Nothing else changes") :]
 
 
 def spans(text: str) -> list[str]:
@@ -80,8 +80,15 @@ def calls(span: str) -> list[tuple[str, list[str] | None, list[str]]]:
         tree = ast.parse(span.split(" -> ")[0], mode="eval")
     except SyntaxError:  # an annotation, an import, a keyword alone: names without parameters
         return [(name, None, []) for name in re.findall(r"(?<![\w.<>\"])([A-Za-z_][\w.]*)\(", span)]
-    return [(ast.unparse(node.func), [a.id for a in node.args] if all(isinstance(a, ast.Name) for a in node.args)
-             else None, [k.arg for k in node.keywords]) for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    return [
+        (
+            ast.unparse(node.func),
+            [a.id for a in node.args] if all(isinstance(a, ast.Name) for a in node.args) else None,
+            [k.arg for k in node.keywords],
+        )
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    ]
 
 
 def named_code(text: str) -> list[object]:
@@ -90,8 +97,13 @@ def named_code(text: str) -> list[object]:
     names = [f"cascade.{p.removesuffix('.py').replace('/', '.').removesuffix('.__init__')}" for p in paths]
     names += re.findall(r"`from (cascade[\w.]*) import", text)
     modules = [importlib.import_module(name) for name in dict.fromkeys(names)]
-    classes = [getattr(m, s) for s in spans(text) if re.fullmatch(r"[A-Z]\w*", s) for m in modules
-               if inspect.isclass(getattr(m, s, None))]
+    classes = [
+        getattr(m, s)
+        for s in spans(text)
+        if re.fullmatch(r"[A-Z]\w*", s)
+        for m in modules
+        if inspect.isclass(getattr(m, s, None))
+    ]
     return list(dict.fromkeys(classes)) + modules
 
 
@@ -119,8 +131,9 @@ def accepts(obj: object, keyword: str) -> bool:
 
 def first_class(text: str, code: list[object]) -> type:
     """The first class a text names in backticks (a checklist step's base class)."""
-    return next(resolve(s, code) for s in spans(text) if re.fullmatch(r"[A-Z]\w*", s)
-                and inspect.isclass(resolve(s, code)))
+    return next(
+        resolve(s, code) for s in spans(text) if re.fullmatch(r"[A-Z]\w*", s) and inspect.isclass(resolve(s, code))
+    )
 
 
 # ---------------------------------------------------------------- the contract's names exist
@@ -167,8 +180,9 @@ def test_the_layer_diagram_draws_the_layering_the_test_enforces():
     layering = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(layering)
     block = section("Layers").split("```")[1]
-    rows = [re.findall(r"(\w+)/", m.group(0)) for line in block.splitlines()
-            if (m := re.match(r"(\w+/ ?)+(?=\s)", line))]
+    rows = [
+        re.findall(r"(\w+)/", m.group(0)) for line in block.splitlines() if (m := re.match(r"(\w+/ ?)+(?=\s)", line))
+    ]
     assert sorted(f for row in rows for f in row) == sorted(layering.PACKAGES), rows
     for i, row in enumerate(rows):
         for lower in row:
@@ -339,8 +353,15 @@ def tally_run(write_checkpoint, result: type):
         out = ctx.workdir / "tally"
         out.mkdir()
         (out / "rows.txt").write_text("".join(f"{i}\n" for i in range(cfg.count)))
-        ref = write_checkpoint(ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=inputs.stages[cfg.source],
-                               config_hash=config_hash(cfg))
+        ref = write_checkpoint(
+            ctx.store,
+            ctx.key,
+            out,
+            stage=cfg.name,
+            step=None,
+            parent=inputs.stages[cfg.source],
+            config_hash=config_hash(cfg),
+        )
         return result(ref, {"rows": cfg.count})
 
     return run_tally
@@ -397,7 +418,8 @@ def tally_recipe(tmp_path, source: str = "sft_data", count: int = 5):
 
     raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store"]).model_dump(mode="json")
     raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [
-        {"kind": KIND, "source": source, "count": count}]
+        {"kind": KIND, "source": source, "count": count}
+    ]
     return validate_recipe(raw)
 
 
@@ -423,8 +445,13 @@ def test_the_toy_kind_is_wired_and_run_by_the_registry_alone(tally_kind, tmp_pat
     assert {"stage_inputs", "run_stage"} <= set(named)
     recipe = tally_recipe(tmp_path)
     stage, store = recipe.stage(KIND), Store.from_config(recipe.storage)
-    data = CheckpointRef(uri=store.uri("runs/r/00-sft_data"), key="runs/r/00-sft_data", stage="sft_data",
-                         config_hash="0" * 16, digest="0" * 64)
+    data = CheckpointRef(
+        uri=store.uri("runs/r/00-sft_data"),
+        key="runs/r/00-sft_data",
+        stage="sft_data",
+        config_hash="0" * 16,
+        digest="0" * 64,
+    )
     policy = data.model_copy(update={"key": "runs/r/01-sft", "stage": "sft"})
     inputs = resolve("stage_inputs", code)(stage, policy, {"sft_data": data, "sft": policy})
     assert inputs.stages == {"sft_data": data} and inputs.policy == (policy if tally_kind.takes_policy else None)

@@ -23,7 +23,7 @@ PACKAGES = ("flows", "tasks", "stages", "artifacts", "infra")
 NOT_NAMES = {
     ("stages/domains/livecodebench.py", "difficulty"): "a LiveCodeBench row's field (easy/medium/hard)",
     ("flows/cli/evals.py", "judge"): "`cascade eval --benchmark arena_hard`: the judge model's default name, "
-                                     "and its URL's key in scores.json",
+    "and its URL's key in scores.json",
     ("tasks/regression.py", "judge"): "the regression eval's Prefect task that compares scores with a baseline",
     # a kind's default stage name is its kind's name: these defaults name an earlier stage, not a kind
     ("stages/kinds/sft/__init__.py", "sft_data"): "`data`: the stage whose dataset SFT trains on",
@@ -49,11 +49,17 @@ def homes() -> dict[str, set[str]]:
     """Every registered name -> the files that may spell it."""
     out: dict[str, set[str]] = {}
     for name, row in kinds.KINDS.items():
-        out.setdefault(name, set()).update({module_file(kinds.__name__), module_file(row.config.__module__),
-                                            module_file(callable_module(row.run))})
+        out.setdefault(name, set()).update(
+            {module_file(kinds.__name__), module_file(row.config.__module__), module_file(callable_module(row.run))}
+        )
     for name, row in reward_sources.REWARD_SOURCES.items():
-        out.setdefault(name, set()).update({module_file(reward_sources.__name__), module_file(row.config.__module__),
-                                            module_file(callable_module(row.build))})
+        out.setdefault(name, set()).update(
+            {
+                module_file(reward_sources.__name__),
+                module_file(row.config.__module__),
+                module_file(callable_module(row.build)),
+            }
+        )
     for product in set(get_args(config_base.Product)) & set(out):
         out[product].add(module_file(config_base.__name__))
     return out
@@ -66,8 +72,13 @@ def stray_names(root: Path, allowed: dict[str, set[str]]) -> list[str]:
         for path in sorted((root / package).rglob("*.py")):
             rel = str(path.relative_to(root))
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in allowed
-                        and rel not in allowed[node.value] and (rel, node.value) not in NOT_NAMES):
+                if (
+                    isinstance(node, ast.Constant)
+                    and isinstance(node.value, str)
+                    and node.value in allowed
+                    and rel not in allowed[node.value]
+                    and (rel, node.value) not in NOT_NAMES
+                ):
                     found.append(f'{rel}:{node.lineno}: "{node.value}"')
     return found
 

@@ -1,7 +1,8 @@
 """Layering, strictly one way, and no import cycles, counting imports inside functions too.
 
 flows -> tasks -> stages -> artifacts, and infra beside flows (flows -> infra -> tasks, never infra -> flows);
-stages never see Prefect or MLflow; artifacts never import stages; the sandbox imports nothing of ours. An edge is `module -> the module it names` (`from a.b import c` names a.b.c
+stages never see Prefect or MLflow; artifacts never import stages; the sandbox imports nothing of ours. An edge is
+`module -> the module it names` (`from a.b import c` names a.b.c
 when that is a module of ours, else a.b); importing a submodule also runs its package's __init__, which is not
 counted as an edge, so a package may re-export its submodules. Imports under `if TYPE_CHECKING:` are not edges: they
 never run.
@@ -56,13 +57,21 @@ def import_graph(root: Path) -> dict[str, set[str]]:
 
 def is_type_checking_block(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-                                         or isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return isinstance(node, ast.If) and (
+        isinstance(test, ast.Name)
+        and test.id == "TYPE_CHECKING"
+        or isinstance(test, ast.Attribute)
+        and test.attr == "TYPE_CHECKING"
+    )
 
 
 def layering_violations(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{mod} -> {dep}" for mod, deps in graph.items() for dep in deps
-                  if dep.split(".")[0] in FORBIDDEN.get(mod.split(".")[0], set()))
+    return sorted(
+        f"{mod} -> {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if dep.split(".")[0] in FORBIDDEN.get(mod.split(".")[0], set())
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -111,7 +120,9 @@ def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
     """The checks bite: the real tree plus one function-local artifacts -> stages import, and a two-module cycle."""
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "artifacts" / "probe.py").write_text("def f():\n    from cascade.stages.recipe import Recipe\n    return Recipe\n")
+    (tmp_path / "artifacts" / "probe.py").write_text(
+        "def f():\n    from cascade.stages.recipe import Recipe\n    return Recipe\n"
+    )
     (tmp_path / "stages" / "probe_a.py").write_text("def f():\n    import cascade.stages.probe_b\n")
     (tmp_path / "stages" / "probe_b.py").write_text("from cascade.stages import probe_a\n")
     graph = import_graph(tmp_path)

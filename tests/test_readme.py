@@ -1,7 +1,8 @@
 """Every command block of the README marked `<!-- runnable -->` runs as written, in order, in one shell.
 
 The fast equivalent: the `micro` recipe in place of `tiny` (the same stage names and shape, seconds instead of
-minutes), a temporary CASCADE_HOME, `cascade` as `python -m cascade.flows.cli` of this checkout, and the session's Prefect
+minutes), a temporary CASCADE_HOME, `cascade` as `python -m cascade.flows.cli` of this checkout, and the session's
+Prefect
 server.
 """
 
@@ -41,8 +42,14 @@ def test_the_runnable_readme_blocks_run_as_written(tmp_path, prefect_harness):
     from prefect.settings import PREFECT_API_URL
 
     blocks = runnable_blocks((ROOT / "README.md").read_text())
-    script = "\n".join(["set -euo pipefail", f'cascade() {{ "{sys.executable}" -m cascade.flows.cli "$@"; }}',
-                        f"cd {tmp_path}", *(fast(b) for b in blocks)])
+    script = "\n".join(
+        [
+            "set -euo pipefail",
+            f'cascade() {{ "{sys.executable}" -m cascade.flows.cli "$@"; }}',
+            f"cd {tmp_path}",
+            *(fast(b) for b in blocks),
+        ]
+    )
     env = dict(os.environ, CASCADE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     for leftover in ("CASCADE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(leftover, None)

@@ -27,4 +27,3 @@ def optional_values(argv: list[str]) -> list[str]:
         if word in OPTIONAL_VALUE and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
             out.append("")
     return out
-

@@ -10,7 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -68,8 +69,18 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     from cascade.stages.recipe import RecipeError
     from cascade.stages.regression import BaselineError
 
-    return (CLIError, RecipeError, LeaseHeld, StoreError, SettingError, ModelSourceError, BaselineError,
-            EvalRecordError, CheckpointError, LookupError)
+    return (
+        CLIError,
+        RecipeError,
+        LeaseHeld,
+        StoreError,
+        SettingError,
+        ModelSourceError,
+        BaselineError,
+        EvalRecordError,
+        CheckpointError,
+        LookupError,
+    )
 
 
 def stage_failures() -> tuple[type[BaseException], ...]:

@@ -6,7 +6,6 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,9 +14,10 @@ from rich.table import Table
 
 from cascade.flows.cli.common import CLIError, app, console, guarded
 
-
-BENCHMARK_HELP = ("Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple; math, "
-                  "aime25, hmmt, mmlu_pro, gpqa, ifbench and livecodebench read --data (see docs/BENCHMARKS.md).")
+BENCHMARK_HELP = (
+    "Comma-separated real benchmarks, e.g. gsm8k,ifeval,humaneval,mbpp,mmlu_stem,bfcl_simple; math, "
+    "aime25, hmmt, mmlu_pro, gpqa, ifbench and livecodebench read --data (see docs/BENCHMARKS.md)."
+)
 DATA_FORMAT_HELP = (
     "A local file or fsspec URL (hf://datasets/..., s3://...; JSONL, .json, .csv or .parquet), one item per row, "
     "in the benchmark's own format (gsm8k: question + answer ending '#### N'; "
@@ -32,30 +32,47 @@ DATA_FORMAT_HELP = (
 @app.command("eval")
 @guarded
 def eval_cmd(
-    model: str = typer.Argument(..., help="A checkpoint URI/dir (with MANIFEST.json), an HF model dir, 'tiny' or "
-                                          "'smollm2-135m'."),
+    model: str = typer.Argument(
+        ..., help="A checkpoint URI/dir (with MANIFEST.json), an HF model dir, 'tiny' or 'smollm2-135m'."
+    ),
     recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains and held-out sizes to use."),
-    benchmark: Optional[str] = typer.Option(None, "--benchmark", help=BENCHMARK_HELP + " Without it: every "
-                                            "recipe domain's held-out split."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N items of each benchmark."),
-    samples: int = typer.Option(1, "--samples", help="Completions per item: 1 is greedy pass@1; K > 1 samples "
-                                "(T=0.8 unless --temperature) and adds unbiased pass@K."),
-    data: Optional[str] = typer.Option(None, "--data", help="Your own items instead of the benchmark's file: "
-                                        + DATA_FORMAT_HELP),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for scores.json and <benchmark>.jsonl "
-                                       "(prompt, completion, verdict per item); default $CASCADE_HOME/evals/<time>."),
+    benchmark: str | None = typer.Option(
+        None, "--benchmark", help=BENCHMARK_HELP + " Without it: every recipe domain's held-out split."
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N items of each benchmark."),
+    samples: int = typer.Option(
+        1,
+        "--samples",
+        help="Completions per item: 1 is greedy pass@1; K > 1 samples "
+        "(T=0.8 unless --temperature) and adds unbiased pass@K.",
+    ),
+    data: str | None = typer.Option(
+        None, "--data", help="Your own items instead of the benchmark's file: " + DATA_FORMAT_HELP
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Directory for scores.json and <benchmark>.jsonl "
+        "(prompt, completion, verdict per item); default $CASCADE_HOME/evals/<time>.",
+    ),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Generation budget per completion."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature override."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Sequences per generate call."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads; on a busy machine 1 can be "
-                                          "many times faster than oversubscribed OpenMP threads."),
-    judge: Optional[str] = typer.Option(None, "--judge", help="arena_hard: the judge's OpenAI-compatible API base "
-                                        "(http://host:port/v1)."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature override."),
+    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per generate call."),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        help="torch CPU threads; on a busy machine 1 can be many times faster than oversubscribed OpenMP threads.",
+    ),
+    judge: str | None = typer.Option(
+        None, "--judge", help="arena_hard: the judge's OpenAI-compatible API base (http://host:port/v1)."
+    ),
     judge_model: str = typer.Option("judge", "--judge-model", help="arena_hard: the model name the judge serves."),
-    judge_key_env: Optional[str] = typer.Option(None, "--judge-key-env", help="arena_hard: the NAME of the "
-                                                "environment variable holding the judge's API key."),
-    baseline: str = typer.Option("tiny", "--baseline", help="arena_hard: the model whose answers MODEL plays "
-                                 "against (any model source)."),
+    judge_key_env: str | None = typer.Option(
+        None, "--judge-key-env", help="arena_hard: the NAME of the environment variable holding the judge's API key."
+    ),
+    baseline: str = typer.Option(
+        "tiny", "--baseline", help="arena_hard: the model whose answers MODEL plays against (any model source)."
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evaluate a model on every domain's held-out split, or on real benchmarks with --benchmark."""
@@ -68,8 +85,9 @@ def eval_cmd(
     if (benchmark == ARENA_HARD) != (judge is not None):
         raise CLIError(f"--benchmark {ARENA_HARD} needs --judge URL, and --judge applies to it only")
     if judge is not None:
-        _eval_arena_hard(model, recipe, judge, judge_model, judge_key_env, baseline, limit, max_new_tokens,
-                         batch_size, out, as_json)
+        _eval_arena_hard(
+            model, recipe, judge, judge_model, judge_key_env, baseline, limit, max_new_tokens, batch_size, out, as_json
+        )
         return
     if benchmark is None:
         if limit is not None or samples != 1 or data is not None or out is not None:
@@ -79,19 +97,34 @@ def eval_cmd(
     specs = _benchmark_specs(benchmark, data)
     if data is not None:
         _check_items_file(specs[0], data)  # a bad row is reported before a model loads or a file is written
-    for flag, value, low in (("--limit", limit, 1), ("--samples", samples, 1), ("--max-new-tokens", max_new_tokens, 1),
-                             ("--batch-size", batch_size, 1)):
+    for flag, value, low in (
+        ("--limit", limit, 1),
+        ("--samples", samples, 1),
+        ("--max-new-tokens", max_new_tokens, 1),
+        ("--batch-size", batch_size, 1),
+    ):
         if value is not None and value < low:
             raise CLIError(f"{flag} must be >= {low}, got {value}")
     if temperature is not None and temperature < 0:
         raise CLIError(f"--temperature must be >= 0, got {temperature}")
     tokenizer, engine = _load_for_benchmarks(model, recipe, batch_size)
-    settings = {"limit": limit, "samples": samples, "max_new_tokens": max_new_tokens, "temperature": temperature,
-                "data": str(data) if data else None}
+    settings = {
+        "limit": limit,
+        "samples": samples,
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "data": str(data) if data else None,
+    }
     out_dir = out or _default_eval_dir()
     try:
-        results = _run_benchmarks(engine, tokenizer, specs, settings, quiet=as_json,
-                                  save=lambda done: _write_benchmark_results(out_dir, model, settings, done))
+        results = _run_benchmarks(
+            engine,
+            tokenizer,
+            specs,
+            settings,
+            quiet=as_json,
+            save=lambda done: _write_benchmark_results(out_dir, model, settings, done),
+        )
     finally:
         engine.close()
     _print_benchmark_scores(model, results, out_dir, as_json)
@@ -100,9 +133,19 @@ def eval_cmd(
 ARENA_HARD = "arena_hard"
 
 
-def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_env: Optional[str], baseline: str,
-                     limit: Optional[int], max_new_tokens: int, batch_size: Optional[int], out: Optional[Path],
-                     as_json: bool) -> None:
+def _eval_arena_hard(
+    model: str,
+    recipe: str,
+    url: str,
+    judge_model: str,
+    key_env: str | None,
+    baseline: str,
+    limit: int | None,
+    max_new_tokens: int,
+    batch_size: int | None,
+    out: Path | None,
+    as_json: bool,
+) -> None:
     """Win rate of MODEL's greedy answers over BASELINE's on ArenaHard's questions, judged in both orders."""
     from pydantic import ValidationError
 
@@ -126,8 +169,16 @@ def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_en
     except JudgeError as e:
         raise CLIError(str(e)) from None
     rate, se = win_rate(scores)
-    result = {"model": model, "baseline": baseline, "judge": url, "prompts": len(prompts), "win_rate": rate,
-              "standard_error": se, "malformed_verdicts": judge.malformed, "retries": judge.retries}
+    result = {
+        "model": model,
+        "baseline": baseline,
+        "judge": url,
+        "prompts": len(prompts),
+        "win_rate": rate,
+        "standard_error": se,
+        "malformed_verdicts": judge.malformed,
+        "retries": judge.retries,
+    }
     out_dir = out or _default_eval_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scores.json").write_text(json.dumps(result, indent=2))
@@ -137,13 +188,16 @@ def _eval_arena_hard(model: str, recipe: str, url: str, judge_model: str, key_en
     if as_json:
         typer.echo(json.dumps(result))
         return
-    console.print(f"arena_hard: {model} vs {baseline}: win rate {rate:.3f} ± {se or 0:.3f} over {len(prompts)} "
-                  f"prompts (both orders; {judge.malformed} malformed verdicts scored 0, {judge.retries} retries); "
-                  f"{out_dir}")
+    console.print(
+        f"arena_hard: {model} vs {baseline}: win rate {rate:.3f} ± {se or 0:.3f} over {len(prompts)} "
+        f"prompts (both orders; {judge.malformed} malformed verdicts scored 0, {judge.retries} retries); "
+        f"{out_dir}"
+    )
 
 
-def _greedy_answers(source: str, recipe: str, prompts: list[str], max_new_tokens: int,
-                    batch_size: Optional[int]) -> list[str]:
+def _greedy_answers(
+    source: str, recipe: str, prompts: list[str], max_new_tokens: int, batch_size: int | None
+) -> list[str]:
     from cascade.stages.engines.base import SamplingParams
     from cascade.stages.model import prompt_ids
 
@@ -165,9 +219,13 @@ def _eval_split(model: str, recipe: str, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({"model": model, "scores": scores}))
         return
-    table = Table("domain", "score", title=f"{loaded.eval.split} split: {model}",
-                  caption="each domain: the mean grade of k answers sampled at its RL temperature; "
-                          "greedy/<domain>: greedy pass@1")
+    table = Table(
+        "domain",
+        "score",
+        title=f"{loaded.eval.split} split: {model}",
+        caption="each domain: the mean grade of k answers sampled at its RL temperature; "
+        "greedy/<domain>: greedy pass@1",
+    )
     for d, s in scores.items():
         table.add_row(d, f"{s:.3f}")
     console.print(table)
@@ -183,7 +241,7 @@ def _recipe_on(recipe: str, model: str):
     return loaded.model_copy(update={"model": loaded.model.model_copy(update={"source": model})})
 
 
-def _benchmark_specs(benchmark: str, data: Optional[str]):
+def _benchmark_specs(benchmark: str, data: str | None):
     """The specs of comma-separated names; unknown names are a CLIError before any work."""
     from cascade.stages.domains.benchdata import BenchmarkError, resolve_benchmarks
 
@@ -204,7 +262,7 @@ def _check_items_file(spec, data: str) -> None:
         raise CLIError(str(e)) from None
 
 
-def _load_for_benchmarks(model: str, recipe: str, batch_size: Optional[int]):
+def _load_for_benchmarks(model: str, recipe: str, batch_size: int | None):
     """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings."""
     from cascade.stages.evaluate import open_policy
 
@@ -219,8 +277,15 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
     from cascade.stages.domains.benchdata import BenchmarkError
 
     results = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=False, disable=quiet) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+        disable=quiet,
+    ) as progress:
         for spec in specs:
             bar = progress.add_task(spec.name, total=None)
 
@@ -228,10 +293,19 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
                 progress.update(bar, completed=done, total=total)
 
             try:
-                results.append(evaluate_benchmark(
-                    engine, tokenizer, spec.name, settings["limit"], settings["samples"],
-                    data_file=settings["data"], max_new_tokens=settings["max_new_tokens"],
-                    temperature=settings["temperature"], progress=update))
+                results.append(
+                    evaluate_benchmark(
+                        engine,
+                        tokenizer,
+                        spec.name,
+                        settings["limit"],
+                        settings["samples"],
+                        data_file=settings["data"],
+                        max_new_tokens=settings["max_new_tokens"],
+                        temperature=settings["temperature"],
+                        progress=update,
+                    )
+                )
             except BenchmarkError as e:  # e.g. a bad row in --data: found before any generation
                 raise CLIError(str(e)) from None
             save(results)
@@ -247,8 +321,11 @@ def _default_eval_dir() -> Path:
 def _write_benchmark_results(out_dir: Path, model: str, settings: dict, results: list) -> None:
     """scores.json plus <benchmark>.jsonl (one row per item and sample) in the output directory."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    scores = {"model": model, "settings": settings,
-              "benchmarks": {r.name: {"domain": r.domain, "seconds": round(r.seconds, 1), **r.metrics} for r in results}}
+    scores = {
+        "model": model,
+        "settings": settings,
+        "benchmarks": {r.name: {"domain": r.domain, "seconds": round(r.seconds, 1), **r.metrics} for r in results},
+    }
     (out_dir / "scores.json").write_text(json.dumps(scores, indent=1) + "\n")
     for r in results:
         with open(out_dir / f"{r.name}.jsonl", "w", encoding="utf-8") as f:
@@ -264,8 +341,13 @@ def _print_benchmark_scores(model: str, results: list, out_dir: Path, as_json: b
     for r in results:
         shown = [k for k in r.metrics if k not in ("items", "samples")]
         for i, key in enumerate(shown):
-            table.add_row(r.name if i == 0 else "", str(r.metrics["items"]) if i == 0 else "", key,
-                          f"{r.metrics[key]:.3f}", f"{r.seconds:.0f}" if i == 0 else "")
+            table.add_row(
+                r.name if i == 0 else "",
+                str(r.metrics["items"]) if i == 0 else "",
+                key,
+                f"{r.metrics[key]:.3f}",
+                f"{r.seconds:.0f}" if i == 0 else "",
+            )
     console.print(table)
     console.print(f"per-item results: {out_dir}")
 
@@ -273,10 +355,15 @@ def _print_benchmark_scores(model: str, results: list, out_dir: Path, as_json: b
 @app.command("grade")
 @guarded
 def grade_cmd(
-    benchmark: Optional[str] = typer.Option(None, "--benchmark", help="The benchmark (or domain) whose grader to "
-                                            "use (required)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Completions to score (required): " + DATA_FORMAT_HELP + " Every row also "
-                              'needs "completion": the model\'s answer as a string.'),
+    benchmark: str | None = typer.Option(
+        None, "--benchmark", help="The benchmark (or domain) whose grader to use (required)."
+    ),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="Completions to score (required): " + DATA_FORMAT_HELP + " Every row also "
+        'needs "completion": the model\'s answer as a string.',
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Score completions made elsewhere. A bad row is reported with its line number and reason, and the other
@@ -296,9 +383,12 @@ def grade_cmd(
     if not result.rows and not result.errors:
         raise CLIError(f"{data} holds no items")
     if as_json:
-        verdicts = [{k: row[k] for k in ("row", "id", "score", "verdict", "details") if k in row} for row in result.rows]
-        typer.echo(json.dumps({"benchmark": benchmark, "scores": result.metrics, "errors": result.errors,
-                               "rows": verdicts}))
+        verdicts = [
+            {k: row[k] for k in ("row", "id", "score", "verdict", "details") if k in row} for row in result.rows
+        ]
+        typer.echo(
+            json.dumps({"benchmark": benchmark, "scores": result.metrics, "errors": result.errors, "rows": verdicts})
+        )
     else:
         table = Table("metric", "score", title=f"{benchmark}: {len(result.rows)} graded, {len(result.errors)} bad rows")
         for key, value in result.metrics.items():

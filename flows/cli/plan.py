@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,16 +13,22 @@ from cascade.flows.cli.common import CLIError, app, guarded
 @guarded
 def plan(
     recipe: str = typer.Argument(..., help="A shipped recipe name (e.g. tiny) or a path to a YAML file."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. stages.sft.steps=100"),
-    on: str = typer.Option("cpu", "--on", help="Throughput profile: cpu (this project's measured 2-core "
-                           "figures), h100 or h200."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. stages.sft.steps=100"),
+    on: str = typer.Option(
+        "cpu", "--on", help="Throughput profile: cpu (this project's measured 2-core figures), h100 or h200."
+    ),
     devices: int = typer.Option(1, "--devices", help="Devices the stages share (e.g. GPUs per node x nodes)."),
-    params: Optional[float] = typer.Option(None, "--params", help="Parameter count, for a model that is not on "
-                                           "this machine (default: from the model's config, no weights loaded)."),
-    active_params: Optional[float] = typer.Option(None, "--active-params", help="Parameters active per token "
-                                                  "(mixture of experts); default: all of them."),
+    params: float | None = typer.Option(
+        None,
+        "--params",
+        help="Parameter count, for a model that is not on "
+        "this machine (default: from the model's config, no weights loaded).",
+    ),
+    active_params: float | None = typer.Option(
+        None, "--active-params", help="Parameters active per token (mixture of experts); default: all of them."
+    ),
     prompt_tokens: int = typer.Option(128, "--prompt-tokens", help="Assumed prompt length in tokens."),
-    image: Optional[Path] = typer.Option(None, "--image", help="Also draw the DAG into this PNG file."),
+    image: Path | None = typer.Option(None, "--image", help="Also draw the DAG into this PNG file."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON instead of a table."),
 ) -> None:
     """Dry run: validate the recipe, draw its DAG (stages, evals, the gate's branch), and estimate per stage the
@@ -34,8 +39,12 @@ def plan(
 
     if on not in PROFILES:
         raise CLIError(f"--on {on!r}: known profiles are {', '.join(PROFILES)}")
-    for name, value in (("--devices", devices), ("--prompt-tokens", prompt_tokens), ("--params", params),
-                        ("--active-params", active_params)):
+    for name, value in (
+        ("--devices", devices),
+        ("--prompt-tokens", prompt_tokens),
+        ("--params", params),
+        ("--active-params", active_params),
+    ):
         if value is not None and not value >= 1:
             raise CLIError(f"{name} must be >= 1, got {value:g}")
     if image is not None and not image.parent.is_dir():
@@ -53,8 +62,10 @@ def plan(
     typer.echo(f"recipe {loaded.name}: valid, {len(loaded.stages)} stages\n")
     typer.echo("\n".join(dag_lines(loaded)) + "\n")
     typer.echo(render_table(estimate))
-    typer.echo("\nkubernetes job variables (infra/k8s-gpu-job-template.json): "
-               + " ".join(f"--job-variable {k}={v}" for k, v in k8s.items()))
+    typer.echo(
+        "\nkubernetes job variables (infra/k8s-gpu-job-template.json): "
+        + " ".join(f"--job-variable {k}={v}" for k, v in k8s.items())
+    )
     if image is not None:
         draw_dag(loaded, image)
         typer.echo(f"\nDAG image: {image.resolve()}")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
 
 from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services
-
 
 baseline_app = typer.Typer(add_completion=False, help="Stored per-domain baselines of regression evals.")
 app.add_typer(baseline_app, name="baseline")
@@ -20,12 +18,19 @@ app.add_typer(baseline_app, name="baseline")
 @guarded
 def regression_eval_cmd(
     recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains, tolerances and store to use."),
-    checkpoints: Optional[list[str]] = typer.Option(None, "--checkpoint", help="A registry alias models:/<model>@"
-                                                    "<alias>, a store URI or a store key; repeatable. Default: "
-                                                    "the recipe's newest final-stage alias."),
+    checkpoints: list[str] | None = typer.Option(
+        None,
+        "--checkpoint",
+        help="A registry alias models:/<model>@"
+        "<alias>, a store URI or a store key; repeatable. Default: "
+        "the recipe's newest final-stage alias.",
+    ),
     baseline: str = typer.Option("nightly", "--baseline", help="Baseline name (<store>/baselines/<name>.json)."),
-    update_baseline: bool = typer.Option(False, "--update-baseline", help="Afterwards, raise each domain's "
-                                         "baseline to this run's best score where higher."),
+    update_baseline: bool = typer.Option(
+        False,
+        "--update-baseline",
+        help="Afterwards, raise each domain's baseline to this run's best score where higher.",
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evaluate checkpoints against a stored baseline, locally; exit code 1 when any domain regressed."""
@@ -46,11 +51,24 @@ def regression_eval_cmd(
     if as_json:
         typer.echo(json.dumps(rows))
     else:
-        table = Table("checkpoint", "domain", "score", "baseline", "drop", "tolerance", "verdict",
-                      title=f"regression eval against baseline {baseline!r}")
+        table = Table(
+            "checkpoint",
+            "domain",
+            "score",
+            "baseline",
+            "drop",
+            "tolerance",
+            "verdict",
+            title=f"regression eval against baseline {baseline!r}",
+        )
         for r in rows:
-            table.add_row(r["checkpoint"], r["domain"], f"{r['score']:.3f}",
-                          *("-" if r[k] is None else str(r[k]) for k in ("baseline", "drop", "tolerance")), r["verdict"])
+            table.add_row(
+                r["checkpoint"],
+                r["domain"],
+                f"{r['score']:.3f}",
+                *("-" if r[k] is None else str(r[k]) for k in ("baseline", "drop", "tolerance")),
+                r["verdict"],
+            )
         console.print(table)
     if regressions(rows):
         raise typer.Exit(1)
@@ -60,9 +78,12 @@ def regression_eval_cmd(
 @guarded
 def baseline_set(
     name: str = typer.Argument(..., help="Baseline name, e.g. nightly."),
-    source: str = typer.Argument(..., help="An eval record (.json: a store key such as runs/<id>/evals/01-sft.json, "
-                                           "a store URI or a local file) or a checkpoint (alias, URI or store key), "
-                                           "which is evaluated now."),
+    source: str = typer.Argument(
+        ...,
+        help="An eval record (.json: a store key such as runs/<id>/evals/01-sft.json, "
+        "a store URI or a local file) or a checkpoint (alias, URI or store key), "
+        "which is evaluated now.",
+    ),
     recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains and store to use."),
 ) -> None:
     """Replace a baseline: every domain's score and checkpoint from one eval."""

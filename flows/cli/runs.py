@@ -7,15 +7,23 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cascade.artifacts.layout import valid_run_id
-from cascade.flows.cli.common import (CLIError, app, console, guarded, logs_to_file, quiet_services, store_for,
-                                      stored_recipe)
+from cascade.flows.cli.common import (
+    CLIError,
+    app,
+    console,
+    guarded,
+    logs_to_file,
+    quiet_services,
+    store_for,
+    stored_recipe,
+)
 
 
 def new_run_id(recipe_name: str) -> str:
@@ -34,8 +42,17 @@ def execute(recipe, run_id: str) -> None:
     from cascade.stages.kinds import gain_targets
     from cascade.tasks.progress import set_progress_factory
 
-    with api, Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       console=console, transient=False) as progress:
+    with (
+        api,
+        Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress,
+    ):
         if api.embedded:
             # One run in this process, its stages one after another: no slot to take. (A limit on the embedded
             # server is shared through PREFECT_HOME's database with every other `cascade run` on the host, which
@@ -95,19 +112,35 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
             table.add_row(stage, *(row[i] for i in part))
         console.print(table)
     if any(d.startswith(GREEDY_COLUMN) for d in domains):
-        console.print("each domain: the mean grade of k answers sampled at its RL temperature (the primary metric, "
-                      "gated); greedy/<domain>: greedy pass@1 beside it")
+        console.print(
+            "each domain: the mean grade of k answers sampled at its RL temperature (the primary metric, "
+            "gated); greedy/<domain>: greedy pass@1 beside it"
+        )
     for g in report.gate:
-        console.print(f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
-                      f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}")
+        console.print(
+            f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
+            f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}"
+        )
     gains = stage_gains([stage for stage, _ in rows], items, targets or {})
     if gains:
-        table = Table("stage", "domain", "before", "after", "paired gain", "in SE",
-                      title="Gains of each RL stage on its own domains")
+        table = Table(
+            "stage",
+            "domain",
+            "before",
+            "after",
+            "paired gain",
+            "in SE",
+            title="Gains of each RL stage on its own domains",
+        )
         for g in gains:
-            table.add_row(g.stage, g.domain, f"{g.before:.3f}", f"{g.after:.3f}",
-                          f"{g.gain:+.3f} ± {g.se:.3f}" if g.se else f"{g.gain:+.3f}",
-                          f"{g.in_se:+.1f}" if g.in_se is not None else "-")
+            table.add_row(
+                g.stage,
+                g.domain,
+                f"{g.before:.3f}",
+                f"{g.after:.3f}",
+                f"{g.gain:+.3f} ± {g.se:.3f}" if g.se else f"{g.gain:+.3f}",
+                f"{g.in_se:+.1f}" if g.in_se is not None else "-",
+            )
         console.print(table)
 
 
@@ -128,8 +161,8 @@ def column_groups(widths: list[int], room: int) -> list[list[int]]:
 @guarded
 def run(
     recipe: str = typer.Argument("tiny", help="A shipped recipe name (e.g. tiny) or a path to a YAML file."),
-    overrides: Optional[list[str]] = typer.Argument(None, help="key=value overrides, e.g. stages.sft.steps=100"),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Name the run (default: RECIPE-DATE-TIME-XXXX)."),
+    overrides: list[str] | None = typer.Argument(None, help="key=value overrides, e.g. stages.sft.steps=100"),
+    run_id: str | None = typer.Option(None, "--run-id", help="Name the run (default: RECIPE-DATE-TIME-XXXX)."),
 ) -> None:
     """Run a recipe end to end."""
     from cascade.artifacts.layout import recipe_key, run_dir
@@ -143,8 +176,9 @@ def run(
     if not valid_run_id(run_id):
         raise CLIError(f"bad run id {run_id!r}: use lowercase letters, digits, '.', '_' and '-'")
     # the stored recipe names its store, so `cascade resume` finds the run wherever the environment points
-    loaded = loaded.model_copy(update={"storage": loaded.storage.model_copy(
-        update={"root": loaded.storage.resolved_root()})})
+    loaded = loaded.model_copy(
+        update={"storage": loaded.storage.model_copy(update={"root": loaded.storage.resolved_root()})}
+    )
     store = Store.from_config(loaded.storage)
     if store.exists(recipe_key(run_id)):
         raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
@@ -161,9 +195,10 @@ def run(
 @guarded
 def resume(
     run_id: str = typer.Argument(..., help="The run to continue."),
-    overrides: Optional[list[str]] = typer.Argument(
-        None, help="compute.* overrides for the stages still to run, e.g. compute.nnodes=1"),
-    store: Optional[str] = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
+    overrides: list[str] | None = typer.Argument(
+        None, help="compute.* overrides for the stages still to run, e.g. compute.nnodes=1"
+    ),
+    store: str | None = typer.Option(None, "--store", help="Store root (default: $CASCADE_STORE or $CASCADE_HOME)."),
 ) -> None:
     """Continue a run: committed stages are skipped, a cut-off stage resumes from its last step checkpoint (on
     another number of ranks or nodes, with compute.* overrides)."""
@@ -195,9 +230,9 @@ def _load_report(st, run_id: str):
 @app.command()
 @guarded
 def status(
-    run_id: Optional[str] = typer.Argument(None, help="A run id; without it, every run in the store."),
+    run_id: str | None = typer.Argument(None, help="A run id; without it, every run in the store."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    store: Optional[str] = typer.Option(None, "--store"),
+    store: str | None = typer.Option(None, "--store"),
 ) -> None:
     """Show runs, or one run's stages, evals and gate decisions."""
     from cascade.artifacts.layout import RUNS, recipe_key
@@ -231,8 +266,13 @@ def status(
     done = {s["name"]: s for s in report.stages}
     for index, cfg in enumerate(recipe.stages):
         s = done.get(cfg.name, {})
-        table.add_row(cfg.name, cfg.kind, stage_status(st, run_id, index, cfg.name, s.get("status", "pending")),
-                      str(s.get("seconds", "")), s.get("checkpoint") or "")
+        table.add_row(
+            cfg.name,
+            cfg.kind,
+            stage_status(st, run_id, index, cfg.name, s.get("status", "pending")),
+            str(s.get("seconds", "")),
+            s.get("checkpoint") or "",
+        )
     console.print(table)
     print_matrix(report, st, gain_targets(recipe.stages))
 
@@ -251,7 +291,7 @@ def stage_status(store, run_id: str, index: int, name: str, recorded: str) -> st
 @guarded
 def verify(
     run_id: str = typer.Argument(..., help="The run whose checkpoints to check."),
-    store: Optional[str] = typer.Option(None, "--store"),
+    store: str | None = typer.Option(None, "--store"),
 ) -> None:
     """Hash every file of every checkpoint of a run (stages and their step checkpoints) against its manifest;
     a line per damaged checkpoint, exit code 1 if any."""
@@ -273,10 +313,15 @@ def verify(
 @guarded
 def report(
     run_ids: list[str] = typer.Argument(..., help="A run id; two run ids put both runs side by side."),
-    html: Optional[str] = typer.Option(
-        None, "--html", is_flag=False, flag_value="", metavar="[PATH]",
-        help="Write the HTML report to PATH; `--html` alone: report.html beside report.json in the store."),
-    store: Optional[str] = typer.Option(None, "--store"),
+    html: str | None = typer.Option(
+        None,
+        "--html",
+        is_flag=False,
+        flag_value="",
+        metavar="[PATH]",
+        help="Write the HTML report to PATH; `--html` alone: report.html beside report.json in the store.",
+    ),
+    store: str | None = typer.Option(None, "--store"),
 ) -> None:
     """Print a run's forgetting matrix and gate decisions; with --html, write the HTML run report."""
     from cascade.stages.kinds import gain_targets
@@ -301,8 +346,9 @@ def report(
     from cascade.artifacts.html_report import collect, render
     from cascade.artifacts.layout import html_report_key, run_dir
 
-    rendered = render([collect(st, r, [s.name for s in rec.stages], gain_targets(rec.stages))
-                       for r, rec in zip(run_ids, recipes)])
+    rendered = render(
+        [collect(st, r, [s.name for s in rec.stages], gain_targets(rec.stages)) for r, rec in zip(run_ids, recipes)]
+    )
     if target is None:
         key = html_report_key(run_ids[0]) if len(run_ids) == 1 else f"{run_dir(run_ids[0])}/compare-{run_ids[1]}.html"
         st.write_bytes(key, rendered.html.encode())
@@ -335,12 +381,13 @@ def _check_writable(path: Path) -> None:
 @app.command("gc")
 @guarded
 def gc_cmd(
-    run_ids: Optional[list[str]] = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
+    run_ids: list[str] | None = typer.Argument(None, help="Runs to clean (default: every run in the store)."),
     keep: int = typer.Option(2, "--keep", help="Committed step checkpoints kept per stage."),
     delete: bool = typer.Option(False, "--yes", help="Delete; without it, only show the plan."),
-    store: Optional[str] = typer.Option(None, "--store"),
-    local: bool = typer.Option(False, "--local", help="Instead: the scratch directories in $TMPDIR no live "
-                               "process owns (left by a kill -9)."),
+    store: str | None = typer.Option(None, "--store"),
+    local: bool = typer.Option(
+        False, "--local", help="Instead: the scratch directories in $TMPDIR no live process owns (left by a kill -9)."
+    ),
 ) -> None:
     """List (then with --yes delete) orphaned partial uploads and step checkpoints beyond the last K per stage."""
     from cascade.artifacts.gc import gc

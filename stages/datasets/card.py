@@ -23,8 +23,13 @@ class SourceCounts:
     dropped: Counter = field(default_factory=Counter)
 
     def to_json(self) -> dict[str, Any]:
-        return {"domain": self.domain, "input": self.input, "rows": self.rows, "tokens": self.tokens,
-                "dropped": {r: self.dropped[r] for r in DROP_REASONS}}
+        return {
+            "domain": self.domain,
+            "input": self.input,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "dropped": {r: self.dropped[r] for r in DROP_REASONS},
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SourceCounts:
@@ -81,10 +86,14 @@ class DataCard:
 
     def to_markdown(self, title: str) -> str:
         card = self.to_json()
-        lines = [f"# Data card: {title}", "",
-                 f"{card['rows']} rows, {card['tokens']} tokens, from {card['input']} source rows.", "",
-                 "| source | domain | input | rows | tokens | " + " | ".join(DROP_REASONS) + " |",
-                 "| --- " * (5 + len(DROP_REASONS)) + "|"]
+        lines = [
+            f"# Data card: {title}",
+            "",
+            f"{card['rows']} rows, {card['tokens']} tokens, from {card['input']} source rows.",
+            "",
+            "| source | domain | input | rows | tokens | " + " | ".join(DROP_REASONS) + " |",
+            "| --- " * (5 + len(DROP_REASONS)) + "|",
+        ]
         for label, c in card["sources"].items():
             drops = " | ".join(str(c["dropped"][r]) for r in DROP_REASONS)
             lines.append(f"| {label} | {c['domain']} | {c['input']} | {c['rows']} | {c['tokens']} | {drops} |")

@@ -9,7 +9,8 @@ any n-token window of an eval prompt's own content. A window that two or more ev
 template (an instruction every item of a loader appends, which training prompts of the same loader carry too), so
 it is not compared, and neither is any window overlapping one (a question's last words + the instruction's
 first); a question with no content window left counts whole, as a short prompt does. (An eval set of one templated
-prompt keeps its template: nothing shows it is one.) An eval prompt shorter than n tokens has no n-gram, so it counts whole:
+prompt keeps its template: nothing shows it is one.) An eval prompt shorter than n tokens has no n-gram, so it counts
+whole:
 a training prompt that contains its full token sequence (contiguously) is contaminated. This is what makes the
 check meaningful for the tiny synthetic prompts (5-15 tokens): with n = 13 most of them match only as a whole.
 Eval prompts: every recipe domain's held-out split (what `evaluate` scores) and the benchmark files the stage
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 TOKEN = re.compile(r"\w+|[^\w\s.,;:!?'\"()\[\]]")
 

@@ -6,8 +6,9 @@ and `num_tokens`, the length of the row exactly as SFT tokenizes it (`prompt_ids
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 DATA_DIR = "data"
 SHARD_GLOB = "shard-*.parquet"
@@ -29,13 +30,15 @@ def write_shard(rows: list[dict[str, Any]], path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    schema = pa.schema([
-        ("id", pa.string()),
-        ("domain", pa.string()),
-        ("source", pa.string()),
-        ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("num_tokens", pa.int32()),
-    ])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("domain", pa.string()),
+            ("source", pa.string()),
+            ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("num_tokens", pa.int32()),
+        ]
+    )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path, compression="zstd")
 
 
@@ -70,8 +73,9 @@ class TokenCounter:
         self.frame = tuple(framed.split(self.SENTINEL)) if framed.count(self.SENTINEL) == 1 else None
 
     def _render(self, prompts: list[str]) -> list[str]:
-        return self.tokenizer.apply_chat_template([[{"role": "user", "content": p}] for p in prompts],
-                                                  add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            [[{"role": "user", "content": p}] for p in prompts], add_generation_prompt=True, tokenize=False
+        )
 
     def prompt_texts(self, prompts: list[str]) -> list[str]:
         if self.frame is not None and prompts:
@@ -82,5 +86,7 @@ class TokenCounter:
 
     def __call__(self, prompts: list[str], responses: list[str]) -> list[int]:
         encode = self.backend.encode
-        return [len(encode(t, add_special_tokens=False)) + len(encode(r, add_special_tokens=False)) + 1
-                for t, r in zip(self.prompt_texts(prompts), responses, strict=True)]
+        return [
+            len(encode(t, add_special_tokens=False)) + len(encode(r, add_special_tokens=False)) + 1
+            for t, r in zip(self.prompt_texts(prompts), responses, strict=True)
+        ]

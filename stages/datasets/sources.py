@@ -9,16 +9,17 @@ are slices of that one stream, which is what makes a rerun skip exactly the shar
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from cascade.artifacts.store import storage_options
-from cascade.stages.domains.base import Item
 from cascade.artifacts.config import StorageConfig
+from cascade.artifacts.store import storage_options
 from cascade.stages.config_base import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.domains.base import Item
 
 if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates
     from cascade.stages.recipe import Recipe

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cascade.stages.domains.base import Item
 from cascade.stages.config_base import ModelTeacher, OpenAIEndpoint, OracleTeacher
+from cascade.stages.domains.base import Item
 from cascade.stages.recipe import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row
@@ -91,11 +91,16 @@ class ModelTeacherEngine:
             batch = items[start : start + self.cfg.batch_size]
             self.calls += 1
             # Seeded per call: a rerun of a shard samples what the first run sampled.
-            sampling = SamplingParams(temperature=self.cfg.temperature, max_new_tokens=max_new_tokens,
-                                      seed=self.seed * 1_000_003 + self.calls)
+            sampling = SamplingParams(
+                temperature=self.cfg.temperature, max_new_tokens=max_new_tokens, seed=self.seed * 1_000_003 + self.calls
+            )
             groups = self.engine.generate([prompt_ids(self.tokenizer, it.prompt) for it in batch], 1, sampling)
-            answers += [Answer(g[0].text) if g[0].finish_reason == "stop"
-                        else Answer(None, f"cut off at {max_new_tokens} tokens") for g in groups]
+            answers += [
+                Answer(g[0].text)
+                if g[0].finish_reason == "stop"
+                else Answer(None, f"cut off at {max_new_tokens} tokens")
+                for g in groups
+            ]
         return answers
 
     def close(self) -> None:
@@ -136,10 +141,14 @@ class OpenAIChatTeacher:
         pass
 
     def _ask(self, item: Item, max_new_tokens: int) -> Answer:
-        body = json.dumps({
-            "model": self.cfg.model, "messages": [{"role": "user", "content": item.prompt}],
-            "max_tokens": max_new_tokens, "temperature": self.cfg.temperature,
-        }).encode()
+        body = json.dumps(
+            {
+                "model": self.cfg.model,
+                "messages": [{"role": "user", "content": item.prompt}],
+                "max_tokens": max_new_tokens,
+                "temperature": self.cfg.temperature,
+            }
+        ).encode()
         try:
             return parse_chat_reply(self.request(body, item.id), item.id, self.cfg.url)
         except RequestRefused as err:
@@ -153,15 +162,17 @@ class OpenAIChatTeacher:
                 return self._post(body)
             except _Transient as err:
                 if attempt == self.cfg.max_retries:
-                    raise TeacherError(f"{self.label} {self.cfg.url}: {err} on item {item_id}, "
-                                       f"{attempt + 1} attempts") from None
+                    raise TeacherError(
+                        f"{self.label} {self.cfg.url}: {err} on item {item_id}, {attempt + 1} attempts"
+                    ) from None
                 self.retries += 1
                 time.sleep(min(self.cfg.backoff_s * 2**attempt, self.cfg.max_backoff_s))
         raise AssertionError("unreachable")
 
     def _post(self, body: bytes) -> bytes:
-        req = urllib.request.Request(f"{self.cfg.url.rstrip('/')}/chat/completions", data=body,
-                                     headers=self.headers, method="POST")
+        req = urllib.request.Request(
+            f"{self.cfg.url.rstrip('/')}/chat/completions", data=body, headers=self.headers, method="POST"
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
                 return resp.read()
@@ -172,7 +183,7 @@ class OpenAIChatTeacher:
             if err.code in PER_PROMPT_ERRORS:
                 raise RequestRefused(f"HTTP {err.code}: {detail}") from None
             raise TeacherError(f"{self.label} {self.cfg.url}: HTTP {err.code}: {detail}") from None
-        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, socket.timeout, TimeoutError) as err:
+        except (urllib.error.URLError, http.client.HTTPException, ConnectionError, TimeoutError) as err:
             reason = getattr(err, "reason", err)
             if isinstance(reason, (socket.timeout, TimeoutError)):
                 raise _Transient(f"no answer in {self.cfg.timeout_s:g}s") from None
@@ -196,11 +207,14 @@ def parse_chat_reply(raw: bytes, item_id: str, url: str) -> Answer:
         if not isinstance(text, str):
             raise TypeError("message.content is not a string")
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise TeacherError(f"openai teacher {url}: malformed response for item {item_id}: not JSON "
-                           f"({raw[:80]!r})") from None
+        raise TeacherError(
+            f"openai teacher {url}: malformed response for item {item_id}: not JSON ({raw[:80]!r})"
+        ) from None
     except (KeyError, IndexError, TypeError) as e:
-        raise TeacherError(f"openai teacher {url}: malformed response for item {item_id}: "
-                           f"no choices[0].message.content ({type(e).__name__}: {e})") from None
+        raise TeacherError(
+            f"openai teacher {url}: malformed response for item {item_id}: "
+            f"no choices[0].message.content ({type(e).__name__}: {e})"
+        ) from None
     if reason == "length":
         return Answer(None, "cut off at max_tokens")
     return Answer(text)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 Split = Literal["train", "dev", "heldout"]
 EVAL_SPLITS: tuple[Split, ...] = ("heldout", "dev")  # what a recipe evaluates or tunes on: never trained on

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from cascade.stages.domains import DOMAIN_CLASSES, domain_names, get_domain
 from cascade.stages.domains.base import Item
@@ -92,8 +93,11 @@ def read_rows(location: str | Path) -> list[tuple[int, dict[str, Any] | Exceptio
     try:
         return list(read_jsonl_lines(location))
     except (OSError, ImportError, ValueError) as e:  # unreachable URL, no such remote file, corrupt Parquet
-        hint = " (cascade sets HF_HUB_OFFLINE=1 unless you set it: HF_HUB_OFFLINE=0 reads hf:// URLs)" \
-            if str(location).startswith("hf://") else ""
+        hint = (
+            " (cascade sets HF_HUB_OFFLINE=1 unless you set it: HF_HUB_OFFLINE=0 reads hf:// URLs)"
+            if str(location).startswith("hf://")
+            else ""
+        )
         raise BenchmarkError(f"cannot read {location}: {describe(e)}{hint}") from e
 
 
@@ -152,7 +156,7 @@ class BenchmarkSpec:
             return Item(self.domain, item_id, row["prompt"], str(row.get("reference", "")), row["meta"])
         native = getattr(self.loader, "parse_row", None)
         if native is None:
-            raise ValueError(f"{self.name!r} reads only item rows: {{\"prompt\": ..., \"meta\": {{...}}}}")
+            raise ValueError(f'{self.name!r} reads only item rows: {{"prompt": ..., "meta": {{...}}}}')
         return native(row, index)
 
 
@@ -213,8 +217,12 @@ def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) ->
     return specs
 
 
-def load_items(spec: BenchmarkSpec, data_root: str | Path | None = None, data_file: str | Path | None = None,
-               limit: int | None = None) -> list[Item]:
+def load_items(
+    spec: BenchmarkSpec,
+    data_root: str | Path | None = None,
+    data_file: str | Path | None = None,
+    limit: int | None = None,
+) -> list[Item]:
     """The benchmark's items (the first `limit`), from its own file or the user's `data_file`."""
     if data_file is not None:
         items = []

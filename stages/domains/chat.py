@@ -26,11 +26,45 @@ from cascade.stages.datasets.preferences import PreferencePair
 from cascade.stages.domains.base import Domain, Item, Split
 from cascade.stages.domains.instruct import TOPIC_WORDS, words_of
 
-ENTITIES = ["Ada", "Bruno", "Cleo", "Dev", "Esme", "Finn", "Gus", "Hana", "Ivo", "Juno", "Kai", "Lena",
-            "Milo", "Nora", "Otto", "Pia", "Quin", "Rosa", "Sami", "Tess", "Uma", "Vic", "Wren", "Xena", "Yuri",
-            "Zoe", "Abel", "Bea", "Cruz", "Dara", "Eli", "Faye"]  # x 30 topics (instruct's) x 3 tones x 5 lengths: 14,400 problems
-TONES = {"cheerful": ["yay", "fun", "glad"], "gloomy": ["alas", "grim", "sadly"],
-         "formal": ["indeed", "kindly", "regards"]}
+ENTITIES = [
+    "Ada",
+    "Bruno",
+    "Cleo",
+    "Dev",
+    "Esme",
+    "Finn",
+    "Gus",
+    "Hana",
+    "Ivo",
+    "Juno",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nora",
+    "Otto",
+    "Pia",
+    "Quin",
+    "Rosa",
+    "Sami",
+    "Tess",
+    "Uma",
+    "Vic",
+    "Wren",
+    "Xena",
+    "Yuri",
+    "Zoe",
+    "Abel",
+    "Bea",
+    "Cruz",
+    "Dara",
+    "Eli",
+    "Faye",
+]  # x 30 topics (instruct's) x 3 tones x 5 lengths: 14,400 problems
+TONES = {
+    "cheerful": ["yay", "fun", "glad"],
+    "gloomy": ["alas", "grim", "sadly"],
+    "formal": ["indeed", "kindly", "regards"],
+}
 FILLER = ["really", "very", "truly", "quite", "so", "just", "much"]  # padding: words with no content
 SPAN = 3  # a request allows lo..lo+SPAN words
 RUBRIC = ("on_topic", "entity", "tone", "length", "no_repetition")
@@ -108,6 +142,11 @@ class ChatDomain(Domain):
     def pairs(self, split: Split, n: int, seed: int) -> list[PreferencePair]:
         """n preference pairs of one split: (oracle answer, a near-miss of it), the near-miss kinds in turn."""
         rng = random.Random(f"chat-pairs:{split}:{seed}")
-        return [PreferencePair(item.prompt, item.reference,
-                               near_miss(item.meta, item.reference, NEAR_MISSES[i % len(NEAR_MISSES)], rng))
-                for i, item in enumerate(self.generate(split, n, seed))]
+        return [
+            PreferencePair(
+                item.prompt,
+                item.reference,
+                near_miss(item.meta, item.reference, NEAR_MISSES[i % len(NEAR_MISSES)], rng),
+            )
+            for i, item in enumerate(self.generate(split, n, seed))
+        ]

@@ -43,14 +43,13 @@ import random
 import re
 import secrets
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from cascade.sandbox import SandboxLimits, run_many
-from cascade.stages.domains.benchdata import JsonlBenchmark
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.domains.benchdata import read_jsonl
+from cascade.stages.domains.benchdata import JsonlBenchmark, read_jsonl
 from cascade.stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
 OPS = {"plus": "+", "minus": "-", "times": "*"}
@@ -79,7 +78,7 @@ def extract_code(completion: str) -> str:
         code = completion
         if not _parses(code.strip("\n")):
             start = _CODE_START.search(code)
-            code = code[start.start():] if start else code
+            code = code[start.start() :] if start else code
     return code.lstrip("\n").rstrip()
 
 
@@ -150,10 +149,21 @@ class _Unsupported(Exception):
     pass
 
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-_CMPOPS = {ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Lt: operator.lt, ast.LtE: operator.le,
-           ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CMPOPS = {
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 
 
 def host_check(code: str, entry_point: str, cases: list[list[int]]) -> float | None:
@@ -256,8 +266,11 @@ class CodeDomain(Domain):
         return run_jobs([build_job(it, c, fast) for it, c in zip(items, completions, strict=True)])
 
     def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
-        return {"humaneval": load_humaneval, "mbpp": load_mbpp,
-                "livecodebench": JsonlBenchmark("livecodebench", None, livecodebench_item)}
+        return {
+            "humaneval": load_humaneval,
+            "mbpp": load_mbpp,
+            "livecodebench": JsonlBenchmark("livecodebench", None, livecodebench_item),
+        }
 
 
 def build_job(item: Item, completion: str, fast: bool = True) -> Job:
@@ -273,8 +286,9 @@ def build_job(item: Item, completion: str, fast: bool = True) -> Job:
         tests = "\n".join(m["tests"])
         return Job(f"{code}\n\n{m['setup']}\n{tests}\n", BENCHMARK_LIMITS)
     if m["kind"] == "livecodebench":
-        limits = SandboxLimits(cpu_seconds=LIVECODEBENCH_TEST_CPU_S,
-                               wall_seconds=livecodebench_wall_seconds(len(m["tests"])))
+        limits = SandboxLimits(
+            cpu_seconds=LIVECODEBENCH_TEST_CPU_S, wall_seconds=livecodebench_wall_seconds(len(m["tests"]))
+        )
         return Job(livecodebench_program(code, m["tests"]), limits)
     raise ValueError(f"unknown code item kind {m['kind']!r}")
 
@@ -293,8 +307,13 @@ def humaneval_program(meta: dict, code: str) -> str:
 def humaneval_item(row: dict, index: int = 0) -> Item:
     """One HumanEval row (task_id, prompt, canonical_solution, test, entry_point) as an item."""
     prompt = f"Complete the following Python function.\n\n```python\n{row['prompt']}```"
-    meta = {"kind": "humaneval", "task_id": row["task_id"], "prompt": row["prompt"], "test": row["test"],
-            "entry_point": row["entry_point"]}
+    meta = {
+        "kind": "humaneval",
+        "task_id": row["task_id"],
+        "prompt": row["prompt"],
+        "test": row["test"],
+        "entry_point": row["entry_point"],
+    }
     reference = row["prompt"] + row.get("canonical_solution", "")
     return Item("code", row["task_id"], prompt, reference, meta, split_key=row["task_id"])
 

@@ -1,7 +1,8 @@
 """Instruct: IFEval-style verifiable constraints (case, exact word counts, list lines, required words); IFEval, IFBench.
 
 Synthetic constraint kinds follow the learnable set in docs/MEASUREMENTS.md. Every check is a pure function of
-the response, so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately does.
+the response, so the grader is exact; word counting splits on whitespace, as IFEval's own `count_words` approximately
+does.
 
 IFEval (541 prompts, `instruction_id_list` + `kwargs`) is graded with Google's verifiable-instruction checkers as
 shipped by the PyPI package `if-verifiable`, in Google's two modes: strict (the response as is) and loose (the
@@ -29,7 +30,8 @@ Deviations from Google's reference evaluation, and why:
   graded on their answer (other responses are checked as is; if-verifiable also strips their surrounding
   whitespace). A checker that raises on some response counts that instruction as not followed.
 - A checker whose kwargs are missing or invalid draws a random argument (items 1122 and 1129 give "#" and "!"
-  as the letter to count, so a random letter is counted). We draw it from a private generator seeded by the instruction and its
+  as the letter to count, so a random letter is counted). We draw it from a private generator seeded by the instruction
+  and its
   kwargs, so the verdict is reproducible and the grader never touches the global `random` state.
 - if-verifiable returns no instruction results for an empty response, which would drop those instructions from
   the instruction-level denominator; we count them as failed, as Google's reference does.
@@ -50,12 +52,13 @@ import shutil
 import tempfile
 import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from unittest import mock
 
-from cascade.stages.domains.benchdata import BenchmarkError, JsonlBenchmark
 from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import BenchmarkError, JsonlBenchmark
 
 TOPICS = {
     "cats": "cat fur paws purr nap milk soft tail whiskers play",
@@ -232,7 +235,7 @@ def prepare_checkers() -> None:
             _write_nltk_resource(_nltk_root, resource)  # one stat each when the files are there
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def checker_classes(benchmark: str) -> dict[str, Any]:
     """instruction id -> checker class, from the benchmark's if-verifiable registry (ifeval or ifbench).
 
@@ -275,8 +278,10 @@ def _follows(checker: Any, text: str) -> bool:
     except Exception as e:  # noqa: BLE001 - a response that crashes a checker has not shown it follows the instruction
         if type(e) is LookupError:  # NLTK data missing: the checker cannot judge any response
             missing = MISSING_NLTK_DATA.search(str(e))
-            raise BenchmarkError(f"instruction {checker.id!r} needs NLTK data that is not installed "
-                                 f"({missing.group(1) if missing else e}); see `python -m nltk.downloader`") from None
+            raise BenchmarkError(
+                f"instruction {checker.id!r} needs NLTK data that is not installed "
+                f"({missing.group(1) if missing else e}); see `python -m nltk.downloader`"
+            ) from None
         return False
 
 
@@ -285,7 +290,8 @@ def unknown_instruction_ids(benchmark: str, instruction_ids: list[str]) -> str |
     unknown = sorted(set(instruction_ids) - set(checker_classes(benchmark)))
     if not unknown:
         return None
-    return f"unknown {BENCHMARK_TITLES[benchmark]} instruction id{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))}"
+    ids = ", ".join(map(repr, unknown))
+    return f"unknown {BENCHMARK_TITLES[benchmark]} instruction id{'s' * (len(unknown) > 1)} {ids}"
 
 
 def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str, benchmark: str = "ifeval") -> Any:
@@ -304,8 +310,9 @@ def build_checker(instruction_id: str, args: dict[str, Any] | None, prompt: str,
     return checker
 
 
-def ifeval_verdicts(instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str,
-                    benchmark: str = "ifeval") -> list[dict[str, Any]]:
+def ifeval_verdicts(
+    instruction_ids: list[str], kwargs: list[dict[str, Any]], prompt: str, response: str, benchmark: str = "ifeval"
+) -> list[dict[str, Any]]:
     """Per instruction: {"id", "strict", "loose"}, with the benchmark's checkers and Google's loose variants."""
     prepare_checkers()  # NLTK reads punkt_tab at a checker's first sentence count, maybe long after the import
     response = strip_thinking(response)
@@ -369,8 +376,9 @@ class InstructDomain(Domain):
         m = item.meta
         if "instruction_id_list" not in m:
             return {"score": float(check(m["kind"], m["n"], m["word"], completion.strip()))}
-        verdicts = ifeval_verdicts(m["instruction_id_list"], m["kwargs"], item.prompt, completion,
-                                   m.get("benchmark", "ifeval"))
+        verdicts = ifeval_verdicts(
+            m["instruction_id_list"], m["kwargs"], item.prompt, completion, m.get("benchmark", "ifeval")
+        )
         strict = all(v["strict"] for v in verdicts)
         loose = all(v["loose"] for v in verdicts)
         return {"score": float(strict), "prompt_strict": strict, "prompt_loose": loose, "instructions": verdicts}
@@ -380,7 +388,8 @@ class InstructDomain(Domain):
 
     def benchmarks(self) -> dict[str, Callable]:
         return {
-            "ifeval": JsonlBenchmark("ifeval", "instruction_following/ifeval_input_data.jsonl",
-                                     parse_instruction_rows("ifeval")),
+            "ifeval": JsonlBenchmark(
+                "ifeval", "instruction_following/ifeval_input_data.jsonl", parse_instruction_rows("ifeval")
+            ),
             "ifbench": JsonlBenchmark("ifbench", None, parse_instruction_rows("ifbench")),
         }

@@ -40,7 +40,7 @@ TEST_TIMEOUT_S = 6  # lcb_runner's per-test timeout
 SUPPORTED_TEST_TYPE = "stdin"
 
 # Runs in the sandbox (standard library only); run_jobs prints its nonce after it, so reaching the end = pass.
-HARNESS = '''\
+HARNESS = """\
 import subprocess, sys
 from decimal import Decimal, InvalidOperation
 
@@ -79,7 +79,7 @@ for number, (stdin, want) in enumerate(TESTS, 1):
         sys.exit(f"test {{number}}: runtime error")
     if not same_output(run.stdout, want):
         sys.exit(f"test {{number}}: wrong answer")
-'''
+"""
 
 
 class _StringsOnly(pickle.Unpickler):
@@ -125,8 +125,10 @@ def livecodebench_item(row: dict[str, Any], index: int = 0) -> Item:
     if not tests:
         raise ValueError("no test cases")
     key = row.get("question_id", index)
-    prompt = (f"{row['question_content'].strip()}\n\nWrite a Python program that reads the input from standard "
-              "input and writes the answer to standard output. Put the program in one ```python block.")
+    prompt = (
+        f"{row['question_content'].strip()}\n\nWrite a Python program that reads the input from standard "
+        "input and writes the answer to standard output. Put the program in one ```python block."
+    )
     groups = {"difficulty": str(row["difficulty"])} if row.get("difficulty") else None
     meta = {"kind": "livecodebench", "tests": tests, **({"groups": groups} if groups else {})}
     return Item("code", f"livecodebench-{key}", prompt, "", meta, split_key=f"livecodebench-{key}")

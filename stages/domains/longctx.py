@@ -25,9 +25,21 @@ NAMES = (
     "wolf bear deer frog lion mole moth seal swan toad crab duck goat hare lark mink"
 ).split()
 FILLER = (
-    "The sky is grey.", "A dog ran home.", "Rain fell all day.", "The tea is hot.", "Bells rang at noon.",
-    "The road was long.", "A boat left port.", "Snow hid the path.", "The lamp was on.", "Birds sang early.",
-    "The door was shut.", "A train went by.", "Leaves fell slowly.", "The sea was calm.", "Wind shook the trees.",
+    "The sky is grey.",
+    "A dog ran home.",
+    "Rain fell all day.",
+    "The tea is hot.",
+    "Bells rang at noon.",
+    "The road was long.",
+    "A boat left port.",
+    "Snow hid the path.",
+    "The lamp was on.",
+    "Birds sang early.",
+    "The door was shut.",
+    "A train went by.",
+    "Leaves fell slowly.",
+    "The sea was calm.",
+    "Wind shook the trees.",
     "The bread was fresh.",
 )
 DIGITS = re.compile(r"\d+")
@@ -53,7 +65,7 @@ class LongContextDomain(Domain):
 
     def sample(self, rng: random.Random) -> Item:
         names = rng.sample(NAMES, self.num_keys)
-        keys = [f"{rng.randrange(10 ** self.key_digits):0{self.key_digits}d}" for _ in names]
+        keys = [f"{rng.randrange(10**self.key_digits):0{self.key_digits}d}" for _ in names]
         facts = [f"The key for {n} is {k}." for n, k in zip(names, keys)]
         filler = [rng.choice(FILLER) for _ in range(self.num_filler)]  # repeats are fine: it is noise
         sentences = facts + filler

@@ -41,10 +41,11 @@ import functools
 import logging
 import random
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from cascade.stages.domains.benchdata import JsonlBenchmark
 from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import JsonlBenchmark
 
 TEMPLATES = ("Compute {expr}.", "What is {expr}?", "Evaluate {expr}.")
 BOX_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -120,8 +121,9 @@ def gold_text(value: Any) -> str:
     return text[1:-1].strip() if len(text) > 1 and text[0] == text[-1] == "$" else text
 
 
-def real_item(benchmark: str, key: Any, question: str, gold: str, solution: str = "",
-              groups: dict[str, str] | None = None) -> Item:
+def real_item(
+    benchmark: str, key: Any, question: str, gold: str, solution: str = "", groups: dict[str, str] | None = None
+) -> Item:
     prompt = f"{question.strip()}\n\n{BOX_INSTRUCTION}"
     reference = f"{solution.strip()}\n\n\\boxed{{{gold}}}" if solution else f"\\boxed{{{gold}}}"
     meta = {"answer": gold, "benchmark": benchmark, **({"groups": groups} if groups else {})}
@@ -145,8 +147,11 @@ def parse_competition(benchmark: str) -> Callable[[dict, int], Item]:
         gold = gold_text(row["answer"])
         if not gold:
             raise ValueError("empty 'answer'")
-        groups = {axis: str(row[field]) for axis, field in (("level", "level"), ("subject", "type"),
-                                                           ("subject", "subject")) if row.get(field) not in (None, "")}
+        groups = {
+            axis: str(row[field])
+            for axis, field in (("level", "level"), ("subject", "type"), ("subject", "subject"))
+            if row.get(field) not in (None, "")
+        }
         key = row.get("unique_id", row.get("id", index))
         return real_item(benchmark, key, question, gold, row.get("solution") or "", groups)
 

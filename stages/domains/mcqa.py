@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
-from cascade.stages.domains.benchdata import JsonlBenchmark
 from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.benchdata import JsonlBenchmark
 
 LETTERS = "ABCDEFGHIJ"
 OPTIONS_MARKER = "Options are:"
@@ -71,8 +72,9 @@ def answer_text(letter: str) -> str:
     return f"The answer is ({letter})."
 
 
-def mcq_item(benchmark: str, key: Any, question: str, choices: list[str], gold: int,
-             groups: dict[str, str] | None = None) -> Item:
+def mcq_item(
+    benchmark: str, key: Any, question: str, choices: list[str], gold: int, groups: dict[str, str] | None = None
+) -> Item:
     """One multiple-choice item of any benchmark: options lettered A.., gold given as an index into them."""
     if not 2 <= len(choices) <= len(LETTERS) or not all(isinstance(c, str) for c in choices):
         raise ValueError(f"need 2-{len(LETTERS)} options (strings), got {len(choices)}")
@@ -113,8 +115,14 @@ def parse_mmlu_pro(row: dict[str, Any], index: int) -> Item:
     if by_letter == -1 or (by_letter is not None and by_index is not None and by_letter != by_index):
         raise ValueError(f"'answer' {row['answer']!r} is not a letter A-J matching 'answer_index' {by_index!r}")
     groups = {"category": str(row["category"])} if row.get("category") else None
-    return mcq_item("mmlu_pro", row.get("question_id", index), question, options,
-                    by_letter if by_letter is not None else by_index, groups)
+    return mcq_item(
+        "mmlu_pro",
+        row.get("question_id", index),
+        question,
+        options,
+        by_letter if by_letter is not None else by_index,
+        groups,
+    )
 
 
 def parse_gpqa(row: dict[str, Any], index: int) -> Item:

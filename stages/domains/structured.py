@@ -28,8 +28,27 @@ from typing import Any
 from cascade.stages.domains.base import Domain, Item
 
 KEYS = ("id", "n", "x", "age", "day", "city", "page", "line", "note", "word", "song", "star")  # 1-2 tokens each
-WORDS = ("sun", "rain", "blue", "sea", "book", "tree", "cat", "dog", "snow", "fire", "gold", "star", "moon",
-         "ice", "salt", "milk", "cup", "bell", "road")
+WORDS = (
+    "sun",
+    "rain",
+    "blue",
+    "sea",
+    "book",
+    "tree",
+    "cat",
+    "dog",
+    "snow",
+    "fire",
+    "gold",
+    "star",
+    "moon",
+    "ice",
+    "salt",
+    "milk",
+    "cup",
+    "bell",
+    "road",
+)
 KINDS = ("int", "str", "bool", "range", "list")
 _FENCE = re.compile(r"```[ \t]*(?:json)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 

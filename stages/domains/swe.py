@@ -48,8 +48,9 @@ SIGN_INPUTS = (-3, 0, 1, 2, 5, 9)
 MODULES = ("shop/rules.py", "shop/prices.py")
 TEST_FILE = "tests/test_shop.py"
 FUNCTION_NAMES = ("discount", "bonus", "shipping", "tax", "fee", "rebate", "points", "level", "rank", "tier")
-EDIT = re.compile(r"^(?P<path>[\w./-]+)\n<<<<<<< SEARCH\n(?P<search>.*?)\n=======\n(?P<replace>.*?)\n>>>>>>> REPLACE",
-                  re.S | re.M)
+EDIT = re.compile(
+    r"^(?P<path>[\w./-]+)\n<<<<<<< SEARCH\n(?P<search>.*?)\n=======\n(?P<replace>.*?)\n>>>>>>> REPLACE", re.S | re.M
+)
 
 
 def boundary_body(rng: random.Random) -> tuple[str, str, list[list[int]], list[int]]:
@@ -105,11 +106,19 @@ def make_repository(rng: random.Random, num_modules: int = 2, num_functions: int
     files = {m: "\n".join(_function(n, b) for n, b, _ in functions[m]) for m in modules}
     package = bug_module.removesuffix(".py").replace("/", ".")
     x, want = shown
-    files[TEST_FILE] = (f"from {package} import {names[0]}\n\n\ndef test_{names[0]}():\n"
-                        f"    assert {names[0]}({x}) == {want}\n")
+    files[TEST_FILE] = (
+        f"from {package} import {names[0]}\n\n\ndef test_{names[0]}():\n    assert {names[0]}({x}) == {want}\n"
+    )
     hidden = {m: [[n, c] for n, _, c in functions[m]] for m in modules}
-    return {"files": files, "family": family, "bug_file": bug_module, "bug_function": names[0],
-            "search": f"    return {buggy}", "replace": f"    return {fixed}", "hidden": hidden}
+    return {
+        "files": files,
+        "family": family,
+        "bug_file": bug_module,
+        "bug_function": names[0],
+        "search": f"    return {buggy}",
+        "replace": f"    return {fixed}",
+        "hidden": hidden,
+    }
 
 
 def render_prompt(files: dict[str, str], test: str) -> str:
@@ -156,8 +165,11 @@ def repository_program(files: dict[str, str], hidden: dict[str, list]) -> str:
         f"_tests = {{}}\nexec(compile(_files[{TEST_FILE!r}], {TEST_FILE!r}, 'exec'), _tests)\n"
         "for _fn in [v for k, v in _tests.items() if k.startswith('test_')]:\n"
         "    _fn()\n"
-        + "".join(f"from {m.removesuffix('.py').replace('/', '.')} import {name}\n{int_tests(name, cases)}"
-                  for m, fns in hidden.items() for name, cases in fns)
+        + "".join(
+            f"from {m.removesuffix('.py').replace('/', '.')} import {name}\n{int_tests(name, cases)}"
+            for m, fns in hidden.items()
+            for name, cases in fns
+        )
     )
 
 
@@ -169,8 +181,11 @@ def fast_verdict(files: dict[str, str], hidden: dict[str, list]) -> float | None
             tree = ast.parse(files[module])
         except SyntaxError:
             return None
-        defs = {node.name: ast.get_source_segment(files[module], node) for node in tree.body
-                if isinstance(node, ast.FunctionDef)}
+        defs = {
+            node.name: ast.get_source_segment(files[module], node)
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef)
+        }
         if len(defs) != len(tree.body):
             return None
         for name, cases in fns:
@@ -204,8 +219,14 @@ class SWEDomain(Domain):
         repo = make_repository(rng, self.num_modules, self.num_functions)
         meta = {k: repo[k] for k in ("files", "family", "bug_file", "bug_function", "hidden")}
         reference = render_edit(repo["bug_file"], repo["search"], repo["replace"])
-        return Item(self.name, "", render_prompt(repo["files"], f"test_{repo['bug_function']}"), reference, meta,
-                    split_key=repo["files"][repo["bug_file"]])
+        return Item(
+            self.name,
+            "",
+            render_prompt(repo["files"], f"test_{repo['bug_function']}"),
+            reference,
+            meta,
+            split_key=repo["files"][repo["bug_file"]],
+        )
 
     def grade(self, item: Item, completion: str) -> float:
         return self.grade_batch([item], [completion])[0]

@@ -49,9 +49,10 @@ import ast
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.domains.benchdata import read_jsonl
@@ -175,7 +176,7 @@ def _match_all(calls: list[Call], expected: list[dict], docs: dict, used: frozen
     """Backtracking assignment of expected calls to distinct actual calls (BFCL's any-order matching)."""
     if not expected:
         return True
-    (name, allowed), = expected[0].items()
+    ((name, allowed),) = expected[0].items()
     for i, call in enumerate(calls):
         if i not in used and call_matches(call, name, allowed, docs.get(name)):
             if _match_all(calls, expected[1:], docs, used | {i}):
@@ -237,12 +238,14 @@ def value_matches(value: Any, option: Any) -> bool:
         if not isinstance(value, dict) or set(value) - set(option):
             return False
         return all(
-            any(value_matches(value[k], o) for o in opts) if k in value else "" in opts
-            for k, opts in option.items()
+            any(value_matches(value[k], o) for o in opts) if k in value else "" in opts for k, opts in option.items()
         )
     if isinstance(option, list):
-        return (isinstance(value, (list, tuple)) and len(value) == len(option)
-                and all(value_matches(v, o) for v, o in zip(value, option)))
+        return (
+            isinstance(value, (list, tuple))
+            and len(value) == len(option)
+            and all(value_matches(v, o) for v, o in zip(value, option))
+        )
     if isinstance(option, bool) or isinstance(value, bool):
         return type(value) is bool and type(option) is bool and value == option
     if isinstance(option, str):
@@ -259,8 +262,22 @@ def normalize(text: str) -> str:
 # --------------------------------------------------------------------------- the synthetic generator
 
 # Pools of words the tokenizer spends few tokens on: prompts must stay under 40 tokens with the chat template.
-CITIES = ("Paris", "Nice", "Bath", "Bern", "Bonn", "Cork", "Dover", "Leeds", "Lima", "Lyon", "Milan", "Perth",
-          "Pisa", "Turin")
+CITIES = (
+    "Paris",
+    "Nice",
+    "Bath",
+    "Bern",
+    "Bonn",
+    "Cork",
+    "Dover",
+    "Leeds",
+    "Lima",
+    "Lyon",
+    "Milan",
+    "Perth",
+    "Pisa",
+    "Turin",
+)
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 ROOMS = ("desk", "bed", "bath", "hall", "shop", "door")
 SONGS = ("sun", "rain", "blue", "sea", "snow", "fire", "gold", "star", "moon", "ice", "salt", "milk", "bell")
@@ -270,22 +287,28 @@ FOODS = ("bread", "soup", "rice", "milk", "fish", "egg", "cake", "tea")
 def _doc(name: str, description: str, params: dict[str, tuple[str, str]], required: list[str]) -> dict:
     """A function document in BFCL's shape, so synthetic and real items share one checker."""
     props = {p: {"type": t, "description": d} for p, (t, d) in params.items()}
-    return {"name": name, "description": description,
-            "parameters": {"type": "dict", "properties": props, "required": required}}
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "dict", "properties": props, "required": required},
+    }
 
 
 TOOLS = {
-    "weather": _doc("weather", "Weather forecast for a city.",
-                    {"city": ("string", "City name."), "day": ("string", "Weekday; omit for today.")}, ["city"]),
+    "weather": _doc(
+        "weather",
+        "Weather forecast for a city.",
+        {"city": ("string", "City name."), "day": ("string", "Weekday; omit for today.")},
+        ["city"],
+    ),
     "add": _doc("add", "Add two integers.", {"a": ("integer", "First."), "b": ("integer", "Second.")}, ["a", "b"]),
-    "ring": _doc("ring", "Set an alarm.", {"h": ("integer", "Hour 0-23."), "m": ("integer", "Minute.")},
-                 ["h", "m"]),
+    "ring": _doc("ring", "Set an alarm.", {"h": ("integer", "Hour 0-23."), "m": ("integer", "Minute.")}, ["h", "m"]),
     "nap": _doc("nap", "Start a timer.", {"n": ("integer", "Minutes.")}, ["n"]),
-    "light": _doc("light", "Switch a light.", {"room": ("string", "Room."), "on": ("boolean", "True: on.")},
-                  ["room", "on"]),
+    "light": _doc(
+        "light", "Switch a light.", {"room": ("string", "Room."), "on": ("boolean", "True: on.")}, ["room", "on"]
+    ),
     "play": _doc("play", "Play a song.", {"song": ("string", "Song title.")}, ["song"]),
-    "get": _doc("get", "Order food.", {"food": ("string", "What."), "n": ("integer", "How many.")},
-                ["food", "n"]),
+    "get": _doc("get", "Order food.", {"food": ("string", "What."), "n": ("integer", "How many.")}, ["food", "n"]),
 }
 
 
@@ -395,7 +418,7 @@ def reference_calls(expected: list[dict], omit_optional: bool = False) -> str:
     options include "" (optional) is left out when that is its first option or when `omit_optional`."""
     calls = []
     for entry in expected:
-        (name, allowed), = entry.items()
+        ((name, allowed),) = entry.items()
         args = {}
         for arg, options in allowed.items():
             if options and options[0] != "" and not (omit_optional and "" in options):

@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from cascade.stages.config import EngineConfig
 from cascade.stages.engines.base import Completion, RolloutEngine, SamplingParams
 from cascade.stages.engines.hf import HFEngine
-from cascade.stages.config import EngineConfig
 
 
-def make_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> RolloutEngine:
+def make_engine(
+    cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int
+) -> RolloutEngine:
     if cfg.kind == "hf":
         return HFEngine(model, tokenizer, batch_size=cfg.batch_size, seed=seed)
     return _vllm_engine(cfg, model, tokenizer)
@@ -25,8 +27,9 @@ def _vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTraine
     return managed_vllm_engine(cfg, model, tokenizer)
 
 
-def managed_vllm_engine(cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast,
-                        host: str | None = None) -> RolloutEngine:
+def managed_vllm_engine(
+    cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, host: str | None = None
+) -> RolloutEngine:
     """A vLLM server this process starts on `model`'s weights, listening on `host` (None: ServerOptions'
     loopback), and stops on close."""
     import shutil
@@ -61,13 +64,24 @@ def server_options(cfg: EngineConfig, host: str | None = None):
 
     on_gpu = torch.cuda.is_available()
     return ServerOptions(
-        tensor_parallel_size=cfg.tensor_parallel_size, max_model_len=cfg.max_model_len,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        max_model_len=cfg.max_model_len,
         **({} if cfg.dtype == "auto" else {"dtype": cfg.dtype}),
         **({} if host is None else {"host": host}),
-        **({"device": "cuda", "extra_args": ("--gpu-memory-utilization", str(cfg.gpu_memory_utilization))}
-           if on_gpu else {}),
+        **(
+            {"device": "cuda", "extra_args": ("--gpu-memory-utilization", str(cfg.gpu_memory_utilization))}
+            if on_gpu
+            else {}
+        ),
     )
 
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingParams", "make_engine", "managed_vllm_engine",
-           "vllm_client"]
+__all__ = [
+    "Completion",
+    "HFEngine",
+    "RolloutEngine",
+    "SamplingParams",
+    "make_engine",
+    "managed_vllm_engine",
+    "vllm_client",
+]

@@ -7,7 +7,8 @@ step, and both can drop finished rows (`keep`), so compute follows the live rows
 `LeanDecoder` is what vLLM does in shipping its own model code: one decode step written as the algorithm, over
 the HF module's own weights (q|k|v and gate|up stacked once per batch, as vLLM stacks them at load), with a
 static KV cache written in place, and the prompt's keys and values kept once per prompt rather than copied into
-each of its n samples' rows (the prefix sharing vLLM does with its block tables). It skips HF's per-call machinery (mask building, cache objects, output dataclasses, module hooks
+each of its n samples' rows (the prefix sharing vLLM does with its block tables). It skips HF's per-call machinery
+(mask building, cache objects, output dataclasses, module hooks
 except the `lm_head` call, which stays a module call), which is most of a small model's decode step on CPU. The
 arithmetic is HF's, op for op in the same dtype (RMSNorm in float32, rotate-half RoPE from the module's own
 rotary embedding, so any rope scaling it implements applies), except that the attention's sum over values is
@@ -85,9 +86,13 @@ class LeanDecoder:
         dtype = self.prefix_keys[0].dtype
         # additive attention bias over each prompt's columns [P, 1, 1, W]: -inf on left padding, 0 on the prompt
         self.prefix_bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-            mask == 0, torch.finfo(dtype).min)[:, None, None, :]
+            mask == 0, torch.finfo(dtype).min
+        )[:, None, None, :]
         # q|k|v and gate|up as one matmul each: fewer, larger ops per layer (a copy of those weights per batch)
-        self.qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in model.model.layers]
+        self.qkv = [
+            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+            for layer in model.model.layers
+        ]
         self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
 
     def keep(self, rows: torch.Tensor) -> None:
@@ -109,8 +114,16 @@ class LeanDecoder:
         cos, sin = body.rotary_emb(x, positions[:, None])  # [B, 1, D] each
         column, self.length = self.length, self.length + 1
         bias = self.prefix_bias[self.owner]  # [B, 1, 1, W]
-        layers = zip(body.layers, self.prefix_keys, self.prefix_values, self.keys, self.values, self.qkv, self.gate_up,
-                     strict=True)
+        layers = zip(
+            body.layers,
+            self.prefix_keys,
+            self.prefix_values,
+            self.keys,
+            self.values,
+            self.qkv,
+            self.gate_up,
+            strict=True,
+        )
         for layer, prefix_keys, prefix_values, keys, values, qkv, gate_up in layers:
             h = rms_norm(x, layer.input_layernorm)
             q = self._new_query(layer.self_attn, h, qkv, keys, values, column, cos, sin)  # [B, Hkv, groups, D]
@@ -142,8 +155,9 @@ class LeanDecoder:
         prefix_scores = torch.matmul(by_prompt, prefix_keys.transpose(-1, -2))  # [P, Hkv, n*g, W]
         prefix_scores = prefix_scores.view(len(prefix_keys), kv_heads, self.samples, groups, width)
         own_scores = torch.matmul(q, keys[:, :, : column + 1].transpose(-1, -2))  # [B, Hkv, g, column + 1]
-        scores = torch.cat([prefix_scores[self.owner, :, self.slot] * attn.scaling + bias,
-                            own_scores * attn.scaling], dim=-1)  # [B, Hkv, g, W + column + 1]
+        scores = torch.cat(
+            [prefix_scores[self.owner, :, self.slot] * attn.scaling + bias, own_scores * attn.scaling], dim=-1
+        )  # [B, Hkv, g, W + column + 1]
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         prefix_weights = torch.zeros_like(prefix_scores)  # [P, Hkv, n, g, W]
         prefix_weights[self.owner, :, self.slot] = weights[..., :width]
@@ -168,5 +182,9 @@ class HFDecoder:
     @torch.no_grad()
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         self.length += 1
-        return self.model(input_ids=tokens[:, None], attention_mask=self.mask[:, : self.length],
-                          position_ids=positions[:, None], past_key_values=self.cache).logits[:, -1]
+        return self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self.mask[:, : self.length],
+            position_ids=positions[:, None],
+            past_key_values=self.cache,
+        ).logits[:, -1]

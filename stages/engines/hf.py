@@ -106,7 +106,9 @@ def sample_next(logits: torch.Tensor, lse: torch.Tensor, draw: torch.Tensor | No
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, batch_size: int = 128, seed: int = 0):
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, batch_size: int = 128, seed: int = 0
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.stop_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
@@ -162,11 +164,15 @@ class HFEngine:
         repeat = repeat.to(device)
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache,
-                            **last_only).logits[:, -1]
+        last_only = (
+            {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(self.model.forward).parameters else {}
+        )
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, **last_only
+        ).logits[:, -1]
         decoder = (LeanDecoder if lean_supported(self.model) else HFDecoder)(
-            self.model, cache, repeat, mask, sampling.max_new_tokens)
+            self.model, cache, repeat, mask, sampling.max_new_tokens
+        )
         tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], keys, sampling)
         self.model.train(was_training)
         return self._completions(tokens, logps)

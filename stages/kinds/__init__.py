@@ -28,8 +28,9 @@ Adding a kind is one row: `register_kind(StageKind(...))` (docs/ARCHITECTURE.md 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import Breakdown, ReportCard
@@ -118,11 +119,12 @@ def kind_of(kind: str) -> StageKind:
     return KINDS[kind]
 
 
-def stage_inputs(stage: StageConfig, policy: CheckpointRef | None,
-                 made: dict[str, CheckpointRef]) -> StageInputs:
+def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
     """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
-    return StageInputs(policy=policy if kind_of(stage.kind).takes_policy else None,
-                       stages={read.stage: made[read.stage] for read in stage.reads()})
+    return StageInputs(
+        policy=policy if kind_of(stage.kind).takes_policy else None,
+        stages={read.stage: made[read.stage] for read in stage.reads()},
+    )
 
 
 def gain_targets(stages: list[StageConfig]) -> dict[str, list[str]]:
@@ -162,8 +164,9 @@ def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) 
     source = next(s for s in earlier if s.name == cfg.prompts)
     unfiltered = sorted(set(cfg.domains) - set(source.domains))
     if unfiltered:
-        raise ValueError(f"stage {cfg.name!r} trains on domain(s) {unfiltered} that difficulty stage "
-                         f"{cfg.prompts!r} does not filter")
+        raise ValueError(
+            f"stage {cfg.name!r} trains on domain(s) {unfiltered} that difficulty stage {cfg.prompts!r} does not filter"
+        )
 
 
 def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) -> None:
@@ -193,8 +196,9 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
 
         if cfg.pairs.kind == "on_policy":  # the policy answers at the domain's max_new_tokens; its grader labels
             if cfg.pairs.domain not in domains:
-                raise ValueError(f"stage {cfg.name!r}: on_policy pairs' domain {cfg.pairs.domain!r} is not declared "
-                                 f"in `domains`")
+                raise ValueError(
+                    f"stage {cfg.name!r}: on_policy pairs' domain {cfg.pairs.domain!r} is not declared in `domains`"
+                )
         elif cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
             raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
@@ -215,10 +219,12 @@ def _estimate_sft_data(cfg: SFTDataConfig, recipe: Any, params: int, prompt_toke
     rows = sum(recipe.domains[d].train_size for d in names)
     generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
     return StageEstimate(
-        cfg.name, cfg.kind,
+        cfg.name,
+        cfg.kind,
         tokens_sampled=sum(recipe.domains[d].train_size * recipe.domains[d].max_new_tokens for d in generated),
         storage_bytes=rows * (prompt_tokens + int(mean_new_tokens(recipe, names))) * DATA_BYTES_PER_TOKEN,
-        notes=[f"{rows:,} synthetic rows; file sources add their own rows"])
+        notes=[f"{rows:,} synthetic rows; file sources add their own rows"],
+    )
 
 
 def _estimate_sft(cfg: SFTConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
@@ -228,17 +234,28 @@ def _estimate_sft(cfg: SFTConfig, recipe: Any, params: int, prompt_tokens: int) 
 
 def _estimate_difficulty(cfg: DifficultyConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
     prompts = sum(cfg.prompts_per_domain or recipe.domains[d].train_size for d in cfg.domains)
-    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=prompts * cfg.k * int(mean_new_tokens(recipe, cfg.domains)),
-                         notes=[f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}"])
+    return StageEstimate(
+        cfg.name,
+        cfg.kind,
+        tokens_sampled=prompts * cfg.k * int(mean_new_tokens(recipe, cfg.domains)),
+        notes=[f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}"],
+    )
 
 
-def _on_policy_estimate(cfg: OnPolicyConfig, recipe: Any, params: int, domains: list[str] | None,
-                        frozen_models: int) -> StageEstimate:
+def _on_policy_estimate(
+    cfg: OnPolicyConfig, recipe: Any, params: int, domains: list[str] | None, frozen_models: int
+) -> StageEstimate:
     """Every sampled token is trained on (an upper bound: GRPO drops groups without signal) and forwarded once
     through each frozen model (teacher, KL reference, reward model)."""
     sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(mean_new_tokens(recipe, domains))
-    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=sampled,
-                         teacher_tokens=frozen_models * sampled, storage_bytes=training_storage(cfg, params))
+    return StageEstimate(
+        cfg.name,
+        cfg.kind,
+        tokens_sampled=sampled,
+        tokens_trained=sampled,
+        teacher_tokens=frozen_models * sampled,
+        storage_bytes=training_storage(cfg, params),
+    )
 
 
 def _estimate_grpo(cfg: GRPOConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
@@ -257,8 +274,9 @@ def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, pro
     if cfg.pairs.kind == "on_policy":  # the init policy answers every request `samples` times
         src = cfg.pairs
         sampled = (src.train + src.heldout) * src.samples * recipe.domains[src.domain].max_new_tokens
-    return StageEstimate(cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=trained,
-                         storage_bytes=training_storage(cfg, params))
+    return StageEstimate(
+        cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=trained, storage_bytes=training_storage(cfg, params)
+    )
 
 
 # The data cards of the report (stages/datasets/card.py and stages/kinds/difficulty/run.py write these metrics and
@@ -266,33 +284,90 @@ def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, pro
 SFT_DATA_CARD = ReportCard(
     title="SFT data card",
     totals=(("rows kept", "rows"), ("tokens", "tokens"), ("input rows", "input_rows"), ("shards", "shards")),
-    breakdowns=(Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
-                Breakdown(label="dropped because", columns=(("rows", "dropped/"),))))
+    breakdowns=(
+        Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
+        Breakdown(label="dropped because", columns=(("rows", "dropped/"),)),
+    ),
+)
 DIFFICULTY_CARD = ReportCard(
     title="Difficulty filter",
-    totals=(("prompts", "prompts"), ("kept", "kept"), ("dropped as solved", "dropped_solved"),
-            ("dropped as unsolved", "dropped_unsolved"), ("rollouts sampled", "rollouts")),
-    plots=("pass_rates",))
+    totals=(
+        ("prompts", "prompts"),
+        ("kept", "kept"),
+        ("dropped as solved", "dropped_solved"),
+        ("dropped as unsolved", "dropped_unsolved"),
+        ("rollouts sampled", "rollouts"),
+    ),
+    plots=("pass_rates",),
+)
 
 
 for _row in (
-    StageKind("sft_data", SFTDataConfig, imported_on_call("cascade.stages.kinds.sft_data.run", "run_sft_data"),
-              makes="dataset", takes_policy=False, holds_compute=False, check=_check_sft_data,
-              estimate=_estimate_sft_data, report_card=SFT_DATA_CARD),
-    StageKind("sft", SFTConfig, imported_on_call("cascade.stages.kinds.sft.run", "run_sft"), makes="policy",
-              takes_policy=True, holds_compute=True, estimate=_estimate_sft, distributable=True),
-    StageKind("difficulty", DifficultyConfig, imported_on_call("cascade.stages.kinds.difficulty.run", "run_difficulty"),
-              makes="prompts", takes_policy=False, holds_compute=False, estimate=_estimate_difficulty,
-              report_card=DIFFICULTY_CARD),
-    StageKind("grpo", GRPOConfig, imported_on_call("cascade.stages.kinds.grpo.run", "run_grpo"), makes="policy",
-              takes_policy=True, holds_compute=True, check=_check_grpo, gains_on=lambda cfg: list(cfg.domains),
-              estimate=_estimate_grpo, distributable=True),
-    StageKind("reward_model", RewardModelConfig,
-              imported_on_call("cascade.stages.kinds.reward_model.run", "run_reward_model"), makes="reward_model",
-              takes_policy=False, holds_compute=True, check=_check_reward_model, estimate=_estimate_reward_model,
-              distributable=True),
-    StageKind("mopd", MOPDConfig, imported_on_call("cascade.stages.kinds.mopd.run", "run_mopd"), makes="policy",
-              takes_policy=True, holds_compute=True, check=_check_mopd, estimate=_estimate_mopd, distributable=True,
-              recovers=True),
+    StageKind(
+        "sft_data",
+        SFTDataConfig,
+        imported_on_call("cascade.stages.kinds.sft_data.run", "run_sft_data"),
+        makes="dataset",
+        takes_policy=False,
+        holds_compute=False,
+        check=_check_sft_data,
+        estimate=_estimate_sft_data,
+        report_card=SFT_DATA_CARD,
+    ),
+    StageKind(
+        "sft",
+        SFTConfig,
+        imported_on_call("cascade.stages.kinds.sft.run", "run_sft"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        estimate=_estimate_sft,
+        distributable=True,
+    ),
+    StageKind(
+        "difficulty",
+        DifficultyConfig,
+        imported_on_call("cascade.stages.kinds.difficulty.run", "run_difficulty"),
+        makes="prompts",
+        takes_policy=False,
+        holds_compute=False,
+        estimate=_estimate_difficulty,
+        report_card=DIFFICULTY_CARD,
+    ),
+    StageKind(
+        "grpo",
+        GRPOConfig,
+        imported_on_call("cascade.stages.kinds.grpo.run", "run_grpo"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        check=_check_grpo,
+        gains_on=lambda cfg: list(cfg.domains),
+        estimate=_estimate_grpo,
+        distributable=True,
+    ),
+    StageKind(
+        "reward_model",
+        RewardModelConfig,
+        imported_on_call("cascade.stages.kinds.reward_model.run", "run_reward_model"),
+        makes="reward_model",
+        takes_policy=False,
+        holds_compute=True,
+        check=_check_reward_model,
+        estimate=_estimate_reward_model,
+        distributable=True,
+    ),
+    StageKind(
+        "mopd",
+        MOPDConfig,
+        imported_on_call("cascade.stages.kinds.mopd.run", "run_mopd"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        check=_check_mopd,
+        estimate=_estimate_mopd,
+        distributable=True,
+        recovers=True,
+    ),
 ):
     register_kind(_row)

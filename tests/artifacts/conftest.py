@@ -4,7 +4,8 @@ import secrets
 
 import pytest
 
-from cascade.artifacts.store import RetryPolicy, Store
+from cascade.artifacts.retry import RetryPolicy
+from cascade.artifacts.store import Store
 from tests.artifacts.servers import FAKE_KEYS, make_bucket, moto_server
 
 FAST_RETRY = RetryPolicy(attempts=3, base=0.05, cap=0.2)  # tests wait milliseconds, not seconds
@@ -35,8 +36,15 @@ def s3_store(endpoint: str, retry: RetryPolicy = FAST_RETRY) -> Store:
     """A store in a fresh bucket, so tests never see each other's objects."""
     bucket = f"t-{secrets.token_hex(6)}"
     make_bucket(endpoint, bucket)
-    return Store(f"s3://{bucket}/cascade", {"client_kwargs": {"endpoint_url": endpoint}, "use_listings_cache": False,
-                                            "config_kwargs": {"retries": {"max_attempts": 1}}}, retry=retry)
+    return Store(
+        f"s3://{bucket}/cascade",
+        {
+            "client_kwargs": {"endpoint_url": endpoint},
+            "use_listings_cache": False,
+            "config_kwargs": {"retries": {"max_attempts": 1}},
+        },
+        retry=retry,
+    )
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -33,8 +33,10 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path | None
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{url}: server exited with {proc.returncode}: "
-                               + (log.read_text()[-2000:] if log and log.exists() else ""))
+            raise RuntimeError(
+                f"{url}: server exited with {proc.returncode}: "
+                + (log.read_text()[-2000:] if log and log.exists() else "")
+            )
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
@@ -48,8 +50,9 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float, log: Path | None
 class Server:
     """A subprocess with start/stop/kill and a log file."""
 
-    def __init__(self, args: list[str], port: int, ready_path: str, log: Path, env: dict | None = None,
-                 timeout: float = 60):
+    def __init__(
+        self, args: list[str], port: int, ready_path: str, log: Path, env: dict | None = None, timeout: float = 60
+    ):
         self.args, self.port, self.ready_path, self.log, self.timeout = args, port, ready_path, log, timeout
         self.env = dict(os.environ, **(env or {}))
         self.proc: subprocess.Popen | None = None
@@ -61,8 +64,9 @@ class Server:
     def start(self) -> Server:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         out.close()
         wait_http(self.url + self.ready_path, self.proc, self.timeout, self.log)
         return self
@@ -90,8 +94,12 @@ def moto_server(tmp: Path) -> Server:
 def s3rver_server(tmp: Path, data_dir: Path, port: int | None = None) -> Server:
     port = port or free_port()
     data_dir.mkdir(parents=True, exist_ok=True)
-    return Server([str(S3RVER), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"], port, "/",
-                  tmp / "s3rver.log")
+    return Server(
+        [str(S3RVER), "-d", str(data_dir), "-a", "127.0.0.1", "-p", str(port), "--silent"],
+        port,
+        "/",
+        tmp / "s3rver.log",
+    )
 
 
 def have_s3rver() -> bool:
@@ -102,16 +110,36 @@ def make_bucket(endpoint: str, bucket: str, keys: dict | None = None) -> None:
     import boto3
 
     keys = keys or FAKE_KEYS
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
     client.create_bucket(Bucket=bucket)
 
 
 def mlflow_server(tmp: Path, s3_endpoint: str, bucket: str) -> Server:
     port = free_port()
-    env = dict(FAKE_KEYS, MLFLOW_S3_ENDPOINT_URL=s3_endpoint, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-               AWS_DEFAULT_REGION="us-east-1")
-    args = [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{tmp / 'mlflow-server.db'}",
-            "--artifacts-destination", f"s3://{bucket}/mlartifacts"]
+    env = dict(
+        FAKE_KEYS,
+        MLFLOW_S3_ENDPOINT_URL=s3_endpoint,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    args = [
+        str(BIN / "mlflow"),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--backend-store-uri",
+        f"sqlite:///{tmp / 'mlflow-server.db'}",
+        "--artifacts-destination",
+        f"s3://{bucket}/mlartifacts",
+    ]
     return Server(args, port, "/health", tmp / "mlflow-server.log", env=env, timeout=120)

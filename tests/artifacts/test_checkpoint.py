@@ -24,8 +24,9 @@ def local_dir(tmp_path):
 
 
 def test_write_then_commit_then_materialize(store, local_dir, tmp_path):
-    ref = write_checkpoint(store, "runs/r/01-sft", local_dir, stage="sft", step=5, parent=None,
-                           config_hash="abc", metrics={"loss": 1.5})
+    ref = write_checkpoint(
+        store, "runs/r/01-sft", local_dir, stage="sft", step=5, parent=None, config_hash="abc", metrics={"loss": 1.5}
+    )
     assert ref.uri == store.uri("runs/r/01-sft") and ref.step == 5
     manifest = json.loads(store.read_bytes(f"runs/r/01-sft/{MANIFEST}"))
     assert sorted(f["path"] for f in manifest["files"]) == ["model/weights.bin", "state.pt"]
@@ -232,8 +233,9 @@ def test_many_files_upload_and_download_in_parallel(store, tmp_path):
         (src / f"d{i % 3}" / f"f{i}.bin").write_bytes(bytes([i]) * (1000 + i))
     ref = write_checkpoint(store, "many", src, stage="s", step=None, parent=None, config_hash="h")
     out = materialize(store, ref, tmp_path / "out")
-    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == \
-        sorted(p.relative_to(src) for p in src.rglob("*") if p.is_file())
+    assert sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(src) for p in src.rglob("*") if p.is_file()
+    )
 
 
 def test_large_files_go_multipart_with_a_checksum_per_part(store, tmp_path, monkeypatch):

@@ -57,7 +57,8 @@ def test_a_second_log_of_the_last_step_adds_to_its_row(tmp_path):
     log.close()
     assert read_rows(store, layout.metrics_key("r", 6, "rm")) == [
         {"step": 1, "metrics": {"loss": 0.7}},
-        {"step": 2, "metrics": {"loss": 0.6, "select_accuracy": 0.75, "heldout_accuracy": 0.7}}]
+        {"step": 2, "metrics": {"loss": 0.6, "select_accuracy": 0.75, "heldout_accuracy": 0.7}},
+    ]
 
 
 def test_a_torn_last_line_is_skipped(tmp_path):
@@ -74,37 +75,89 @@ def test_standard_error_of_item_scores():
 
 
 # A card as a stage kind's row declares it (stages/kinds/__init__.py); the page knows no kind.
-DATA_CARD = ReportCard(title="Data card", totals=(("rows kept", "rows"), ("input rows", "input_rows")),
-                       breakdowns=(Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
-                                   Breakdown(label="dropped because", columns=(("rows", "dropped/"),))),
-                       plots=("pass_rates",))
+DATA_CARD = ReportCard(
+    title="Data card",
+    totals=(("rows kept", "rows"), ("input rows", "input_rows")),
+    breakdowns=(
+        Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
+        Breakdown(label="dropped because", columns=(("rows", "dropped/"),)),
+    ),
+    plots=("pass_rates",),
+)
 
 
 def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
     report = RunReport(run_id=run_id, recipe="demo<b>")
     store.write_bytes("x/00/pass_rates.png", png_bytes())
-    report.record_stage({"name": "build", "kind": "any_kind", "status": "completed", "checkpoint": "file:///x/00",
-                         "seconds": 1.0, "metrics": {"rows": 120, "tokens": 4000, "input_rows": 130,
-                                                     "dropped/duplicate": 10, "rows/math": 120, "tokens/math": 3900},
-                         "card": DATA_CARD.model_dump(mode="json"),
-                         "plots": {"pass_rates": store.uri("x/00/pass_rates.png")}})
-    report.record_stage({"name": "sft", "kind": "sft", "status": "completed", "checkpoint": "file:///x/01",
-                         "seconds": 10.0, "peak_rss_mb": 512.0, "metrics": {"steps": 3}})
-    scores = {"sft": {"math": 0.25, "instruct": 0.5, "greedy/instruct": 0.25},
-              "if_rl": {"math": 0.1, "instruct": 0.75, "greedy/instruct": 0.5}}
+    report.record_stage(
+        {
+            "name": "build",
+            "kind": "any_kind",
+            "status": "completed",
+            "checkpoint": "file:///x/00",
+            "seconds": 1.0,
+            "metrics": {
+                "rows": 120,
+                "tokens": 4000,
+                "input_rows": 130,
+                "dropped/duplicate": 10,
+                "rows/math": 120,
+                "tokens/math": 3900,
+            },
+            "card": DATA_CARD.model_dump(mode="json"),
+            "plots": {"pass_rates": store.uri("x/00/pass_rates.png")},
+        }
+    )
+    report.record_stage(
+        {
+            "name": "sft",
+            "kind": "sft",
+            "status": "completed",
+            "checkpoint": "file:///x/01",
+            "seconds": 10.0,
+            "peak_rss_mb": 512.0,
+            "metrics": {"steps": 3},
+        }
+    )
+    scores = {
+        "sft": {"math": 0.25, "instruct": 0.5, "greedy/instruct": 0.25},
+        "if_rl": {"math": 0.1, "instruct": 0.75, "greedy/instruct": 0.5},
+    }
     for i, (stage, s) in enumerate(scores.items()):
         report.record_eval(stage, s)
         items = [{"domain": d, "id": f"{d}{k}", "score": float(k < v * 4)} for d, v in s.items() for k in range(4)]
-        store.write_bytes(layout.eval_key(run_id, i + 1, stage), EvalRecord(model=None, scores=s, items=items).to_json())
-    report.gate = [{"stage": "if_rl", "domain": "math", "best": 0.25, "best_stage": "sft", "now": 0.1, "drop": 0.15,
-                    "tolerance": 0.05, "action": "warn", "after_recovery": None}]
+        store.write_bytes(
+            layout.eval_key(run_id, i + 1, stage), EvalRecord(model=None, scores=s, items=items).to_json()
+        )
+    report.gate = [
+        {
+            "stage": "if_rl",
+            "domain": "math",
+            "best": 0.25,
+            "best_stage": "sft",
+            "now": 0.1,
+            "drop": 0.15,
+            "tolerance": 0.05,
+            "action": "warn",
+            "after_recovery": None,
+        }
+    ]
     if failed:
-        report.record_stage({"name": "if_rl", "kind": "grpo", "status": "failed", "checkpoint": None,
-                             "seconds": 3.0, "metrics": {}})
+        report.record_stage(
+            {"name": "if_rl", "kind": "grpo", "status": "failed", "checkpoint": None, "seconds": 3.0, "metrics": {}}
+        )
         report.status, report.stopped = "FAILED", "RuntimeError: simulated <preemption>"
     else:
-        report.record_stage({"name": "if_rl", "kind": "grpo", "status": "completed", "checkpoint": "file:///x/03",
-                             "seconds": 4.0, "metrics": {"steps": 2}})
+        report.record_stage(
+            {
+                "name": "if_rl",
+                "kind": "grpo",
+                "status": "completed",
+                "checkpoint": "file:///x/03",
+                "seconds": 4.0,
+                "metrics": {"steps": 2},
+            }
+        )
         report.status = "FINISHED"
     report.links = {"mlflow": "http://mlflow/#/experiments/1/runs/abc"}
     report.save(store)
@@ -112,9 +165,21 @@ def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
     for step in (1, 2, 3):
         sft.log(step, {"loss": 3.0 - step, "lr": 0.1, "grad_norm": 1.0, "tokens_trained": 100.0})
     for step in (1, 2):
-        grpo.log(step, {"reward": 0.1 * step, "reward/instruct": 0.1 * step, "kept_groups": 0.5, "entropy": 2.0,
-                        "response_length": 10.0, "loss": 0.1, "grad_norm": 0.5, "logprob_mismatch": 0.01,
-                        "tokens_sampled": 80.0, "tokens_trained": 120.0})
+        grpo.log(
+            step,
+            {
+                "reward": 0.1 * step,
+                "reward/instruct": 0.1 * step,
+                "kept_groups": 0.5,
+                "entropy": 2.0,
+                "response_length": 10.0,
+                "loss": 0.1,
+                "grad_norm": 0.5,
+                "logprob_mismatch": 0.01,
+                "tokens_sampled": 80.0,
+                "tokens_trained": 120.0,
+            },
+        )
     sft.close()
     grpo.close()
 
@@ -138,7 +203,7 @@ def test_a_stage_record_s_card_is_drawn_from_its_metrics_and_plots(tmp_path):
     store = Store(f"file://{tmp_path}")
     synthetic_run(store, "r")
     data = render([collect(store, "r")]).html
-    data = data[data.index('<section id="data">'):data.index('<section id="gate">')]
+    data = data[data.index('<section id="data">') : data.index('<section id="gate">')]
     assert "<h3>Data card: build</h3>" in data and data.count("<h3>") == 1  # sft and if_rl have no card
     assert '<td class="text">120</td><td>130</td>' in data
     assert "<tr><td>math</td><td>120</td><td>3,900</td></tr>" in data
@@ -161,7 +226,7 @@ def test_the_page_of_a_run_has_every_section_escaped(tmp_path):
     assert sorted(rendered.images) == ["curves-if_rl.png", "curves-sft.png", "forgetting_matrix.png"]
     assert html.count('class="plot curve"') == 2 and "http://mlflow/#/experiments/1/runs/abc" in html
     assert "<script" not in html and "http://" not in html.replace("http://mlflow/", "")  # nothing to fetch
-    cost = html[html.index('<section id="cost">'):]
+    cost = html[html.index('<section id="cost">') :]
     assert "<td>300</td>" in cost and "<td>240</td>" in cost and "<td>160</td>" in cost  # tokens, summed over steps
     assert "<td>512</td>" in cost  # peak MB
 
@@ -221,14 +286,14 @@ def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_p
         print_matrix(RunReport.load(store, "r"), store, {"if_rl": ["instruct"]})
     text = out.get()
     # instruct items 1,1,0,0 -> 1,1,1,0: differences 0,0,1,0, mean 0.25, SE sqrt((0.75/3)/4) = 0.25, +1.0 SE
-    gains = text[text.index("Gains of each RL stage"):]
+    gains = text[text.index("Gains of each RL stage") :]
     rows = [line for line in gains.splitlines() if "if_rl" in line]
     assert len(rows) == 2  # instruct's primary metric and its greedy column; math is not if_rl's domain
     assert "instruct" in rows[0] and "0.500" in rows[0] and "0.750" in rows[0]
     assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]
     # greedy items 1,0,0,0 -> 1,1,0,0: differences 0,1,0,0, mean 0.25, SE 0.25
     assert "greedy/instruct" in rows[1] and "0.250" in rows[1] and "0.500" in rows[1] and "+0.250 ± 0.250" in rows[1]
-    matrix = text[:text.index("Gains of each RL stage")]
+    matrix = text[: text.index("Gains of each RL stage")]
     assert matrix.index("greedy/instruct") > matrix.index(" instruct ")  # each greedy column after its domain
     assert "greedy/<domain>: greedy pass@1" in matrix
     with console.capture() as out:
@@ -242,8 +307,8 @@ def test_the_html_report_has_the_gains_table_of_each_rl_stage(tmp_path):
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")
     html = render([collect(store, "r", ["build", "sft", "if_rl"], {"if_rl": ["instruct"]})]).html
-    table = html[html.index('<table class="gains">'):]
-    table = table[:table.index("</table>")]
+    table = html[html.index('<table class="gains">') :]
+    table = table[: table.index("</table>")]
     rows = [r for r in table.split("<tr>")[2:]]
     assert len(rows) == 2 and "<td>if_rl</td><td>instruct</td><td>0.500</td><td>0.750</td>" in rows[0]
     assert "+0.250 ± 0.250" in rows[0] and "+1.0" in rows[0]

@@ -68,8 +68,10 @@ def test_losing_the_race_in_the_settle_window_refuses(store, monkeypatch):
     real_sleep = time.sleep
 
     def rival_writes(seconds):  # another process's PUT lands between our write and our re-read
-        store.write_bytes(lease_key("r1"), json.dumps({"token": "rival", "host": "elsewhere", "pid": 1,
-                                                       "expires": time.time() + 60}).encode())
+        store.write_bytes(
+            lease_key("r1"),
+            json.dumps({"token": "rival", "host": "elsewhere", "pid": 1, "expires": time.time() + 60}).encode(),
+        )
         real_sleep(seconds)
 
     monkeypatch.setattr("cascade.artifacts.lease.time.sleep", rival_writes)
@@ -84,9 +86,18 @@ def test_a_dead_owner_on_this_host_is_taken_over_at_once(store, tmp_path):
     dead_pid = int(child.stdout)
     import socket
 
-    store.write_bytes(lease_key("r1"), json.dumps({
-        "token": "dead", "host": socket.gethostname(), "pid": dead_pid, "proc_start": "1",
-        "expires": time.time() + 600}).encode())
+    store.write_bytes(
+        lease_key("r1"),
+        json.dumps(
+            {
+                "token": "dead",
+                "host": socket.gethostname(),
+                "pid": dead_pid,
+                "proc_start": "1",
+                "expires": time.time() + 600,
+            }
+        ).encode(),
+    )
     with Lease(store, "r1", settle=0.05) as lease:
         assert read_lease(store, "r1")["token"] == lease.token
 

@@ -2,8 +2,9 @@
 
 import pytest
 
-from cascade.artifacts.store import RetryPolicy, Store, is_transient, retrying, storage_options
 from cascade.artifacts.config import StorageConfig
+from cascade.artifacts.retry import RetryPolicy, is_transient, retrying
+from cascade.artifacts.store import Store, storage_options
 
 
 def test_keys_listing_and_sizes(any_store):
@@ -41,8 +42,15 @@ def test_file_writes_are_atomic(tmp_path, monkeypatch):
 
 
 def test_aws_settings_come_from_the_recipe_else_the_environment(monkeypatch):
-    for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
-              "AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+    for k in (
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+        "AWS_MAX_ATTEMPTS",
+        "AWS_RETRY_MODE",
+    ):
         monkeypatch.delenv(k, raising=False)
     assert storage_options(StorageConfig(root="file:///tmp/x")) == {}
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:9000")
@@ -80,8 +88,9 @@ def error_chain(kind):
     from botocore.exceptions import ClientError, EndpointConnectionError
 
     def client(code, status):
-        return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                           "PutObject")
+        return ClientError(
+            {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+        )
 
     if kind == "wrapped-503":  # what s3fs raises: an OSError whose __cause__ is the ClientError
         e = OSError(5, "Service Unavailable")
@@ -99,17 +108,27 @@ def error_chain(kind):
     }[kind]
 
 
-@pytest.mark.parametrize("kind, transient", [
-    ("endpoint", True), ("slowdown", True), ("500", True), ("throttle", True), ("reset", True),
-    ("wrapped-503", True), ("denied", False), ("missing", False), ("bad", False),
-])
+@pytest.mark.parametrize(
+    "kind, transient",
+    [
+        ("endpoint", True),
+        ("slowdown", True),
+        ("500", True),
+        ("throttle", True),
+        ("reset", True),
+        ("wrapped-503", True),
+        ("denied", False),
+        ("missing", False),
+        ("bad", False),
+    ],
+)
 def test_transient_errors_are_told_from_permanent_ones(kind, transient):
     assert is_transient(error_chain(kind)) is transient
 
 
 def test_backoff_grows_exponentially_and_is_capped(monkeypatch):
     waits, calls = [], []
-    monkeypatch.setattr("cascade.artifacts.store.time.sleep", waits.append)
+    monkeypatch.setattr("cascade.artifacts.retry.time.sleep", waits.append)
 
     def failing():
         calls.append(1)
@@ -124,8 +143,8 @@ def test_backoff_grows_exponentially_and_is_capped(monkeypatch):
 
 def test_retries_stop_when_the_time_budget_is_spent(monkeypatch):
     clock, calls = [0.0], []
-    monkeypatch.setattr("cascade.artifacts.store.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("cascade.artifacts.store.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr("cascade.artifacts.retry.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("cascade.artifacts.retry.time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
 
     def hanging():  # each attempt waits out a 20 s read timeout
         calls.append(1)

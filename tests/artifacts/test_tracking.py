@@ -12,8 +12,12 @@ def test_scrub_and_redact(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFAKEKEYID")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "hunter22")
-    params = {"tracking.uri": "http://bob:hunter22@mlflow:5000", "storage.api_key": "x",
-              "note": "key AKIAFAKEKEYID and s3cr3t-value", "seed": "0"}
+    params = {
+        "tracking.uri": "http://bob:hunter22@mlflow:5000",
+        "storage.api_key": "x",
+        "note": "key AKIAFAKEKEYID and s3cr3t-value",
+        "seed": "0",
+    }
     assert scrub(params) == {"tracking.uri": "http://mlflow:5000", "note": "key *** and ***", "seed": "0"}
     assert redact("pw=hunter22") == "pw=***"
 
@@ -37,10 +41,16 @@ def test_register_stage_versions_and_aliases(tracker):
     assert v1.source == "s3://bucket/runs/run-1/01-sft/model" and v1.run_id == tracker.stage_run_id("sft")
     v2 = register_stage(tracker, "if_rl", "s3://bucket/runs/run-1/02-if_rl", ["instruct"])
     name = "cascade-micro"
-    alias = {a: client.get_model_version_by_alias(name, a).version
-             for a in ("stage-sft", "stage-if_rl", "best-math", "best-instruct")}
-    assert alias == {"stage-sft": v1.version, "stage-if_rl": v2.version, "best-math": v1.version,
-                     "best-instruct": v2.version}
+    alias = {
+        a: client.get_model_version_by_alias(name, a).version
+        for a in ("stage-sft", "stage-if_rl", "best-math", "best-instruct")
+    }
+    assert alias == {
+        "stage-sft": v1.version,
+        "stage-if_rl": v2.version,
+        "best-math": v1.version,
+        "best-instruct": v2.version,
+    }
     again = register_stage(tracker, "sft", "s3://bucket/runs/run-1/01-sft", ["math"])  # resumed run
     assert again.version == v1.version and len(client.search_model_versions(f"name = '{name}'")) == 2
 
@@ -89,7 +99,6 @@ def test_secrets_are_read_again_when_the_environment_changes_mid_read(monkeypatc
     assert tracking.secret_values() == ["s3cr3t-value"] and changing.reads == 2
 
 
-
 OPEN_AT = """
 import sys, time
 from cascade.artifacts.config import TrackingConfig
@@ -109,7 +118,11 @@ def test_runs_that_start_together_on_a_fresh_machine_share_one_db_and_experiment
     import time
 
     start, uri = f"{time.time() + 10:.3f}", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    procs = [subprocess.Popen([sys.executable, "-c", OPEN_AT, start, uri], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT, start, uri], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     results = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-300:]) for p in procs]
     assert all(rc == 0 for rc, _, _ in results) and len({out for _, out, _ in results}) == 1, results

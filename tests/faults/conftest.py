@@ -13,8 +13,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -24,8 +24,14 @@ from tests.artifacts.servers import FAKE_KEYS, ROOT, free_port, make_bucket, mlf
 
 KILL_RECIPE = Path(__file__).with_name("kill.yaml")
 # Subprocesses share 2 cores: one torch thread each keeps them from oversubscribing (and results bitwise stable).
-QUIET = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-         "PREFECT_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+QUIET = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+}
 
 
 @pytest.fixture(scope="session")
@@ -35,14 +41,6 @@ def s3(tmp_path_factory):
     server = moto_server(tmp_path_factory.mktemp("moto")).start()
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def prefect_api(prefect_harness):
-    """The API URL of the session's Prefect test server (tests/conftest.py), for CLI subprocesses to share."""
-    from prefect.settings import PREFECT_API_URL
-
-    return PREFECT_API_URL.value()
 
 
 @pytest.fixture(scope="session")
@@ -63,16 +61,30 @@ def new_bucket(endpoint: str) -> str:
 def cli_env(home: Path, endpoint: str, prefect_api: str | None, **extra: str) -> dict[str, str]:
     """The CLI's environment; TMPDIR under home, since a process killed with -9 leaves its stage's scratch dir."""
     (home / "tmp").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, **QUIET, **FAKE_KEYS, CASCADE_HOME=str(home), AWS_ENDPOINT_URL=endpoint,
-               TMPDIR=str(home / "tmp"), **extra)
+    env = dict(
+        os.environ,
+        **QUIET,
+        **FAKE_KEYS,
+        CASCADE_HOME=str(home),
+        AWS_ENDPOINT_URL=endpoint,
+        TMPDIR=str(home / "tmp"),
+        **extra,
+    )
     if prefect_api:
         env["PREFECT_API_URL"] = prefect_api
     return env
 
 
 def cascade(args: list[str], env: dict[str, str], module: str = "cascade.flows.cli") -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run_cli(args: list[str], home: Path, **env: str) -> tuple[subprocess.CompletedProcess, float]:
@@ -81,8 +93,14 @@ def run_cli(args: list[str], home: Path, **env: str) -> tuple[subprocess.Complet
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CASCADE_"))}
     full.update(FAKE_KEYS, CASCADE_HOME=str(home), **env)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True,
-                            env=full, cwd=ROOT, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "cascade.flows.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full,
+        cwd=ROOT,
+        timeout=120,
+    )
     return result, time.monotonic() - started
 
 
@@ -173,8 +191,15 @@ def s3_recipe(tmp_path: Path, endpoint: str, bucket: str, *overrides: str):
     """The fault recipe (kill.yaml) with its store in bucket on endpoint."""
     from cascade.flows.recipes import load_recipe
 
-    return load_recipe(str(KILL_RECIPE), [f"storage.root=s3://{bucket}/cascade", f"storage.endpoint_url={endpoint}",
-                                          f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", *overrides])
+    return load_recipe(
+        str(KILL_RECIPE),
+        [
+            f"storage.root=s3://{bucket}/cascade",
+            f"storage.endpoint_url={endpoint}",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            *overrides,
+        ],
+    )
 
 
 def stage_ctx(recipe, workdir: Path, name: str, run_id: str = "r", sink=None):
@@ -183,8 +208,7 @@ def stage_ctx(recipe, workdir: Path, name: str, run_id: str = "r", sink=None):
     store = Store.from_config(recipe.storage)
     index = [s.name for s in recipe.stages].index(name)
     workdir.mkdir(parents=True, exist_ok=True)
-    return StageContext(recipe, store, run_id, f"runs/{run_id}/{index:02d}-{name}", sink or ListSink(),
-                        workdir=workdir)
+    return StageContext(recipe, store, run_id, f"runs/{run_id}/{index:02d}-{name}", sink or ListSink(), workdir=workdir)
 
 
 class Preempted(RuntimeError):

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import cascade.stages.context
-
 from cascade.artifacts.checkpoint import CheckpointError, committed, materialize
-from cascade.stages.kinds import StageInputs
 from cascade.stages.context import latest_step_checkpoint
+from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
@@ -27,7 +26,9 @@ def flip_byte(store, key: str, offset: int = 4096) -> None:
 def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypatch, caplog):
     recipe = s3_recipe(tmp_path, s3.url, new_bucket(s3.url))
     cfg = recipe.stage("sft")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()).checkpoint
+    data = run_sft_data(
+        recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()
+    ).checkpoint
     straight = stage_ctx(recipe, tmp_path / "a", "sft", run_id="straight")
     run_sft(cfg, straight, StageInputs(stages={"sft_data": data}))
 

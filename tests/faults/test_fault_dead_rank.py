@@ -2,7 +2,8 @@
 
 One trial: `python -m cascade.flows.cli run kill.yaml` with `stages.sft.compute.nproc_per_node=2` on a file store. Once
 the SFT stage has committed a step checkpoint, the test finds rank 1 (a process whose command line runs
-`cascade.stages.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs it. The CLI
+`cascade.stages.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs it. The
+CLI
 must exit 1 with one line naming the stage and the rank; no partial checkpoint may be adopted (every manifest
 verifies, the SFT stage has no final manifest); no rank survives; the lease is released; and `cascade resume`
 continues the SFT stage from its newest step checkpoint, still on 2 ranks, and finishes the run, whose final
@@ -36,7 +37,8 @@ FAILURE = "cascade: error: stage sft: rank 1 died (killed by SIGKILL); torchrun 
 
 
 def rank_pids(spec_root: Path, rank: int) -> list[int]:
-    """Processes running a `cascade.stages.launch` rank on a spec dir under spec_root, with RANK=rank in their environment."""
+    """Processes running a `cascade.stages.launch` rank on a spec dir under spec_root, with RANK=rank in their
+    environment."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,8 +48,11 @@ def rank_pids(spec_root: Path, rank: int) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:  # gone, or not ours
             continue
-        if b"cascade.stages.launch" in cmdline and any(a.startswith(str(spec_root).encode()) for a in cmdline) \
-                and f"RANK={rank}".encode() in environ:
+        if (
+            b"cascade.stages.launch" in cmdline
+            and any(a.startswith(str(spec_root).encode()) for a in cmdline)
+            and f"RANK={rank}".encode() in environ
+        ):
             found.append(int(entry.name))
     return found
 
@@ -78,11 +83,23 @@ def test_a_killed_rank_fails_the_stage_in_one_line_and_resume_finishes(prefect_a
     t0 = time.time()
     root, spec_root = f"file://{tmp_path}/store", tmp_path / "tmp"
     spec_root.mkdir()
-    env = dict(os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api,
-               TMPDIR=str(spec_root))  # the torchrun spec dirs land here
+    env = dict(
+        os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api, TMPDIR=str(spec_root)
+    )  # the torchrun spec dirs land here
     store = Store(root)
-    proc = cascade(["run", str(KILL_RECIPE), "--run-id", RUN_ID, f"storage.root={root}", "stages.math_rl.steps=1",
-                    "stages.sft.compute.nproc_per_node=2", f"stages.sft.steps={SFT_STEPS}"], env)
+    proc = cascade(
+        [
+            "run",
+            str(KILL_RECIPE),
+            "--run-id",
+            RUN_ID,
+            f"storage.root={root}",
+            "stages.math_rl.steps=1",
+            "stages.sft.compute.nproc_per_node=2",
+            f"stages.sft.steps={SFT_STEPS}",
+        ],
+        env,
+    )
     killed_after = kill_rank_one_mid_stage(proc, store, spec_root)
     print(f"{time.time() - t0:.1f}s: killed rank 1 after step {killed_after}")
     out = proc.communicate(timeout=120)[0]

@@ -67,8 +67,9 @@ def final_weights(store: Store, run_id: str) -> dict[str, torch.Tensor]:
     return load_safetensors(store.read_bytes(f"{key}/model/model.safetensors"))
 
 
-def kill_somewhere(index: int, seed: int, root: str, env: dict, window: float, uploads: int,
-                   store: Store) -> tuple[str, bool]:
+def kill_somewhere(
+    index: int, seed: int, root: str, env: dict, window: float, uploads: int, store: Store
+) -> tuple[str, bool]:
     """Start the run and SIGKILL it at a random point: (how, whether it had finished before the kill)."""
     rng = random.Random(seed)
     run_id = f"kill-{index}"

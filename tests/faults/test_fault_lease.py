@@ -32,8 +32,13 @@ time.sleep(120)
 
 
 def hold(root: str, endpoint: str, ttl: float) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, root, endpoint, str(ttl)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, root, endpoint, str(ttl)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout.readline().strip() == "holding"
     return proc
 

@@ -61,11 +61,14 @@ def flip_model_byte(store: Store, stage: str) -> None:
     store.write_bytes(key, bytes(data))
 
 
-@pytest.mark.parametrize("damage, stage", [
-    (truncate_manifest, "03-if_rl"),
-    (delete_manifest, "04-math_rl"),
-    (flip_model_byte, "01-sft"),
-])
+@pytest.mark.parametrize(
+    "damage, stage",
+    [
+        (truncate_manifest, "03-if_rl"),
+        (delete_manifest, "04-math_rl"),
+        (flip_model_byte, "01-sft"),
+    ],
+)
 def test_resume_rebuilds_a_stage_that_does_not_verify(straight, damage, stage):
     recipe = fresh_run(straight)
     store = Store.from_config(recipe.storage)

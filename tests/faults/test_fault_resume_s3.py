@@ -7,13 +7,13 @@ import torch
 
 import cascade.stages.context
 import cascade.stages.domains
-from cascade.stages.kinds import StageInputs
 from cascade.stages.context import ListSink
 from cascade.stages.domains.base import Domain, Item
+from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run import run_grpo
-from cascade.stages.recipe import validate_recipe
 from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.recipe import validate_recipe
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -32,14 +32,27 @@ class Vowels(Domain):
 
 
 def grpo_recipe(s3_url: str):
-    return validate_recipe({
-        "seed": 0, "storage": {"root": f"s3://{new_bucket(s3_url)}/cascade", "endpoint_url": s3_url},
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
-        "compute": {"dtype": "fp32"},
-        "domains": {"vowels": {"train_size": 64, "heldout_size": 8, "max_new_tokens": 8}},
-        "stages": [{"kind": "grpo", "name": "rl", "domains": ["vowels"], "steps": 4, "prompts_per_step": 4,
-                    "group_size": 4, "lr": 1e-2, "checkpoint_every": 1}],
-    })
+    return validate_recipe(
+        {
+            "seed": 0,
+            "storage": {"root": f"s3://{new_bucket(s3_url)}/cascade", "endpoint_url": s3_url},
+            "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+            "compute": {"dtype": "fp32"},
+            "domains": {"vowels": {"train_size": 64, "heldout_size": 8, "max_new_tokens": 8}},
+            "stages": [
+                {
+                    "kind": "grpo",
+                    "name": "rl",
+                    "domains": ["vowels"],
+                    "steps": 4,
+                    "prompts_per_step": 4,
+                    "group_size": 4,
+                    "lr": 1e-2,
+                    "checkpoint_every": 1,
+                }
+            ],
+        }
+    )
 
 
 def attempt(stage: str, s3_url: str, tmp_path, name: str):
@@ -50,9 +63,16 @@ def attempt(stage: str, s3_url: str, tmp_path, name: str):
         ctx = stage_ctx(recipe, tmp_path / name, "rl", sink=sink)
         return recipe.stage("rl"), (lambda: run_grpo(recipe.stage("rl"), ctx, StageInputs())), ctx, sink
     recipe = s3_recipe(tmp_path, s3_url, new_bucket(s3_url))
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / name, "sft_data"), StageInputs()).checkpoint
+    data = run_sft_data(
+        recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / name, "sft_data"), StageInputs()
+    ).checkpoint
     ctx = stage_ctx(recipe, tmp_path / name, "sft", sink=sink)
-    return recipe.stage("sft"), (lambda: run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))), ctx, sink
+    return (
+        recipe.stage("sft"),
+        (lambda: run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))),
+        ctx,
+        sink,
+    )
 
 
 @pytest.mark.parametrize("stage, series", [("sft", "loss"), ("rl", "reward")])
@@ -65,7 +85,9 @@ def test_resume_parity_through_s3(s3, tmp_path, monkeypatch, stage, series):
         half = cfg.steps // 2
         if name == "resumed":
             with monkeypatch.context() as mp:
-                preempt_at(mp, cascade.stages.context, "write_checkpoint", half + 1)  # after step half+1, before its save
+                preempt_at(
+                    mp, cascade.stages.context, "write_checkpoint", half + 1
+                )  # after step half+1, before its save
                 with pytest.raises(Preempted):
                     run()
             kept = range(max(1, half - cfg.keep_step_checkpoints + 1), half + 1)  # older ones pruned as it ran

@@ -22,8 +22,12 @@ from cascade.stages.kinds.sft_data.run import run_sft_data
 from tests.artifacts.servers import have_s3rver, make_bucket, s3rver_server
 from tests.faults.conftest import s3_recipe, stage_ctx, stage_weights, unverified
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not have_s3rver(), reason="s3rver not installed "
-                                                   "(.ci/install-debian.sh installs it into .ci/node_modules)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not have_s3rver(), reason="s3rver not installed (.ci/install-debian.sh installs it into .ci/node_modules)"
+    ),
+]
 KEYS = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S3RVER"}
 
 
@@ -72,7 +76,9 @@ def test_long_outage_fails_cleanly_then_resume_completes(s3rver, tmp_path, monke
     monkeypatch.setenv("CASCADE_STORE_BACKOFF", "0.1")
     recipe = s3_recipe(tmp_path, s3rver.url, "outage")
     cfg = recipe.stage("sft")
-    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()).checkpoint
+    data = run_sft_data(
+        recipe.stage("sft_data"), stage_ctx(recipe, tmp_path / "a", "sft_data"), StageInputs()
+    ).checkpoint
     straight = stage_ctx(recipe, tmp_path / "a", "sft", run_id="straight")
     run_sft(cfg, straight, StageInputs(stages={"sft_data": data}))
 

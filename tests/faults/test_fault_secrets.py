@@ -21,10 +21,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 
 
 def fake_secrets() -> dict[str, str]:
-    return {"AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
-            "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
-            "MLFLOW_TRACKING_USERNAME": "cascade-" + secrets.token_hex(4),
-            "MLFLOW_TRACKING_PASSWORD": secrets.token_urlsafe(18)}
+    return {
+        "AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+        "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
+        "MLFLOW_TRACKING_USERNAME": "cascade-" + secrets.token_hex(4),
+        "MLFLOW_TRACKING_PASSWORD": secrets.token_urlsafe(18),
+    }
 
 
 def leaks(values: dict[str, str], sources: dict[str, str]) -> list[str]:
@@ -48,8 +50,9 @@ def mlflow_texts(client, experiment: str, tmp_path) -> dict[str, str]:
                 local = client.download_artifacts(rid, a.path, str(tmp_path / "art" / rid))
                 out[f"mlflow artifact {rid}/{a.path}"] = open(local, "rb").read().decode("utf-8", "replace")
     for model in client.search_registered_models():
-        out[f"mlflow model {model.name}"] = json.dumps([v.source for v in client.search_model_versions(
-            f"name = '{model.name}'")] + [str(model.tags)])
+        out[f"mlflow model {model.name}"] = json.dumps(
+            [v.source for v in client.search_model_versions(f"name = '{model.name}'")] + [str(model.tags)]
+        )
     return out
 
 
@@ -76,8 +79,15 @@ def test_no_secret_reaches_any_sink(s3, mlflow_url, tmp_path, monkeypatch, capfd
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     bucket = new_bucket(s3.url)
-    recipe = load_recipe("micro", [f"storage.root=s3://{bucket}/cascade", f"storage.endpoint_url={s3.url}",
-                                   f"tracking.uri={mlflow_url}", f"tracking.experiment=secrets-{bucket}"])
+    recipe = load_recipe(
+        "micro",
+        [
+            f"storage.root=s3://{bucket}/cascade",
+            f"storage.endpoint_url={s3.url}",
+            f"tracking.uri={mlflow_url}",
+            f"tracking.experiment=secrets-{bucket}",
+        ],
+    )
     with caplog.at_level("INFO"):  # what a run logs (DEBUG would add botocore's signed request headers)
         cascade_flow(recipe, "secrets")
     out, err = capfd.readouterr()

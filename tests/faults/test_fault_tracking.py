@@ -25,17 +25,22 @@ def holding(root: Path, needle: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
 
 
-@pytest.mark.parametrize("variable, value, field", [
-    ("MLFLOW_TRACKING_URI", f"http://u:{PASSWORD}@127.0.0.1:1", "MLFLOW_TRACKING_PASSWORD"),
-    ("AWS_ENDPOINT_URL", f"http://u:{PASSWORD}@127.0.0.1:1", "AWS_ACCESS_KEY_ID"),
-    ("CASCADE_STORE", f"s3://u:{PASSWORD}@b/x", "AWS_ACCESS_KEY_ID"),
-], ids=["mlflow-uri", "aws-endpoint", "cascade-store"])  # not the values: the password is random per process
+@pytest.mark.parametrize(
+    "variable, value, field",
+    [
+        ("MLFLOW_TRACKING_URI", f"http://u:{PASSWORD}@127.0.0.1:1", "MLFLOW_TRACKING_PASSWORD"),
+        ("AWS_ENDPOINT_URL", f"http://u:{PASSWORD}@127.0.0.1:1", "AWS_ACCESS_KEY_ID"),
+        ("CASCADE_STORE", f"s3://u:{PASSWORD}@b/x", "AWS_ACCESS_KEY_ID"),
+    ],
+    ids=["mlflow-uri", "aws-endpoint", "cascade-store"],
+)  # not the values: the password is random per process
 def test_a_password_in_an_environment_url_is_refused_and_appears_nowhere(tmp_path, variable, value, field):
     home = tmp_path / "home"
     store = ["storage.root=s3://b/x"] if variable == "AWS_ENDPOINT_URL" else []
     # no PREFECT_API_URL: a run would start its own Prefect server, with its database in the test's PREFECT_HOME
-    result, _ = run_cli(["run", "micro", *store], home, **{variable: value}, PREFECT_HOME=str(tmp_path / "prefect"),
-                        PREFECT_API_URL="")
+    result, _ = run_cli(
+        ["run", "micro", *store], home, **{variable: value}, PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=""
+    )
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
     assert lines[0].startswith(f"cascade: error: {variable}: a URL holds credentials") and field in lines[0]
@@ -48,8 +53,9 @@ def test_a_password_in_an_environment_url_is_refused_and_appears_nowhere(tmp_pat
 def test_a_tracking_server_that_does_not_answer_fails_the_run_in_one_line(tmp_path, server):
     home = tmp_path / "home"
     with server() as url:
-        result, elapsed = run_cli(["run", "micro"], home, MLFLOW_TRACKING_URI=url,
-                                  PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL="")
+        result, elapsed = run_cli(
+            ["run", "micro"], home, MLFLOW_TRACKING_URI=url, PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_API_URL=""
+        )
     lines = result.stderr.strip().splitlines()
     assert elapsed < TRACKING_BUDGET_S, f"{elapsed:.0f} s: {result.stderr[-2000:]}"
     assert result.returncode == 2 and len(lines) == 1, result.stderr[-2000:]
@@ -62,8 +68,12 @@ def test_a_tracking_server_that_does_not_answer_fails_the_run_in_one_line(tmp_pa
 def test_without_required_tracking_a_down_server_is_one_warning_and_the_run_goes_on(tmp_path, prefect_api):
     home = tmp_path / "home"
     with refusing_endpoint() as url:
-        result, _ = run_cli(["run", "micro", "tracking.required=false", "--run-id", "untracked"], home,
-                            MLFLOW_TRACKING_URI=url, PREFECT_API_URL=prefect_api)
+        result, _ = run_cli(
+            ["run", "micro", "tracking.required=false", "--run-id", "untracked"],
+            home,
+            MLFLOW_TRACKING_URI=url,
+            PREFECT_API_URL=prefect_api,
+        )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count(f"MLflow tracking server {url} did not answer") == 1, result.stderr[-2000:]
     assert (home / "runs" / "untracked" / "report.json").is_file()

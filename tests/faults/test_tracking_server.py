@@ -33,7 +33,9 @@ def test_tracker_against_an_mlflow_server(s3, mlflow_url, tmp_path):
     tracker.finish("FINISHED")
     names = {a.path for a in tracker.client.list_artifacts(tracker.parent_id)}
     assert {"report.json", "forgetting_matrix.json", "evals", "report.html", "plots"} <= names
-    assert [a.path for a in tracker.client.list_artifacts(tracker.parent_id, "plots")] == ["plots/forgetting_matrix.png"]
+    assert [a.path for a in tracker.client.list_artifacts(tracker.parent_id, "plots")] == [
+        "plots/forgetting_matrix.png"
+    ]
     assert Tracker(recipe, "srv-1").parent_id == tracker.parent_id  # not the stage run, which has the run tag too
     got = tracker.client.download_artifacts(tracker.parent_id, "report.json", str(tmp_path))
     assert json.loads(open(got).read())["run_id"] == "srv-1"

@@ -30,43 +30,56 @@ def assert_one_line(code: int, out: str, err: str, message: str) -> None:
     assert "Traceback" not in out + err
 
 
-@pytest.mark.parametrize("override, message", [
-    ("stages.sft.steps=-5", "stages.1.sft.steps: Input should be greater than or equal to 1"),
-    ("stages.sft.steps=0", "stages.1.sft.steps: Input should be greater than or equal to 1"),
-    ("stages.sft.steps=true", "stages.1.sft.steps: Input should be a valid integer"),
-    ("stages.sft.steps=99999999999999999999999", "stages.1.sft.steps: Input should be less than or equal to 1000000"),
-    ("stages.sft.lr=-1", "stages.1.sft.lr: Input should be greater than 0"),
-    ("stages.sft.lr=true", "stages.1.sft.lr: Input should be a number, not a boolean"),
-    ("stages.sft.batch_size=0", "stages.1.sft.batch_size: Input should be greater than or equal to 1"),
-    ("domains.math.train_size=-1", "domains.math.train_size: Input should be greater than or equal to 1"),
-    ("stages.if_rl.group_size=0", "stages.3.grpo.group_size: Input should be greater than or equal to 1"),
-    ("stages.sft=5", "stages is not a mapping (address a stage by name, then a field)"),
-    ("stages.sft.steps.x=1", "stages.sft.steps is not a mapping"),
-    ("storage.root=bogus://x", "unsupported store bogus://"),
-    ("storage.root=ftp://host/x", "unsupported store ftp://"),
-    ("storage.root=memory://x", "unsupported store memory://"),
-    ("storage.root=file://", "storage.root: store 'file://' names no directory"),
-    ("seed=&a [*a]", "an alias refers to a node that contains it"),
-    # in range, but nonsense together, or more than memory holds
-    ("stages.sft.micro_batch_size=16", "stages.1.sft: micro_batch_size 16 is larger than batch_size 8"),
-    ("stages.sft.warmup_steps=7", "stages.1.sft: warmup_steps 7 is more than steps 6"),
-    ("model.num_heads=3", "model: hidden_size 64 must be num_heads (3) times an even head size"),
-    ("model.hidden_size=66", "model: hidden_size 66 must be num_heads (2) times an even head size"),
-    ("stages.sft.batch_size=100000000", "stages.1.sft.batch_size: Input should be less than or equal to 65536"),
-    ("engine.batch_size=100000000", "engine.batch_size: Input should be less than or equal to 65536"),
-    ("stages.if_rl.group_size=65536", "stages.3.grpo: prompts_per_step * group_size is 262144 rollouts"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("stages.sft.steps=-5", "stages.1.sft.steps: Input should be greater than or equal to 1"),
+        ("stages.sft.steps=0", "stages.1.sft.steps: Input should be greater than or equal to 1"),
+        ("stages.sft.steps=true", "stages.1.sft.steps: Input should be a valid integer"),
+        (
+            "stages.sft.steps=99999999999999999999999",
+            "stages.1.sft.steps: Input should be less than or equal to 1000000",
+        ),
+        ("stages.sft.lr=-1", "stages.1.sft.lr: Input should be greater than 0"),
+        ("stages.sft.lr=true", "stages.1.sft.lr: Input should be a number, not a boolean"),
+        ("stages.sft.batch_size=0", "stages.1.sft.batch_size: Input should be greater than or equal to 1"),
+        ("domains.math.train_size=-1", "domains.math.train_size: Input should be greater than or equal to 1"),
+        ("stages.if_rl.group_size=0", "stages.3.grpo.group_size: Input should be greater than or equal to 1"),
+        ("stages.sft=5", "stages is not a mapping (address a stage by name, then a field)"),
+        ("stages.sft.steps.x=1", "stages.sft.steps is not a mapping"),
+        ("storage.root=bogus://x", "unsupported store bogus://"),
+        ("storage.root=ftp://host/x", "unsupported store ftp://"),
+        ("storage.root=memory://x", "unsupported store memory://"),
+        ("storage.root=file://", "storage.root: store 'file://' names no directory"),
+        ("seed=&a [*a]", "an alias refers to a node that contains it"),
+        # in range, but nonsense together, or more than memory holds
+        ("stages.sft.micro_batch_size=16", "stages.1.sft: micro_batch_size 16 is larger than batch_size 8"),
+        ("stages.sft.warmup_steps=7", "stages.1.sft: warmup_steps 7 is more than steps 6"),
+        ("model.num_heads=3", "model: hidden_size 64 must be num_heads (3) times an even head size"),
+        ("model.hidden_size=66", "model: hidden_size 66 must be num_heads (2) times an even head size"),
+        ("stages.sft.batch_size=100000000", "stages.1.sft.batch_size: Input should be less than or equal to 65536"),
+        ("engine.batch_size=100000000", "engine.batch_size: Input should be less than or equal to 65536"),
+        ("stages.if_rl.group_size=65536", "stages.3.grpo: prompts_per_step * group_size is 262144 rollouts"),
+    ],
+)
 def test_bad_numbers_and_overrides_write_nothing(cascade_home, override, message):
     assert_one_line(*cascade("run", "micro", override), message)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["eval.data_root=/no/such/root", "eval.benchmarks={gsm8k: {limit: 5}}"],
-     "eval.benchmarks.gsm8k: data file not found: /no/such/root/math/gsm8k_test.jsonl (eval.data_root sets"),
-    (["eval.data_root=/no/such/root", "eval.benchmarks={humaneval: {limit: 5}}"],
-     "eval.benchmarks.humaneval: data root not found: /no/such/root"),
-    (["eval.benchmarks={aime25: {}}"], "eval.benchmarks.aime25: 'aime25' ships no data file"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["eval.data_root=/no/such/root", "eval.benchmarks={gsm8k: {limit: 5}}"],
+            "eval.benchmarks.gsm8k: data file not found: /no/such/root/math/gsm8k_test.jsonl (eval.data_root sets",
+        ),
+        (
+            ["eval.data_root=/no/such/root", "eval.benchmarks={humaneval: {limit: 5}}"],
+            "eval.benchmarks.humaneval: data root not found: /no/such/root",
+        ),
+        (["eval.benchmarks={aime25: {}}"], "eval.benchmarks.aime25: 'aime25' ships no data file"),
+    ],
+)
 def test_an_eval_benchmark_without_its_data_is_refused_before_any_stage(cascade_home, overrides, message):
     """Found when the recipe is read: at the first eval (2026-11-27) the run had already spent its SFT stage."""
     assert_one_line(*cascade("run", "micro", *overrides), message)
@@ -78,13 +91,16 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p.write_text("- a\n- b\n"), "a recipe is a mapping of sections, not a list"),
-    (lambda p: p.write_text("42\n"), "a recipe is a mapping of sections, not a int"),
-    (lambda p: p.write_bytes(bytes(range(256)) * 4), "is not UTF-8 text"),
-    (lambda p: p.mkdir(), "is not a regular file"),
-    (_fifo, "is not a regular file"),  # reading it would block forever
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_text("- a\n- b\n"), "a recipe is a mapping of sections, not a list"),
+        (lambda p: p.write_text("42\n"), "a recipe is a mapping of sections, not a int"),
+        (lambda p: p.write_bytes(bytes(range(256)) * 4), "is not UTF-8 text"),
+        (lambda p: p.mkdir(), "is not a regular file"),
+        (_fifo, "is not a regular file"),  # reading it would block forever
+    ],
+)
 def test_recipe_files_that_are_not_recipes(cascade_home, tmp_path, make, message):
     path = tmp_path / "x.yaml"
     make(path)
@@ -106,13 +122,16 @@ def billion_laughs(levels: int = 9) -> str:
 
 
 @pytest.mark.timeout(60)  # the alias bomb hung the CLI
-@pytest.mark.parametrize("text, message", [
-    (billion_laughs(), "aliases expand to more than 100000 values"),
-    ("seed: &a [*a]\n", "an alias refers to a node that contains it (a recursive structure)"),
-    ("domains: {math: {}}\nloop: &l [*l]\n", "an alias refers to a node that contains it (a recursive structure)"),
-    ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64 levels"),
-    ("".join(f"c{i}: &c{i} [*c{i - 1}]\n" if i else "c0: &c0 [1]\n" for i in range(200)), "nested deeper than 64"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (billion_laughs(), "aliases expand to more than 100000 values"),
+        ("seed: &a [*a]\n", "an alias refers to a node that contains it (a recursive structure)"),
+        ("domains: {math: {}}\nloop: &l [*l]\n", "an alias refers to a node that contains it (a recursive structure)"),
+        ("seed: " + "[" * 5000 + "]" * 5000 + "\n", "nested deeper than 64 levels"),
+        ("".join(f"c{i}: &c{i} [*c{i - 1}]\n" if i else "c0: &c0 [1]\n" for i in range(200)), "nested deeper than 64"),
+    ],
+)
 def test_hostile_yaml_is_one_line(cascade_home, tmp_path, text, message):
     path = tmp_path / "hostile.yaml"
     path.write_text(text)
@@ -120,12 +139,15 @@ def test_hostile_yaml_is_one_line(cascade_home, tmp_path, text, message):
     assert files_under(cascade_home) == []
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"question,answer\n1+1,2\n", "data.jsonl:1: not valid JSON"),
-    (bytes(range(256)) * 8, "data.jsonl: cannot read it as jsonl: 'utf-8' codec can't decode byte"),
-    (b"", "data.jsonl: holds no rows"),
-    (b"\n\n", "data.jsonl: holds no rows"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"question,answer\n1+1,2\n", "data.jsonl:1: not valid JSON"),
+        (bytes(range(256)) * 8, "data.jsonl: cannot read it as jsonl: 'utf-8' codec can't decode byte"),
+        (b"", "data.jsonl: holds no rows"),
+        (b"\n\n", "data.jsonl: holds no rows"),
+    ],
+)
 def test_a_data_file_without_rows_is_refused_before_anything_is_written(cascade_home, tmp_path, content, message):
     data = tmp_path / "data.jsonl"
     data.write_bytes(content)
@@ -134,11 +156,14 @@ def test_a_data_file_without_rows_is_refused_before_anything_is_written(cascade_
     assert files_under(cascade_home) == []
 
 
-@pytest.mark.parametrize("store, message", [
-    ("file://", "--store: store 'file://' names no directory"),
-    ("s3://", "--store: store 's3://' names no bucket"),
-    ("/dev/null", "--store: store '/dev/null' is not a directory"),
-])
+@pytest.mark.parametrize(
+    "store, message",
+    [
+        ("file://", "--store: store 'file://' names no directory"),
+        ("s3://", "--store: store 's3://' names no bucket"),
+        ("/dev/null", "--store: store '/dev/null' is not a directory"),
+    ],
+)
 def test_a_store_that_names_no_place_is_one_line(cascade_home, store, message):
     assert_one_line(*cascade("status", "--store", store), message)
 
@@ -199,14 +224,29 @@ stages:
 """
 
 
-@pytest.mark.parametrize("pairs, reward_stage, message", [
-    ("{kind: domain}", "sft", "stage 'rlhf' reads reward.stage 'sft', which no earlier reward_model stage writes"),
-    ("{kind: domain}", "nope", "stage 'rlhf' reads reward.stage 'nope', which no earlier reward_model stage writes"),
-    ("{kind: file, path: PAIRS}", "rm", "pairs.jsonl: row 1: no 'chosen' string"),
-    ("{kind: file, path: /no/such/pairs.jsonl}", "rm", "stage 'rm': preference file not found: /no/such/pairs.jsonl"),
-    ("{kind: domain, domain: math}", "rm", "stage 'rm': domain 'math' builds no preference pairs"),
-    ("{kind: on_policy, domain: math}", "rm", "stage 'rm': on_policy pairs' domain 'math' is not declared in `domains`"),
-])
+@pytest.mark.parametrize(
+    "pairs, reward_stage, message",
+    [
+        ("{kind: domain}", "sft", "stage 'rlhf' reads reward.stage 'sft', which no earlier reward_model stage writes"),
+        (
+            "{kind: domain}",
+            "nope",
+            "stage 'rlhf' reads reward.stage 'nope', which no earlier reward_model stage writes",
+        ),
+        ("{kind: file, path: PAIRS}", "rm", "pairs.jsonl: row 1: no 'chosen' string"),
+        (
+            "{kind: file, path: /no/such/pairs.jsonl}",
+            "rm",
+            "stage 'rm': preference file not found: /no/such/pairs.jsonl",
+        ),
+        ("{kind: domain, domain: math}", "rm", "stage 'rm': domain 'math' builds no preference pairs"),
+        (
+            "{kind: on_policy, domain: math}",
+            "rm",
+            "stage 'rm': on_policy pairs' domain 'math' is not declared in `domains`",
+        ),
+    ],
+)
 def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_stage, message):
     pair_file = tmp_path / "pairs.jsonl"
     pair_file.write_text(json.dumps({"prompt": "Hi", "answer": "Hello", "rejected": "Go away"}) + "\n")
@@ -216,11 +256,14 @@ def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_st
     assert files_under(cascade_home) == []
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--judge", "http://127.0.0.1:9/v1"], "judge http://127.0.0.1:9/v1 does not answer"),
-    (["--judge", "ftp://judge/v1"], "--judge: String should match pattern"),
-    ([], "--benchmark arena_hard needs --judge URL, and --judge applies to it only"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--judge", "http://127.0.0.1:9/v1"], "judge http://127.0.0.1:9/v1 does not answer"),
+        (["--judge", "ftp://judge/v1"], "--judge: String should match pattern"),
+        ([], "--benchmark arena_hard needs --judge URL, and --judge applies to it only"),
+    ],
+)
 def test_arena_hard_without_a_working_judge_is_one_line(cascade_home, args, message):
     assert_one_line(*cascade("eval", "tiny", "--benchmark", "arena_hard", *args), message)
     assert files_under(cascade_home) == []

@@ -37,8 +37,9 @@ def run_answer(cfg: AnswerConfig, ctx: StageContext, inputs: StageInputs) -> Sta
 
 @pytest.fixture
 def answer_kind():
-    register_kind(StageKind("answer", AnswerConfig, run_answer, makes="policy", takes_policy=False,
-                            holds_compute=False))
+    register_kind(
+        StageKind("answer", AnswerConfig, run_answer, makes="policy", takes_policy=False, holds_compute=False)
+    )
     yield
     unregister_kind("answer")
 
@@ -46,20 +47,33 @@ def answer_kind():
 def mmlu_root(tmp_path):
     root = tmp_path / "data"
     (root / "mcqa").mkdir(parents=True)
-    rows = [{"question": f"Which is {n}?", "choices": [str(n), str(n + 1), str(n + 2), str(n + 3)], "answer": 0,
-             "type": "arithmetic"} for n in range(1, 6)]
+    rows = [
+        {
+            "question": f"Which is {n}?",
+            "choices": [str(n), str(n + 1), str(n + 2), str(n + 3)],
+            "answer": 0,
+            "type": "arithmetic",
+        }
+        for n in range(1, 6)
+    ]
     (root / "mcqa" / "mmlu_stem_test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
 
 
 def bench_recipe(tmp_path, **gate):
-    raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store", "tracking.enabled=false"]).model_dump(mode="json")
-    raw["stages"] = [{"kind": "answer", "name": "answers_a", "answer": "A"},
-                     {"kind": "answer", "name": "answers_b", "answer": "B"}]
+    raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store", "tracking.enabled=false"]).model_dump(
+        mode="json"
+    )
+    raw["stages"] = [
+        {"kind": "answer", "name": "answers_a", "answer": "A"},
+        {"kind": "answer", "name": "answers_b", "answer": "B"},
+    ]
     for spec in raw["domains"].values():
         spec["tolerance"] = 1.0
-    raw["eval"] = {"benchmarks": {"mmlu_stem": {"limit": 4, "max_new_tokens": 8, "tolerance": 0.25}},
-                   "data_root": str(mmlu_root(tmp_path))}
+    raw["eval"] = {
+        "benchmarks": {"mmlu_stem": {"limit": 4, "max_new_tokens": 8, "tolerance": 0.25}},
+        "data_root": str(mmlu_root(tmp_path)),
+    }
     raw["gate"] = {"policy": "warn", **gate}
     return validate_recipe(raw)
 
@@ -75,7 +89,8 @@ def test_the_gate_fires_on_a_benchmark_column(tmp_path):
     by_stage = {stage: dict(zip(columns, scores)) for stage, scores in rows}
     assert by_stage["answers_a"]["bench/mmlu_stem"] == 1.0 and by_stage["answers_b"]["bench/mmlu_stem"] == 0.0
     assert [(g["stage"], g["domain"], g["best"], g["now"], g["tolerance"], g["action"]) for g in report.gate] == [
-        ("answers_b", "bench/mmlu_stem", 1.0, 0.0, 0.25, "warn")]
+        ("answers_b", "bench/mmlu_stem", 1.0, 0.0, 0.25, "warn")
+    ]
     store = Store.from_config(recipe.storage)
     record = EvalRecord.parse(store.read_bytes(eval_key("bench", 1, "answers_b")), "answers_b")
     items = [r for r in record.items if r["domain"] == "bench/mmlu_stem"]

@@ -52,11 +52,15 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
 
     assert drive(["micro", f"storage.root=file://{tmp_path}/driver", "--stage", "sft_data", "--stage", "sft"]) == 0
     driven = Store.from_config(micro_recipe(tmp_path, f"storage.root=file://{tmp_path}/driver").storage)
-    flow_sft, driver_sft = (load_file(s.path(f"runs/{run}/01-sft/model/model.safetensors"))
-                            for s, run in ((store, "e2e"), (driven, "driver")))
+    flow_sft, driver_sft = (
+        load_file(s.path(f"runs/{run}/01-sft/model/model.safetensors"))
+        for s, run in ((store, "e2e"), (driven, "driver"))
+    )
     assert flow_sft.keys() == driver_sft.keys() and all(torch.equal(flow_sft[k], driver_sft[k]) for k in flow_sft)
-    assert json.loads(store.read_bytes("runs/e2e/01-sft/MANIFEST.json"))["config_hash"] == \
-        json.loads(driven.read_bytes("runs/driver/01-sft/MANIFEST.json"))["config_hash"]
+    assert (
+        json.loads(store.read_bytes("runs/e2e/01-sft/MANIFEST.json"))["config_hash"]
+        == json.loads(driven.read_bytes("runs/driver/01-sft/MANIFEST.json"))["config_hash"]
+    )
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])
@@ -78,19 +82,28 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
     store = Store.from_config(recipe.storage)
     cut = RunReport.load(store, "cut")
     assert [(s["name"], s["status"]) for s in cut.stages] == [
-        ("sft_data", "completed"), ("sft", "completed"), ("difficulty", "completed"), ("if_rl", "failed")]
+        ("sft_data", "completed"),
+        ("sft", "completed"),
+        ("difficulty", "completed"),
+        ("if_rl", "failed"),
+    ]
 
     if not results_kept:
         store.fs.rm(store.path("runs/cut/prefect-results"), recursive=True)
     calls = []
-    monkeypatch.setattr(cascade.stages.kinds.grpo.run, "run_grpo",
-                        lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k))
+    monkeypatch.setattr(
+        cascade.stages.kinds.grpo.run, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k)
+    )
     monkeypatch.setattr(cascade.stages.kinds.sft.run, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
     assert [(s["name"], s["status"]) for s in resumed.stages] == [
-        ("sft_data", done_status), ("sft", done_status), ("difficulty", done_status), ("if_rl", "completed"),
-        ("math_rl", "completed")]
+        ("sft_data", done_status),
+        ("sft", done_status),
+        ("difficulty", done_status),
+        ("if_rl", "completed"),
+        ("math_rl", "completed"),
+    ]
 
     reference = RunReport.load(Store.from_config(straight.storage), "straight")
     assert resumed.evals == reference.evals

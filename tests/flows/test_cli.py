@@ -48,14 +48,23 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, args, message):
     assert files_under(home) == []
 
 
-@pytest.mark.parametrize("args", [["run", "nope"], ["run", "tiny", "nonsense.key=1"], ["resume", "no-such-run"],
-                                  ["eval", "/no/such/model"]])
+@pytest.mark.parametrize(
+    "args", [["run", "nope"], ["run", "tiny", "nonsense.key=1"], ["resume", "no-such-run"], ["eval", "/no/such/model"]]
+)
 def test_bad_input_is_reported_without_importing_torch_or_prefect(tmp_path, args):
     """Catching the one-line errors once imported torch, transformers and Prefect: 11 s to say a recipe is unknown."""
-    probe = ("import sys\nfrom cascade.flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
-             "    print(e.code, sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                            env=dict(os.environ, CASCADE_HOME=str(tmp_path / "home")))
+    probe = (
+        "import sys\nfrom cascade.flows.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    print(e.code, sorted(m for m in ('torch', 'transformers', 'prefect') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env=dict(os.environ, CASCADE_HOME=str(tmp_path / "home")),
+    )
     assert result.stdout.strip() == "2 []", result.stdout + result.stderr
     assert result.stderr.startswith("cascade: error: ")
 
@@ -64,13 +73,22 @@ def test_bad_input_is_reported_without_importing_torch_or_prefect(tmp_path, args
     "args, field, instead",
     [
         (["run", "micro", f"storage.root=s3://user:{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
-        (["run", "micro", f"storage.endpoint_url=http://AKIA:{PASSWORD}@minio:9000"], "storage.endpoint_url",
-         "AWS_ACCESS_KEY_ID"),
+        (
+            ["run", "micro", f"storage.endpoint_url=http://AKIA:{PASSWORD}@minio:9000"],
+            "storage.endpoint_url",
+            "AWS_ACCESS_KEY_ID",
+        ),
         (["run", "micro", f"engine.url=http://u:{PASSWORD}@host"], "engine.url", "api_key_env"),
-        (["run", "micro", f"tracking.uri=http://bob:{PASSWORD}@mlflow:5000"], "tracking.uri",
-         "MLFLOW_TRACKING_PASSWORD"),
-        (["run", "micro", f"stages.difficulty.reference=http://{PASSWORD}@vllm:8000"], "stages.difficulty.reference",
-         "api_key_env"),
+        (
+            ["run", "micro", f"tracking.uri=http://bob:{PASSWORD}@mlflow:5000"],
+            "tracking.uri",
+            "MLFLOW_TRACKING_PASSWORD",
+        ),
+        (
+            ["run", "micro", f"stages.difficulty.reference=http://{PASSWORD}@vllm:8000"],
+            "stages.difficulty.reference",
+            "api_key_env",
+        ),
         (["status", "--store", f"s3://user:{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
     ],
 )
@@ -121,11 +139,16 @@ def test_second_writer_is_refused_while_the_lease_is_live(tmp_path):
     assert not store.exists("runs/busy/LEASE.json")
 
 
-@pytest.mark.parametrize("override, message", [
-    ("stages.sft.steps=3", "resume takes compute.* overrides only (where ranks run, not what they train): "
-                           "'stages.sft.steps=3'"),
-    ("compute.nnodes=0", "compute.nnodes: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "stages.sft.steps=3",
+            "resume takes compute.* overrides only (where ranks run, not what they train): 'stages.sft.steps=3'",
+        ),
+        ("compute.nnodes=0", "compute.nnodes: Input should be greater than or equal to 1"),
+    ],
+)
 def test_resume_takes_compute_overrides_only_and_refuses_the_rest_in_one_line(tmp_path, override, message):
     from cascade.artifacts.store import Store
     from cascade.flows.recipes import load_recipe
@@ -186,7 +209,9 @@ def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
     with pytest.raises(typer.Exit) as exit_:
         failing_run()
     assert exit_.value.exit_code == 1
-    assert capsys.readouterr().err == "cascade: error: regression gate: math dropped 0.130 after if_rl (tolerance 0.05)\n"
+    assert (
+        capsys.readouterr().err == "cascade: error: regression gate: math dropped 0.130 after if_rl (tolerance 0.05)\n"
+    )
 
 
 def test_a_matrix_wider_than_the_terminal_is_split_into_column_groups_never_cut():
@@ -222,8 +247,10 @@ def test_gc_local_removes_only_the_scratch_directories_no_live_process_owns(tmp_
     temp = tmp_path / "tmp"
     temp.mkdir()
     monkeypatch.setenv("TMPDIR", str(temp))
-    holders = [subprocess.Popen([sys.executable, "-c", HOLD_A_SCRATCH_DIR], stdout=subprocess.PIPE, text=True,
-                                cwd=ROOT) for _ in range(2)]
+    holders = [
+        subprocess.Popen([sys.executable, "-c", HOLD_A_SCRATCH_DIR], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        for _ in range(2)
+    ]
     killed, live = (Path(h.stdout.readline().strip()) for h in holders)
     try:
         holders[0].kill()  # kill -9: its stage_workdir is never removed
@@ -250,8 +277,9 @@ def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warni
     WARNING or UserWarning line reaches the user (the compute concurrency limit exists on the embedded server)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI")}
     env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200")
-    result = subprocess.run([*CASCADE, "run", "micro", "--run-id", "first"], capture_output=True, text=True,
-                            env=env, cwd=ROOT, timeout=600)
+    result = subprocess.run(
+        [*CASCADE, "run", "micro", "--run-id", "first"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "Forgetting matrix" in out and "report: file://" in out
@@ -264,13 +292,20 @@ def test_a_failed_stage_is_one_line_naming_the_log_that_holds_prefects_traceback
     line, which names the log file; Prefect's task traceback is in that file, not on the terminal."""
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI")}
     env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200")
-    result = subprocess.run([*CASCADE, "run", "micro", "--run-id", "flex", "stages.sft.attention=flex_attention"],
-                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    result = subprocess.run(
+        [*CASCADE, "run", "micro", "--run-id", "flex", "stages.sft.attention=flex_attention"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
     log = tmp_path / "home" / "logs" / "flex.log"
     assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
     assert result.stderr.strip().splitlines() == [
         f"cascade: error: stage 'sft': attention flex_attention trains on cuda only (torch has no CPU backward "
-        f"for it); use sdpa (log: {log})"]
+        f"for it); use sdpa (log: {log})"
+    ]
     assert "Traceback" not in result.stdout + result.stderr
     assert "Traceback" in log.read_text() and "flex_attention trains on cuda only" in log.read_text()
 
@@ -331,5 +366,6 @@ def test_any_other_failure_of_a_run_is_one_line_and_exit_1_with_its_traceback_in
     result = subprocess.run([sys.executable, "-c", UNEXPECTED, str(log)], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 1, result.stderr[-2000:]
     assert result.stderr.strip().splitlines() == [
-        f"cascade: error: RuntimeError: an eval's data file went missing (log: {log})"]
+        f"cascade: error: RuntimeError: an eval's data file went missing (log: {log})"
+    ]
     assert "Traceback" in log.read_text() and "second line" in log.read_text()

@@ -20,8 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from cascade.infra.prefect_server import free_port, start_server, stop
 from cascade.infra.deployments import DEPLOYMENTS
+from cascade.infra.prefect_server import free_port, start_server, stop
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,8 +41,13 @@ class Deployed:
     deployment: dict
 
     def start(self, **request) -> str:
-        return self.post(f"/deployments/{self.deployment['id']}/create_flow_run",
-                         json={"parameters": {"request": request}}).raise_for_status().json()["id"]
+        return (
+            self.post(
+                f"/deployments/{self.deployment['id']}/create_flow_run", json={"parameters": {"request": request}}
+            )
+            .raise_for_status()
+            .json()["id"]
+        )
 
     def post(self, path: str, **kwargs) -> httpx.Response:
         return self.call("POST", path, **kwargs)
@@ -70,12 +75,15 @@ class Deployed:
 
     def why(self, run_id: str) -> str:
         """The state message and the last error logs of a flow run, for assertion messages."""
-        logs = self.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]},
-                                                            "level": {"ge_": 40}}, "limit": 5}).json()
+        logs = self.post(
+            "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}, "level": {"ge_": 40}}, "limit": 5}
+        ).json()
         return self.flow_run(run_id)["state"]["message"] + "\n" + "\n".join(log["message"][-1500:] for log in logs)
 
     def task_runs(self, run_id: str) -> list[dict]:
-        r = self.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"})
+        r = self.post(
+            "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}, "sort": "EXPECTED_START_TIME_ASC"}
+        )
         return r.raise_for_status().json()
 
 
@@ -83,9 +91,16 @@ class Deployed:
 def deployed(tmp_path_factory):
     root = tmp_path_factory.mktemp("deploy")
     port = free_port()
-    env = dict(os.environ, PREFECT_HOME=str(root / "prefect-home"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               CASCADE_HOME=str(root / "home"), PYTHONPATH=str(ROOT), PREFECT_RUNNER_POLL_FREQUENCY="1",
-               PREFECT_LOGGING_LEVEL="INFO", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PREFECT_HOME=str(root / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        CASCADE_HOME=str(root / "home"),
+        PYTHONPATH=str(ROOT),
+        PREFECT_RUNNER_POLL_FREQUENCY="1",
+        PREFECT_LOGGING_LEVEL="INFO",
+        OMP_NUM_THREADS="1",
+    )
     for leftover in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI"):
         env.pop(leftover, None)
     server, api_url = start_server(root / "prefect-home", port, root / "server.log")  # what deploy starts, too
@@ -93,8 +108,13 @@ def deployed(tmp_path_factory):
     deployer = None
     try:
         with open(root / "deploy.log", "wb") as log:
-            deployer = subprocess.Popen([sys.executable, "-m", "cascade.flows.cli", "deploy"], cwd=ROOT, stdout=log,
-                                        stderr=subprocess.STDOUT, env=dict(env, CASCADE_TEST_FAIL_STAGE=f"{FAULT_RUN}/if_rl"))
+            deployer = subprocess.Popen(
+                [sys.executable, "-m", "cascade.flows.cli", "deploy"],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env, CASCADE_TEST_FAIL_STAGE=f"{FAULT_RUN}/if_rl"),
+            )
         api = httpx.Client(base_url=api_url, timeout=30)
         deployment = _wait_for_deployment(api, deployer, root / "deploy.log")
         yield Deployed(api, api_url, f"http://127.0.0.1:{port}", root / "home", env, deployment)
@@ -118,23 +138,36 @@ def _wait_for_deployment(api: httpx.Client, deployer: subprocess.Popen, log: Pat
 @pytest.fixture(scope="module")
 def api_runs(deployed):
     """The completing and the failing run, started together: their training stages take turns on the limit."""
-    return {"ok": deployed.start(recipe="micro", run_id="deploy-ok"),
-            "fault": deployed.start(recipe="micro", run_id=FAULT_RUN)}
+    return {
+        "ok": deployed.start(recipe="micro", run_id="deploy-ok"),
+        "fault": deployed.start(recipe="micro", run_id=FAULT_RUN),
+    }
 
 
 def test_cascade_deployment_has_a_typed_form(deployed):
     schema = deployed.deployment["parameter_openapi_schema"]
     form = schema["definitions"]["RunRequest"]["properties"]
-    assert form["recipe"]["enum"] == ["micro", "nemotron-cascade-2", "smollm2-gsm8k", "tiny", "tiny-all", "tiny-paper",
-                                      "tiny-regression", "tiny-rlhf"]
-    assert {"enum": ["chat", "code", "instruct", "longctx", "math", "mcqa", "structured", "swe", "tool"],
-            "type": "string"} == form["domains"]["anyOf"][0]["items"]
+    assert form["recipe"]["enum"] == [
+        "micro",
+        "nemotron-cascade-2",
+        "smollm2-gsm8k",
+        "tiny",
+        "tiny-all",
+        "tiny-paper",
+        "tiny-regression",
+        "tiny-rlhf",
+    ]
+    assert {
+        "enum": ["chat", "code", "instruct", "longctx", "math", "mcqa", "structured", "swe", "tool"],
+        "type": "string",
+    } == form["domains"]["anyOf"][0]["items"]
     assert form["steps"]["anyOf"][0] == {"minimum": 1, "maximum": 1_000_000, "type": "integer"}
     assert deployed.deployment["enforce_parameter_schema"] is True
     # bad input is refused by the server before a run exists
     for bad in ({"recipe": "nope"}, {"steps": -3}, {"steps": 10**7}, {"domains": ["poetry"]}, {"run_id": "Bad ID!"}):
-        r = deployed.post(f"/deployments/{deployed.deployment['id']}/create_flow_run",
-                              json={"parameters": {"request": bad}})
+        r = deployed.post(
+            f"/deployments/{deployed.deployment['id']}/create_flow_run", json={"parameters": {"request": bad}}
+        )
         assert r.status_code == 409, (bad, r.text)
     limit = deployed.api.get("/v2/concurrency_limits/compute").raise_for_status().json()
     assert limit["limit"] == 1
@@ -169,8 +202,11 @@ def test_micro_run_from_the_api_completes(deployed, api_runs):
 
     client = MlflowClient(tracking_uri=f"sqlite:///{deployed.home}/mlflow.db")
     experiment = client.get_experiment_by_name("cascade")
-    parent = [r for r in client.search_runs([experiment.experiment_id], "tags.`cascade.run_id` = 'deploy-ok'")
-              if "mlflow.parentRunId" not in r.data.tags]
+    parent = [
+        r
+        for r in client.search_runs([experiment.experiment_id], "tags.`cascade.run_id` = 'deploy-ok'")
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
     assert "report.html" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
     plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
@@ -178,8 +214,10 @@ def test_micro_run_from_the_api_completes(deployed, api_runs):
 
 
 def _manifests(home: Path, run_id: str) -> dict[str, bytes]:
-    return {str(p.relative_to(home / "runs" / run_id)): p.read_bytes()
-            for p in sorted((home / "runs" / run_id).glob("**/MANIFEST.json"))}
+    return {
+        str(p.relative_to(home / "runs" / run_id)): p.read_bytes()
+        for p in sorted((home / "runs" / run_id).glob("**/MANIFEST.json"))
+    }
 
 
 def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
@@ -188,12 +226,22 @@ def test_retry_of_a_failed_run_keeps_completed_stages(deployed, api_runs):
     assert "CASCADE_TEST_FAIL_STAGE: if_rl of deploy-fault fails at step 2" in deployed.why(failed["id"])
     before = _manifests(deployed.home, FAULT_RUN)
     # stages 1-3 committed; stage 4 (if_rl) committed its step-1 checkpoint, then failed at its last step
-    assert set(before) == {"00-sft_data/MANIFEST.json", "01-sft/steps/3/MANIFEST.json", "01-sft/MANIFEST.json",
-                           "02-difficulty/MANIFEST.json", "03-if_rl/steps/1/MANIFEST.json"}
+    assert set(before) == {
+        "00-sft_data/MANIFEST.json",
+        "01-sft/steps/3/MANIFEST.json",
+        "01-sft/MANIFEST.json",
+        "02-difficulty/MANIFEST.json",
+        "03-if_rl/steps/1/MANIFEST.json",
+    }
     first_attempt = {t["id"] for t in deployed.task_runs(failed["id"])}
 
-    retry = subprocess.run([sys.executable, "-m", "prefect", "flow-run", "retry", failed["id"]], env=deployed.env,
-                           capture_output=True, text=True, timeout=120)
+    retry = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "retry", failed["id"]],
+        env=deployed.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert retry.returncode == 0, retry.stdout + retry.stderr
     done = deployed.wait(failed["id"])
     assert done["state_type"] == "COMPLETED", deployed.why(done["id"])
@@ -244,8 +292,10 @@ def test_run_from_the_ui_in_a_real_browser(deployed, chromium):
         page.screenshot(path=SHOTS / "run-form-submitted.png")
         server_log = (deployed.home.parent / "server.log").read_text().splitlines()
         server_errors = [line for line in server_log if "ERROR" in line][-5:]
-        raise AssertionError(f"submitting the run form created no flow run; its requests: {creates}; the "
-                             f"server's errors: {server_errors}; the page says: {page.inner_text('body')[-800:]!r}")
+        raise AssertionError(
+            f"submitting the run form created no flow run; its requests: {creates}; the "
+            f"server's errors: {server_errors}; the page says: {page.inner_text('body')[-800:]!r}"
+        )
     page.goto(f"{deployed.ui_url}/runs/flow-run/{started}")
     page.get_by_text("Completed", exact=True).first.wait_for(timeout=RUN_TIMEOUT_S * 1000)  # the page polls
     page.wait_for_timeout(3000)  # let the task-run graph and artifacts finish rendering

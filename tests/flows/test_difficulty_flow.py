@@ -20,8 +20,11 @@ def test_difficulty_stage_reports_metrics_and_histogram(tmp_path, monkeypatch):
     recipe = micro_recipe(tmp_path, "eval.enabled=false", "stages.math_rl.steps=1")
     pools = {}
     real_load = cascade.stages.kinds.grpo.run.load_kept_prompts
-    monkeypatch.setattr(cascade.stages.kinds.grpo.run, "load_kept_prompts",
-                        lambda ctx, ref, domains: pools.setdefault(ref.stage, real_load(ctx, ref, domains)))
+    monkeypatch.setattr(
+        cascade.stages.kinds.grpo.run,
+        "load_kept_prompts",
+        lambda ctx, ref, domains: pools.setdefault(ref.stage, real_load(ctx, ref, domains)),
+    )
     cascade_flow(recipe, "dflt")
     store = Store.from_config(recipe.storage)
     report = json.loads(store.read_bytes("runs/dflt/report.json"))
@@ -39,7 +42,9 @@ def test_difficulty_stage_reports_metrics_and_histogram(tmp_path, monkeypatch):
     assert list(pools) == ["difficulty"] and len(pools["difficulty"]) == metrics["kept"]
 
     client = MlflowClient(recipe.tracking.resolved_uri())
-    run = client.search_runs([client.get_experiment_by_name("cascade").experiment_id],
-                             "tags.`cascade.run_id` = 'dflt' and tags.`cascade.stage` = 'difficulty'")[0]
+    run = client.search_runs(
+        [client.get_experiment_by_name("cascade").experiment_id],
+        "tags.`cascade.run_id` = 'dflt' and tags.`cascade.stage` = 'difficulty'",
+    )[0]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "plots")] == ["plots/pass_rates.png"]
     assert run.data.metrics["summary/kept"] == metrics["kept"]

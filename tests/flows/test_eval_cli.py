@@ -26,8 +26,20 @@ def test_grade_reports_the_bad_row_and_grades_the_others(tmp_path):
 
 def test_eval_tiny_on_gsm8k_writes_scores_and_per_item_rows(tmp_path):
     out_dir = tmp_path / "eval-out"
-    result = cascade("eval", "tiny", "--benchmark", "gsm8k", "--limit", "5", "--json", "--max-new-tokens", "8",
-                     "--out", str(out_dir), home=tmp_path / "home")
+    result = cascade(
+        "eval",
+        "tiny",
+        "--benchmark",
+        "gsm8k",
+        "--limit",
+        "5",
+        "--json",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(out_dir),
+        home=tmp_path / "home",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     scores = report["scores"]["gsm8k"]
@@ -43,10 +55,13 @@ def test_unknown_benchmark_is_one_line_exit_2_nothing_written(tmp_path):
     home = tmp_path / "home"
     bad_items = tmp_path / "mine.jsonl"
     bad_items.write_text('{"question": "q?", "choices": ["a", "b"], "answer": 1}\n{"question": "q?", "choices": []}\n')
-    for args in (["eval", "tiny", "--benchmark", "gsm8k,nope"], ["grade", "--benchmark", "nope", "--data", __file__],
-                 ["eval", "tiny", "--benchmark", "gsm8k", "--samples", "0"],
-                 ["grade", "--benchmark", "gsm8k", "--data", "/no/such/file.jsonl"],
-                 ["eval", "tiny", "--benchmark", "mmlu_stem", "--data", str(bad_items)]):
+    for args in (
+        ["eval", "tiny", "--benchmark", "gsm8k,nope"],
+        ["grade", "--benchmark", "nope", "--data", __file__],
+        ["eval", "tiny", "--benchmark", "gsm8k", "--samples", "0"],
+        ["grade", "--benchmark", "gsm8k", "--data", "/no/such/file.jsonl"],
+        ["eval", "tiny", "--benchmark", "mmlu_stem", "--data", str(bad_items)],
+    ):
         result = cascade(*args, home=home)
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()

@@ -41,24 +41,39 @@ def toy_domains(monkeypatch):
 
 def toy_recipe(tmp_path, policy="recover", max_recoveries=1):
     rl = {"steps": 12, "prompts_per_step": 8, "group_size": 8, "lr": 1e-2, "checkpoint_every": 0}
-    return validate_recipe({
-        "name": "toy-regression", "seed": 0,
-        "storage": {"root": f"file://{tmp_path}/store"},
-        "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"},
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
-        "compute": {"dtype": "fp32"},
-        # sampled evals: greedy answers of this toy are one string for every prompt (scores in steps of 1/6),
-        # so a rounding change could flip a greedy score; the mean of 4 samples is the policy's expected reward
-        "domains": {d: {"train_size": 200, "heldout_size": 64, "max_new_tokens": 8, "tolerance": 0.05,
-                        "eval_temperature": 1.0, "eval_samples": 4}
-                    for d in ("vowels", "consonants")},
-        "stages": [{"kind": "grpo", "name": "vowel_rl", "domains": ["vowels"], **rl},
-                   {"kind": "grpo", "name": "consonant_rl", "domains": ["consonants"], **rl},
-                   {"kind": "grpo", "name": "consonant_rl_2", "domains": ["consonants"], **rl}],
-        "gate": {"policy": policy, "max_recoveries": max_recoveries,
-                 "recovery": {"steps": 12, "prompts_per_step": 8, "group_size": 4, "lr": 1e-2,
-                              "checkpoint_every": 0}},
-    })
+    return validate_recipe(
+        {
+            "name": "toy-regression",
+            "seed": 0,
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "tracking": {"uri": f"sqlite:///{tmp_path}/mlflow.db"},
+            "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+            "compute": {"dtype": "fp32"},
+            # sampled evals: greedy answers of this toy are one string for every prompt (scores in steps of 1/6),
+            # so a rounding change could flip a greedy score; the mean of 4 samples is the policy's expected reward
+            "domains": {
+                d: {
+                    "train_size": 200,
+                    "heldout_size": 64,
+                    "max_new_tokens": 8,
+                    "tolerance": 0.05,
+                    "eval_temperature": 1.0,
+                    "eval_samples": 4,
+                }
+                for d in ("vowels", "consonants")
+            },
+            "stages": [
+                {"kind": "grpo", "name": "vowel_rl", "domains": ["vowels"], **rl},
+                {"kind": "grpo", "name": "consonant_rl", "domains": ["consonants"], **rl},
+                {"kind": "grpo", "name": "consonant_rl_2", "domains": ["consonants"], **rl},
+            ],
+            "gate": {
+                "policy": policy,
+                "max_recoveries": max_recoveries,
+                "recovery": {"steps": 12, "prompts_per_step": 8, "group_size": 4, "lr": 1e-2, "checkpoint_every": 0},
+            },
+        }
+    )
 
 
 def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains):
@@ -87,15 +102,21 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
     store = Store.from_config(recipe.storage)
     assert read_manifest(store, "runs/toy/02-consonant_rl_2")["parent"]["stage"] == "recover-consonant_rl"
     assert all(g["action"] == "warn" for g in report.gate if g["stage"] == "consonant_rl_2")
-    assert [e["after_stage"] for e in report.evals] == ["vowel_rl", "consonant_rl", "recover-consonant_rl",
-                                                        "consonant_rl_2"]
+    assert [e["after_stage"] for e in report.evals] == [
+        "vowel_rl",
+        "consonant_rl",
+        "recover-consonant_rl",
+        "consonant_rl_2",
+    ]
 
 
 def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):
     recipe = toy_recipe(tmp_path, policy="fail")
     from cascade.stages.errors import GateFailed
 
-    with pytest.raises(GateFailed, match=r"regression gate: vowels dropped \d\.\d{3} after consonant_rl \(tolerance 0\.05\)"):
+    with pytest.raises(
+        GateFailed, match=r"regression gate: vowels dropped \d\.\d{3} after consonant_rl \(tolerance 0\.05\)"
+    ):
         cascade_flow(recipe, "toy-fail")
     report = RunReport.load(Store.from_config(recipe.storage), "toy-fail")
     assert [s["name"] for s in report.stages] == ["vowel_rl", "consonant_rl"]

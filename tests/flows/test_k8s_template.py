@@ -11,8 +11,8 @@ import yaml
 from prefect.utilities.templating import apply_values
 
 from cascade.infra.k8s import JobVariablesError, job_variables
-from tests.conftest import micro_recipe
 from tests.artifacts.servers import ROOT
+from tests.conftest import micro_recipe
 
 TEMPLATE = json.loads((ROOT / "infra" / "k8s-gpu-job-template.json").read_text())
 SERVICE = yaml.safe_load((ROOT / "infra" / "k8s-rdzv-service.yaml").read_text())
@@ -29,8 +29,13 @@ def render(variables: dict) -> dict:
 
 
 def test_the_job_template_renders_a_recipes_ranks_nodes_and_rendezvous(tmp_path):
-    recipe = micro_recipe(tmp_path, "stages.sft.compute.nproc_per_node=4", "stages.math_rl.compute.nproc_per_node=2",
-                          "stages.math_rl.compute.nnodes=3", f"stages.math_rl.compute.rdzv_endpoint={RDZV}")
+    recipe = micro_recipe(
+        tmp_path,
+        "stages.sft.compute.nproc_per_node=4",
+        "stages.math_rl.compute.nproc_per_node=2",
+        "stages.math_rl.compute.nnodes=3",
+        f"stages.math_rl.compute.rdzv_endpoint={RDZV}",
+    )
     variables = job_variables(recipe)
     assert variables == {"gpus_per_node": 4, "nnodes": 3, "rdzv_service": "cascade-rdzv"}
     job = render(variables)
@@ -41,8 +46,10 @@ def test_the_job_template_renders_a_recipes_ranks_nodes_and_rendezvous(tmp_path)
     # the endpoint's host is the headless service, which selects this Job's pod 0
     assert SERVICE["metadata"]["name"] == RDZV.split(".")[0] and SERVICE["spec"]["clusterIP"] == "None"
     labels = job["spec"]["template"]["metadata"]["labels"]
-    assert SERVICE["spec"]["selector"] == {"cascade.rdzv": labels["cascade.rdzv"],
-                                           "batch.kubernetes.io/job-completion-index": "0"}
+    assert SERVICE["spec"]["selector"] == {
+        "cascade.rdzv": labels["cascade.rdzv"],
+        "batch.kubernetes.io/job-completion-index": "0",
+    }
     assert SERVICE["spec"]["ports"][0]["port"] == int(RDZV.rsplit(":", 1)[1])
 
 
@@ -56,8 +63,13 @@ def test_cpu_ranks_take_no_gpus_and_one_process_is_one_gpu_one_pod(tmp_path):
 
 def test_two_rendezvous_hosts_in_one_job_are_refused(tmp_path):
     other = "other-rdzv.cascade.svc:29500"
-    recipe = micro_recipe(tmp_path, "stages.sft.compute.nnodes=2", f"stages.sft.compute.rdzv_endpoint={RDZV}",
-                          "stages.math_rl.compute.nnodes=2", f"stages.math_rl.compute.rdzv_endpoint={other}")
+    recipe = micro_recipe(
+        tmp_path,
+        "stages.sft.compute.nnodes=2",
+        f"stages.sft.compute.rdzv_endpoint={RDZV}",
+        "stages.math_rl.compute.nnodes=2",
+        f"stages.math_rl.compute.rdzv_endpoint={other}",
+    )
     with pytest.raises(JobVariablesError, match="different hosts"):
         job_variables(recipe)
 
@@ -74,24 +86,59 @@ def test_prefect_yaml_job_variables_are_the_templates():
 # The fields of KubeRay's RayCluster (ray.io/v1) CRD that the operator requires or that this example sets, with
 # their types; the CRD itself is not reachable offline
 RAYCLUSTER = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
-        "apiVersion": {"const": "ray.io/v1"}, "kind": {"const": "RayCluster"},
+        "apiVersion": {"const": "ray.io/v1"},
+        "kind": {"const": "RayCluster"},
         "metadata": {"type": "object", "required": ["name"]},
-        "spec": {"type": "object", "required": ["headGroupSpec"], "properties": {
-            "rayVersion": {"type": "string"},
-            "headGroupSpec": {"$ref": "#/$defs/group", "required": ["rayStartParams", "template"]},
-            "workerGroupSpecs": {"type": "array", "items": {
-                "$ref": "#/$defs/group", "required": ["groupName", "rayStartParams", "template"],
-                "properties": {"groupName": {"type": "string"}, "replicas": {"type": "integer", "minimum": 0},
-                               "minReplicas": {"type": "integer", "minimum": 0},
-                               "maxReplicas": {"type": "integer", "minimum": 0}}}}}}},
-    "$defs": {"group": {"type": "object", "properties": {
-        "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
-        "template": {"type": "object", "required": ["spec"], "properties": {"spec": {
-            "type": "object", "required": ["containers"], "properties": {"containers": {
-                "type": "array", "minItems": 1,
-                "items": {"type": "object", "required": ["name", "image"]}}}}}}}}},
+        "spec": {
+            "type": "object",
+            "required": ["headGroupSpec"],
+            "properties": {
+                "rayVersion": {"type": "string"},
+                "headGroupSpec": {"$ref": "#/$defs/group", "required": ["rayStartParams", "template"]},
+                "workerGroupSpecs": {
+                    "type": "array",
+                    "items": {
+                        "$ref": "#/$defs/group",
+                        "required": ["groupName", "rayStartParams", "template"],
+                        "properties": {
+                            "groupName": {"type": "string"},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "minReplicas": {"type": "integer", "minimum": 0},
+                            "maxReplicas": {"type": "integer", "minimum": 0},
+                        },
+                    },
+                },
+            },
+        },
+    },
+    "$defs": {
+        "group": {
+            "type": "object",
+            "properties": {
+                "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
+                "template": {
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "required": ["containers"],
+                            "properties": {
+                                "containers": {
+                                    "type": "array",
+                                    "minItems": 1,
+                                    "items": {"type": "object", "required": ["name", "image"]},
+                                }
+                            },
+                        }
+                    },
+                },
+            },
+        }
+    },
 }
 
 
@@ -118,8 +165,14 @@ def test_the_raycluster_example_is_a_valid_kuberay_cluster_for_a_ray_recipe(tmp_
     containers = [*head["template"]["spec"]["containers"], container, rollout]
     assert all({"name": "RAY_worker_niceness", "value": "0"} in c["env"] for c in containers)
     # the recipe the header names fits: nnodes workers of nproc_per_node GPUs, and the Job runs none of its ranks
-    recipe = micro_recipe(tmp_path, "compute.launcher=ray", f"compute.nnodes={workers['replicas']}",
-                          f"compute.nproc_per_node={gpus}", "compute.device=cuda", "engine.kind=vllm",
-                          "engine.ray_resources={rollout: 1, GPU: 1}")
+    recipe = micro_recipe(
+        tmp_path,
+        "compute.launcher=ray",
+        f"compute.nnodes={workers['replicas']}",
+        f"compute.nproc_per_node={gpus}",
+        "compute.device=cuda",
+        "engine.kind=vllm",
+        "engine.ray_resources={rollout: 1, GPU: 1}",
+    )
     assert job_variables(recipe) == {"gpus_per_node": 1, "nnodes": 1}
     assert recipe.engine.ray_resources["GPU"] <= rollout["resources"]["limits"]["nvidia.com/gpu"]

@@ -13,8 +13,18 @@ MICRO = ["stages.sft.steps=3", "stages.if_rl.steps=1", "stages.math_rl.steps=1",
 
 def auto_recipe(tmp_path, **mopd):
     raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store", *MICRO]).model_dump(mode="json")
-    raw["stages"].append({"kind": "mopd", "name": "mopd", "teachers": "auto", "steps": 1, "prompts_per_step": 4,
-                          "group_size": 2, "checkpoint_every": 0, **mopd})
+    raw["stages"].append(
+        {
+            "kind": "mopd",
+            "name": "mopd",
+            "teachers": "auto",
+            "steps": 1,
+            "prompts_per_step": 4,
+            "group_size": 2,
+            "checkpoint_every": 0,
+            **mopd,
+        }
+    )
     return validate_recipe(raw)
 
 
@@ -29,15 +39,19 @@ def test_auto_teachers_are_the_best_checkpoint_per_domain_so_far(tmp_path):
     mopd = next(s for s in report.stages if s["name"] == "mopd")
     assert mopd["status"] == "completed" and mopd["metrics"]["teachers"] == expected
     for domain, stage in expected.items():  # the chosen one really holds the best score
-        assert max(e["scores"][domain] for e in before) == next(e["scores"][domain] for e in before
-                                                                if e["after_stage"] == stage)
+        assert max(e["scores"][domain] for e in before) == next(
+            e["scores"][domain] for e in before if e["after_stage"] == stage
+        )
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"stages": "only-mopd"}, "teachers: auto needs an earlier model stage"),
-    ({"eval": {"enabled": False}}, "teachers: auto chooses from the evals, but eval.enabled is false"),
-    ({"mopd_domains": ["code"]}, "names domain(s) ['code'] not declared"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"stages": "only-mopd"}, "teachers: auto needs an earlier model stage"),
+        ({"eval": {"enabled": False}}, "teachers: auto chooses from the evals, but eval.enabled is false"),
+        ({"mopd_domains": ["code"]}, "names domain(s) ['code'] not declared"),
+    ],
+)
 def test_auto_teachers_bad_input(tmp_path, change, message):
     raw = auto_recipe(tmp_path).model_dump(mode="json")
     if change.get("stages") == "only-mopd":

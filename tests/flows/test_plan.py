@@ -22,8 +22,16 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     real = num_parameters(build_tiny_model(recipe.model, len(load_tokenizer()), 0))
     assert plan["params"] == plan["active_params"] == real
     rows = {r["stage"]: r for r in plan["rows"]}
-    assert list(rows) == ["sft_data", "sft", "eval after sft", "math_rl", "eval after math_rl", "if_rl_hot",
-                          "eval after if_rl_hot", "MOPD recovery"]
+    assert list(rows) == [
+        "sft_data",
+        "sft",
+        "eval after sft",
+        "math_rl",
+        "eval after math_rl",
+        "if_rl_hot",
+        "eval after if_rl_hot",
+        "MOPD recovery",
+    ]
     mean_new = (24 + 32) / 2  # math and instruct max_new_tokens
     assert rows["sft"]["tokens_trained"] == 100 * 32 * (128 + int(mean_new))
     assert rows["math_rl"]["tokens_sampled"] == 40 * 16 * 8 * 24  # steps x prompts x group x math's max_new_tokens
@@ -33,39 +41,69 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
     cpu = PROFILES["cpu"]
     assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)
-    assert rows["math_rl"]["seconds"] == pytest.approx(real * 6 * rows["math_rl"]["tokens_trained"] / cpu.train_flops
-                                                       + real * 2 * rows["math_rl"]["tokens_sampled"] / cpu.sample_flops)
+    assert rows["math_rl"]["seconds"] == pytest.approx(
+        real * 6 * rows["math_rl"]["tokens_trained"] / cpu.train_flops
+        + real * 2 * rows["math_rl"]["tokens_sampled"] / cpu.sample_flops
+    )
     # final weights, plus 2 kept step checkpoints of weights and AdamW's two moments, all fp32
     assert rows["sft"]["storage_bytes"] == real * 4 * (1 + 3 * 2)
 
 
 def test_plan_prints_the_walk_and_draws_a_png_loading_no_model(tmp_path):
     image = tmp_path / "dag.png"
-    done = cascade("plan", "tiny-regression", "--image", str(image), "--on", "h100", "--devices", "8",
-                   "--params", "30e9", "--active-params", "3e9", home=tmp_path / "home")
+    done = cascade(
+        "plan",
+        "tiny-regression",
+        "--image",
+        str(image),
+        "--on",
+        "h100",
+        "--devices",
+        "8",
+        "--params",
+        "30e9",
+        "--active-params",
+        "3e9",
+        home=tmp_path / "home",
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "recipe tiny-regression: valid, 4 stages"
-    assert [l.split(" [")[0].strip() for l in lines if l[:3].strip().rstrip(".").isdigit()] == [
-        "1. sft_data", "2. sft", "3. math_rl", "4. if_rl_hot"]
-    assert sum("gate (recover): fired -> MOPD recovery" in l for l in lines) == 3
+    assert [line.split(" [")[0].strip() for line in lines if line[:3].strip().rstrip(".").isdigit()] == [
+        "1. sft_data",
+        "2. sft",
+        "3. math_rl",
+        "4. if_rl_hot",
+    ]
+    assert sum("gate (recover): fired -> MOPD recovery" in line for line in lines) == 3
     assert "model: as given, 30.0G (3.0G active) parameters" in done.stdout
     assert "8 device(s)" in done.stdout
-    assert ("kubernetes job variables (infra/k8s-gpu-job-template.json): --job-variable gpus_per_node=1 "
-            "--job-variable nnodes=1") in lines
+    assert (
+        "kubernetes job variables (infra/k8s-gpu-job-template.json): --job-variable gpus_per_node=1 "
+        "--job-variable nnodes=1"
+    ) in lines
     assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert files_under(tmp_path / "home") == []  # a dry run writes nothing and converts no model
 
 
-@pytest.mark.parametrize("args, message", [
-    (["plan", "nope"], "unknown recipe 'nope'"),
-    (["plan", "tiny", "--on", "tpu"], "--on 'tpu': known profiles are cpu, h100, h200"),
-    (["plan", "tiny", "--devices", "0"], "--devices must be >= 1, got 0"),
-    (["plan", "tiny", "stages.sft.steps=0"], "greater than or equal to 1"),
-    (["plan", "tiny", "--image", "/no/such/dir/dag.png"], "cannot write /no/such/dir/dag.png"),
-    (["plan", "tiny", *(f"stages.{s}.compute={{nnodes: 2, rdzv_endpoint: {s}.ns.svc:1}}" for s in ("sft", "math_rl"))],
-     "multi-node stages rendezvous at different hosts ['math_rl.ns.svc', 'sft.ns.svc']"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plan", "nope"], "unknown recipe 'nope'"),
+        (["plan", "tiny", "--on", "tpu"], "--on 'tpu': known profiles are cpu, h100, h200"),
+        (["plan", "tiny", "--devices", "0"], "--devices must be >= 1, got 0"),
+        (["plan", "tiny", "stages.sft.steps=0"], "greater than or equal to 1"),
+        (["plan", "tiny", "--image", "/no/such/dir/dag.png"], "cannot write /no/such/dir/dag.png"),
+        (
+            [
+                "plan",
+                "tiny",
+                *(f"stages.{s}.compute={{nnodes: 2, rdzv_endpoint: {s}.ns.svc:1}}" for s in ("sft", "math_rl")),
+            ],
+            "multi-node stages rendezvous at different hosts ['math_rl.ns.svc', 'sft.ns.svc']",
+        ),
+    ],
+)
 def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
     done = cascade(*args, home=tmp_path)
     assert done.returncode == 2, done
@@ -73,13 +111,37 @@ def test_plan_bad_input_is_one_line_exit_2(tmp_path, args, message):
 
 
 def test_the_paper_scale_recipe_plans_without_its_model(tmp_path):
-    done = cascade("plan", "nemotron-cascade-2", "--on", "h100", "--devices", "8", "--params", "30e9",
-                   "--active-params", "3e9", "--json", home=tmp_path / "home")
+    done = cascade(
+        "plan",
+        "nemotron-cascade-2",
+        "--on",
+        "h100",
+        "--devices",
+        "8",
+        "--params",
+        "30e9",
+        "--active-params",
+        "3e9",
+        "--json",
+        home=tmp_path / "home",
+    )
     assert done.returncode == 0, done.stderr
     rows = {r["stage"]: r for r in json.loads(done.stdout)["rows"]}
     order = [s for s in rows if not s.startswith("eval after")]
-    assert order == ["sft_data", "sft", "if_rl", "multi_domain_rl", "mopd", "rm", "rlhf", "lc_rl", "code_filter",
-                     "code_rl", "swe_rl", "MOPD recovery"]  # the paper's order, the reward model before RLHF
+    assert order == [
+        "sft_data",
+        "sft",
+        "if_rl",
+        "multi_domain_rl",
+        "mopd",
+        "rm",
+        "rlhf",
+        "lc_rl",
+        "code_filter",
+        "code_rl",
+        "swe_rl",
+        "MOPD recovery",
+    ]  # the paper's order, the reward model before RLHF
     assert rows["rlhf"]["tokens_sampled"] == 160 * 128 * 16 * 4096  # the paper's RLHF batch, 160 steps
     assert rows["rlhf"]["teacher_tokens"] == 2 * rows["rlhf"]["tokens_sampled"]  # KL reference + reward model
     assert files_under(tmp_path / "home") == []
@@ -92,18 +154,26 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
         lines = dag_lines(load_recipe("micro", list(overrides)))
         return [line.strip() for line in lines if line.strip().startswith(("|- ranks", "|- rollouts"))]
 
-    here, hf = "|- ranks: in the stage task's process", "|- rollouts: HF engine in each rank, on its share of the prompts"
+    here, hf = (
+        "|- ranks: in the stage task's process",
+        "|- rollouts: HF engine in each rank, on its share of the prompts",
+    )
     assert placed() == [here, here, hf, here, hf]  # sft samples nothing; the two GRPO stages do
     assert placed("compute.nproc_per_node=2")[0] == "|- ranks: torchrun, 2 rank(s) on this node"
     assert placed("compute.launcher=ray", "compute.nnodes=2", "compute.ray_address=10.0.0.5:6379")[0] == (
         "|- ranks: 2 Ray actor(s) on 2 node(s) x 1 per node, one GPU (CPU on a cluster without GPUs) each; "
-        "cluster: 10.0.0.5:6379")
+        "cluster: 10.0.0.5:6379"
+    )
     assert placed("compute.launcher=ray", "compute.device=cpu")[0] == (
-        "|- ranks: 1 Ray actor(s) on 1 node(s) x 1 per node, one CPU each; cluster: RAY_ADDRESS, else a local Ray")
+        "|- ranks: 1 Ray actor(s) on 1 node(s) x 1 per node, one CPU each; cluster: RAY_ADDRESS, else a local Ray"
+    )
     assert placed("engine.kind=vllm")[-1] == "|- rollouts: managed vLLM server on the stage task's host"
     assert placed("engine.kind=vllm", "compute.nproc_per_node=2")[-1] == (
-        "|- rollouts: managed vLLM server on rank 0's node, shared by the 2 ranks (each its share)")
-    assert placed("engine.kind=vllm", "compute.launcher=ray", "compute.nnodes=2",
-                  "engine.ray_resources={GPU: 2, rollout: 1}")[-1] == (
+        "|- rollouts: managed vLLM server on rank 0's node, shared by the 2 ranks (each its share)"
+    )
+    assert placed(
+        "engine.kind=vllm", "compute.launcher=ray", "compute.nnodes=2", "engine.ray_resources={GPU: 2, rollout: 1}"
+    )[-1] == (
         "|- rollouts: managed vLLM server, a Ray actor on resources of its own (GPU: 2, rollout: 1), shared by the 2 "
-        "ranks (each its share)")
+        "ranks (each its share)"
+    )

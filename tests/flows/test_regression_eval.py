@@ -33,16 +33,23 @@ ALIAS = "models:/cascade-toy-regression@stage-consonant_rl"
 
 
 def test_drop_tolerance_and_verdict_per_domain():
-    baseline = Baseline(name="b", domains={
-        "math": BaselineEntry(score=0.50, checkpoint="a", uri="file:///s/a"),
-        "code": BaselineEntry(score=0.30, checkpoint="a", uri="file:///s/a"),
-        "tool": BaselineEntry(score=0.40, checkpoint="a", uri="file:///s/a"),
-    })
+    baseline = Baseline(
+        name="b",
+        domains={
+            "math": BaselineEntry(score=0.50, checkpoint="a", uri="file:///s/a"),
+            "code": BaselineEntry(score=0.30, checkpoint="a", uri="file:///s/a"),
+            "tool": BaselineEntry(score=0.40, checkpoint="a", uri="file:///s/a"),
+        },
+    )
     scores = {"math": 0.40, "code": 0.27, "tool": 0.55, "mcqa": 0.2}
     rows = compare("ckpt", scores, baseline, {"math": 0.05, "code": 0.05, "tool": 0.05, "mcqa": 0.05})
     table = {r["domain"]: (r["baseline"], r["drop"], r["verdict"]) for r in rows}
-    assert table == {"math": (0.50, 0.10, "regressed"), "code": (0.30, 0.03, "ok"), "tool": (0.40, -0.15, "ok"),
-                     "mcqa": (None, None, "no baseline")}
+    assert table == {
+        "math": (0.50, 0.10, "regressed"),
+        "code": (0.30, 0.03, "ok"),
+        "tool": (0.40, -0.15, "ok"),
+        "mcqa": (None, None, "no baseline"),
+    }
     assert [r["domain"] for r in regressions(rows)] == ["math"]
     # the tolerance is per domain: 0.03 below baseline regresses under a 0.02 tolerance
     assert compare("ckpt", {"code": 0.27}, baseline, {"code": 0.02})[0]["verdict"] == "regressed"
@@ -51,11 +58,19 @@ def test_drop_tolerance_and_verdict_per_domain():
 
 
 def test_raising_a_baseline_only_moves_domains_up():
-    old = Baseline(name="b", domains={"math": BaselineEntry(score=0.5, checkpoint="a", uri="u-a"),
-                                      "code": BaselineEntry(score=0.3, checkpoint="a", uri="u-a")})
+    old = Baseline(
+        name="b",
+        domains={
+            "math": BaselineEntry(score=0.5, checkpoint="a", uri="u-a"),
+            "code": BaselineEntry(score=0.3, checkpoint="a", uri="u-a"),
+        },
+    )
     new = raise_to(old, "b", EvalRecord(checkpoint="c", model="u-c", scores={"math": 0.4, "code": 0.6, "tool": 0.1}))
     assert {d: (e.score, e.uri) for d, e in new.domains.items()} == {
-        "math": (0.5, "u-a"), "code": (0.6, "u-c"), "tool": (0.1, "u-c")}
+        "math": (0.5, "u-a"),
+        "code": (0.6, "u-c"),
+        "tool": (0.1, "u-c"),
+    }
 
 
 # --- a real server, a real cascade -----------------------------------------------------------------------------
@@ -69,15 +84,27 @@ def prefect_api(tmp_path_factory):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     home, port = tmp_path_factory.mktemp("prefect-home"), free_port()
-    env = {"PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-           "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": "false",
-           "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5",
-           # services this module does not exercise (the scheduler would fill the db with nightly runs)
-           **{f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false" for s in (
-               "SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP")}}
-    server = Server([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)], port,
-                    "/api/health", home / "server.log", env=env, timeout=120)
+    env = {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home}/prefect.db",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "0.5",
+        # services this module does not exercise (the scheduler would fill the db with nightly runs)
+        **{
+            f"PREFECT_SERVER_SERVICES_{s}_ENABLED": "false"
+            for s in ("SCHEDULER", "LATE_RUNS", "FOREMAN", "PAUSE_EXPIRATIONS", "CANCELLATION_CLEANUP")
+        },
+    }
+    server = Server(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        port,
+        "/api/health",
+        home / "server.log",
+        env=env,
+        timeout=120,
+    )
     server.start()
     try:
         with temporary_settings(updates={PREFECT_API_URL: f"{server.url}/api"}):
@@ -90,8 +117,12 @@ def prefect_api(tmp_path_factory):
 
 
 def api(base: str, method: str, path: str, body: dict | None = None):
-    request = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body).encode() if body else None,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{base}{path}",
+        method=method,
+        data=json.dumps(body).encode() if body else None,
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read() or b"null")
 
@@ -150,8 +181,9 @@ def regression_run(toy, deployed, prefect_api):
     from cascade.flows.regression_eval import regression_eval_flow
 
     started = time.time()
-    result = CliRunner().invoke(app, ["baseline", "set", "nightly", "runs/toy/evals/00-vowel_rl.json",
-                                      "--recipe", toy["path"]])
+    result = CliRunner().invoke(
+        app, ["baseline", "set", "nightly", "runs/toy/evals/00-vowel_rl.json", "--recipe", toy["path"]]
+    )
     assert result.exit_code == 0, result.output
     before = load_baseline(toy["store"], "nightly")
     rows = regression_eval_flow(toy["path"], ["runs/toy/00-vowel_rl", ALIAS], "nightly", update_baseline=True)
@@ -159,9 +191,13 @@ def regression_run(toy, deployed, prefect_api):
 
 
 def regression_events(base: str, since: float, baseline: str) -> list[dict]:
-    body = {"filter": {"event": {"name": ["cascade.regression.detected"]},
-                       "occurred": {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))}},
-            "limit": 50}
+    body = {
+        "filter": {
+            "event": {"name": ["cascade.regression.detected"]},
+            "occurred": {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since - 1))},
+        },
+        "limit": 50,
+    }
     return [e for e in api(base, "POST", "/events/filter", body)["events"] if e["payload"]["baseline"] == baseline]
 
 
@@ -172,7 +208,8 @@ def test_regression_eval_deployment_has_its_cron_schedule(deployed, prefect_api)
     stored = api(prefect_api, "GET", "/deployments/name/regression-eval/nightly")
     assert stored["id"] == str(deployed["regression-eval"])
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"], s["active"]) for s in stored["schedules"]] == [
-        ("0 3 * * *", "UTC", True)]
+        ("0 3 * * *", "UTC", True)
+    ]
     nightly = next(spec for spec in DEPLOYMENTS if spec.name == "nightly")
     [custom] = runner_deployments([dataclasses.replace(nightly, cron="30 1 * * 1-5")])
     assert [s.schedule.cron for s in custom.schedules] == ["30 1 * * 1-5"]
@@ -190,8 +227,11 @@ def test_ensure_automations_is_idempotent(deployed, prefect_api):
     assert automation["trigger"]["posture"] == "Reactive" and automation["trigger"]["threshold"] == 1
     [action] = automation["actions"]
     assert action["type"] == "run-deployment" and action["deployment_id"] == str(deployed["recover"])
-    assert action["parameters"] == {"recipe": "{{ event.payload.recipe }}", "baseline": "{{ event.payload.baseline }}",
-                                    "student": "{{ event.payload.checkpoint_uri }}"}
+    assert action["parameters"] == {
+        "recipe": "{{ event.payload.recipe }}",
+        "baseline": "{{ event.payload.baseline }}",
+        "student": "{{ event.payload.checkpoint_uri }}",
+    }
 
 
 def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
@@ -215,7 +255,9 @@ def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
     assert vowels["drop"] > vowels["tolerance"] == 0.05 and vowels["verdict"] == "regressed"
     assert table[(ALIAS, "consonants")]["verdict"] == "ok"
     # the same table is in the store; update_baseline ratcheted consonants up to consonant_rl's score
-    assert rows in [json.loads(store.read_bytes(f"regression/{d}/verdicts.json")) for d in store.list_dirs("regression")]
+    assert rows in [
+        json.loads(store.read_bytes(f"regression/{d}/verdicts.json")) for d in store.list_dirs("regression")
+    ]
     after = load_baseline(store, "nightly")
     assert after.domains["vowels"] == before.domains["vowels"]
     assert after.domains["consonants"].score == cascade_consonant["consonants"] > before.domains["consonants"].score
@@ -237,22 +279,35 @@ def test_regressed_checkpoint_emits_one_event_with_domain_and_drop(regression_ru
     vowels = next(r for r in regression_run["rows"] if r["checkpoint"] == ALIAS and r["domain"] == "vowels")
     assert event["resource"]["prefect.resource.id"] == f"cascade.checkpoint.{ALIAS}"
     assert event["resource"]["cascade.checkpoint.uri"] == toy["store"].uri("runs/toy/01-consonant_rl")
-    assert event["payload"]["regressions"] == [{k: vowels[k] for k in ("domain", "score", "baseline", "drop",
-                                                                        "tolerance")}]
+    assert event["payload"]["regressions"] == [
+        {k: vowels[k] for k in ("domain", "score", "baseline", "drop", "tolerance")}
+    ]
     assert event["payload"]["recipe"] == toy["path"] and event["payload"]["baseline"] == "nightly"
     domains = [r for r in event["related"] if r["prefect.resource.role"] == "regressed-domain"]
-    assert domains == [{"prefect.resource.id": "cascade.domain.vowels", "prefect.resource.role": "regressed-domain",
-                        "cascade.drop": str(vowels["drop"])}]
+    assert domains == [
+        {
+            "prefect.resource.id": "cascade.domain.vowels",
+            "prefect.resource.role": "regressed-domain",
+            "cascade.drop": str(vowels["drop"]),
+        }
+    ]
 
 
 def test_automation_starts_recover_with_parameters_from_the_event(regression_run, deployed, prefect_api, toy):
     def recover_runs():
         body = {"deployments": {"id": {"any_": [str(deployed["recover"])]}}}
-        return [r for r in api(prefect_api, "POST", "/flow_runs/filter", body) if r["parameters"].get("baseline") == "nightly"]
+        return [
+            r
+            for r in api(prefect_api, "POST", "/flow_runs/filter", body)
+            if r["parameters"].get("baseline") == "nightly"
+        ]
 
     [run] = poll(recover_runs, timeout=30)
-    assert run["parameters"] == {"recipe": toy["path"], "baseline": "nightly",
-                                 "student": toy["store"].uri("runs/toy/01-consonant_rl")}
+    assert run["parameters"] == {
+        "recipe": toy["path"],
+        "baseline": "nightly",
+        "student": toy["store"].uri("runs/toy/01-consonant_rl"),
+    }
 
 
 def test_recover_flow_distills_best_teachers_into_the_regressed_checkpoint(regression_run, toy):
@@ -271,7 +326,8 @@ def test_recover_flow_distills_best_teachers_into_the_regressed_checkpoint(regre
     assert stored["scores"] == result["scores"] and stored["model"] == result["checkpoint"]
     assert result["scores"]["vowels"] > before["vowels"] + 0.05
     assert {r["domain"]: r["baseline"] for r in result["verdicts"]} == {
-        d: e.score for d, e in load_baseline(store, "nightly").domains.items()}
+        d: e.score for d, e in load_baseline(store, "nightly").domains.items()
+    }
 
 
 # --- the CLI ---------------------------------------------------------------------------------------------------
@@ -288,31 +344,48 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     cascade_eval = json.loads(toy["store"].read_bytes("runs/toy/evals/00-vowel_rl.json"))["scores"]
     gated = {d: s for d, s in cascade_eval.items() if not d.startswith("greedy/")}  # greedy: shown, not a bar
     assert {d: e.score for d, e in load_baseline(toy["store"], "cli").domains.items()} == gated
-    ok = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", "runs/toy/00-vowel_rl",
-                          "--baseline", "cli", "--json"])
+    ok = cli.invoke(
+        app,
+        [
+            "regression-eval",
+            "--recipe",
+            toy["path"],
+            "--checkpoint",
+            "runs/toy/00-vowel_rl",
+            "--baseline",
+            "cli",
+            "--json",
+        ],
+    )
     assert ok.exit_code == 0, ok.output
     assert {r["domain"]: r["verdict"] for r in json.loads(ok.stdout.splitlines()[-1])} == {
-        "vowels": "ok", "consonants": "ok"}
+        "vowels": "ok",
+        "consonants": "ok",
+    }
     bad = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", ALIAS, "--baseline", "cli"])
     assert bad.exit_code == 1 and "regressed" in bad.stdout
-    unknown = cli.invoke(app, ["regression-eval", "--recipe", toy["path"], "--checkpoint",
-                               "models:/cascade-toy-regression@stage-nope"])
+    unknown = cli.invoke(
+        app, ["regression-eval", "--recipe", toy["path"], "--checkpoint", "models:/cascade-toy-regression@stage-nope"]
+    )
     assert unknown.exit_code == 2 and unknown.stderr.count("\n") == 1
     assert "models:/cascade-toy-regression@stage-nope: Registered model alias stage-nope not found" in unknown.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["baseline", "set", "Bad Name!", "x.json"], "bad baseline name 'Bad Name!'"),
-    (["baseline", "set", "nightly", "runs/nope/evals/00-x.json"], "no eval record runs/nope/evals/00-x.json"),
-    (["baseline", "set", "nightly", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
-    (["baseline", "show", "missing"], "no baseline 'missing'"),
-    (["regression-eval", "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
-    (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
-    (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
-    (["regression-eval", "--checkpoint", "s3://elsewhere/runs/x/00-sft"], "is outside the recipe's store"),
-    (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
-    (["regression-eval"], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # the default checkpoint
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["baseline", "set", "Bad Name!", "x.json"], "bad baseline name 'Bad Name!'"),
+        (["baseline", "set", "nightly", "runs/nope/evals/00-x.json"], "no eval record runs/nope/evals/00-x.json"),
+        (["baseline", "set", "nightly", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
+        (["baseline", "show", "missing"], "no baseline 'missing'"),
+        (["regression-eval", "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
+        (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
+        (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
+        (["regression-eval", "--checkpoint", "s3://elsewhere/runs/x/00-sft"], "is outside the recipe's store"),
+        (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
+        (["regression-eval"], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # the default checkpoint
+    ],
+)
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home, args, message):
     from typer.testing import CliRunner
 

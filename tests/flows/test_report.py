@@ -37,8 +37,14 @@ class Run:
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, CASCADE_HOME=str(self.root / "home"))
-        return subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args, "--store", f"file://{self.root}/store"],
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "cascade.flows.cli", *args, "--store", f"file://{self.root}/store"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            timeout=120,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,10 @@ def test_a_failed_run_gets_a_report_of_what_exists(run):
 def test_the_step_logs_are_exact_across_the_resume(run):
     steps = read_run(run.store, "rep")
     assert {name: [r["step"] for r in rows] for name, rows in steps.items()} == {
-        "sft": [1, 2, 3, 4, 5, 6], "if_rl": [1, 2], "math_rl": [1, 2]}
+        "sft": [1, 2, 3, 4, 5, 6],
+        "if_rl": [1, 2],
+        "math_rl": [1, 2],
+    }
     assert all("tokens_sampled" in r["metrics"] for r in steps["if_rl"])
 
 
@@ -78,14 +87,14 @@ def test_the_flow_logs_the_report_and_its_plots_to_mlflow(run):
 
     client = MlflowClient(tracking_uri=run.recipe.tracking.resolved_uri())
     experiment = client.get_experiment_by_name(run.recipe.tracking.experiment)
-    parent = client.search_runs([experiment.experiment_id], "tags.`cascade.run_id` = 'rep' and "
-                                "attributes.run_name = 'rep'")[0]
+    parent = client.search_runs(
+        [experiment.experiment_id], "tags.`cascade.run_id` = 'rep' and attributes.run_name = 'rep'"
+    )[0]
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
     plots = {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
     assert "report.html" in names
     assert {"plots/forgetting_matrix.png", *(f"plots/curves-{s}.png" for s in TRAINING)} <= plots
     assert parent.info.status == "FINISHED"
-
 
 
 def test_cascade_report_html_renders_in_a_browser(run, chromium, tmp_path):
@@ -132,12 +141,15 @@ def test_html_alone_writes_beside_report_json(run):
     assert f"html report: file://{run.runs}/rep/report.html" in result.stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["report", "no-such-run", "--html", "{tmp}/r.html"], "unknown run id 'no-such-run'"),
-    (["report", "rep", "--html", "{tmp}/no/such/dir/r.html"], "cannot write"),
-    (["report", "rep", "--html", "{tmp}"], "it is a directory"),
-    (["report", "rep", "a", "b"], "report takes one run id, or two to compare"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["report", "no-such-run", "--html", "{tmp}/r.html"], "unknown run id 'no-such-run'"),
+        (["report", "rep", "--html", "{tmp}/no/such/dir/r.html"], "cannot write"),
+        (["report", "rep", "--html", "{tmp}"], "it is a directory"),
+        (["report", "rep", "a", "b"], "report takes one run id, or two to compare"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, args, message):
     """In-process (the CLI's own entry point and error handling, without a new interpreter per case)."""
     from typer.testing import CliRunner

@@ -16,11 +16,19 @@ from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 pytestmark = [pytest.mark.long, pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 TINY = [
     "stages.sft_data.sources.math.shared.count=6",
-    "stages.sft.steps=2", "stages.sft.batch_size=2", "stages.sft.micro_batch_size=2", "stages.sft.warmup_steps=1",
+    "stages.sft.steps=2",
+    "stages.sft.batch_size=2",
+    "stages.sft.micro_batch_size=2",
+    "stages.sft.warmup_steps=1",
     "stages.sft.checkpoint_every=0",
-    "stages.gsm8k_rl.prompts.math.shared.count=4", "stages.gsm8k_rl.steps=1", "stages.gsm8k_rl.prompts_per_step=2",
-    "stages.gsm8k_rl.group_size=2", "stages.gsm8k_rl.checkpoint_every=0",
-    "domains.math.heldout_size=2", "domains.math.max_new_tokens=12", "eval.benchmarks.gsm8k.limit=2",
+    "stages.gsm8k_rl.prompts.math.shared.count=4",
+    "stages.gsm8k_rl.steps=1",
+    "stages.gsm8k_rl.prompts_per_step=2",
+    "stages.gsm8k_rl.group_size=2",
+    "stages.gsm8k_rl.checkpoint_every=0",
+    "domains.math.heldout_size=2",
+    "domains.math.max_new_tokens=12",
+    "eval.benchmarks.gsm8k.limit=2",
     "eval.benchmarks.gsm8k.max_new_tokens=12",
     "tracking.enabled=false",
 ]

@@ -43,17 +43,17 @@ def run_shrink(cfg: ShrinkConfig, ctx: StageContext, inputs: StageInputs) -> Sta
 
 @pytest.fixture
 def shrink_kind():
-    register_kind(StageKind("shrink", ShrinkConfig, run_shrink, makes="policy", takes_policy=False,
-                            holds_compute=True))
+    register_kind(StageKind("shrink", ShrinkConfig, run_shrink, makes="policy", takes_policy=False, holds_compute=True))
     yield
     unregister_kind("shrink")
 
 
 def recipe_with_shrink(tmp_path):
-    raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store", f"tracking.uri=sqlite:///{tmp_path}/m.db",
-                                "stages.sft.steps=3"]).model_dump(mode="json")
-    raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [
-        {"kind": "shrink", "factor": 0.5}]
+    raw = load_recipe(
+        "micro",
+        [f"storage.root=file://{tmp_path}/store", f"tracking.uri=sqlite:///{tmp_path}/m.db", "stages.sft.steps=3"],
+    ).model_dump(mode="json")
+    raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [{"kind": "shrink", "factor": 0.5}]
     return validate_recipe(raw)
 
 
@@ -65,7 +65,10 @@ def test_a_kind_registered_here_runs_in_the_cascade_with_real_checkpoints(tmp_pa
     report = cascade_flow(recipe, "toy")
 
     assert [(s["name"], s["status"]) for s in report.stages] == [
-        ("sft_data", "completed"), ("sft", "completed"), ("shrink", "completed")]
+        ("sft_data", "completed"),
+        ("sft", "completed"),
+        ("shrink", "completed"),
+    ]
     assert [e["after_stage"] for e in report.evals] == ["sft", "shrink"]  # a policy: evaluated and gated
     store = Store.from_config(recipe.storage)
     sft = load_file(store.path("runs/toy/01-sft/model/model.safetensors"))
@@ -82,8 +85,9 @@ def test_a_kind_registered_here_runs_in_the_cascade_with_real_checkpoints(tmp_pa
 def test_the_recipe_checks_what_a_new_kind_reads(tmp_path):
     raw = recipe_with_shrink(tmp_path).model_dump(mode="json")
     raw["stages"][-1]["source"] = "sft_data"  # a dataset, not a policy
-    with pytest.raises(RecipeError, match="'shrink' reads source 'sft_data', which no earlier grpo/mopd/sft/shrink "
-                                          "stage writes"):
+    with pytest.raises(
+        RecipeError, match="'shrink' reads source 'sft_data', which no earlier grpo/mopd/sft/shrink stage writes"
+    ):
         validate_recipe(raw)
     raw["stages"][-1]["fator"] = 2.0
     with pytest.raises(RecipeError, match=r"stages\.2\.shrink\.fator: Extra inputs are not permitted"):

@@ -16,16 +16,21 @@ pytestmark = pytest.mark.slow
 
 def cascade(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "250"}  # one table row per line
-    return subprocess.run([sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "cascade.flows.cli", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 @pytest.fixture
 def run(tmp_path):
     """micro's SFT data and 2 SFT steps (a step checkpoint after each) through the stage driver, with the run's
     recipe.json as the flow writes it, so `status` reads the run."""
-    overrides = [f"storage.root=file://{tmp_path}/store", "stages.sft.steps=3", "stages.sft.checkpoint_every=1",
-                 "stages.sft.keep_step_checkpoints=5"]
+    overrides = [
+        f"storage.root=file://{tmp_path}/store",
+        "stages.sft.steps=3",
+        "stages.sft.checkpoint_every=1",
+        "stages.sft.keep_step_checkpoints=5",
+    ]
     assert drive(["micro", *overrides, "--stage", "sft_data", "--stage", "sft", "--run-id", "v"]) == 0
     recipe = micro_recipe(tmp_path, *overrides)
     (tmp_path / "store/runs/v/recipe.json").write_text(recipe.model_dump_json())
@@ -48,8 +53,8 @@ def test_verify_status_and_eval_find_a_damaged_checkpoint(run):
     damaged = cascade("verify", "v", "--store", store)
     lines = damaged.stderr.strip().splitlines()
     assert damaged.returncode == 1 and len(lines) == 3, damaged.stderr
-    assert any("01-sft:" in l and "model/model.safetensors: sha256 does not match" in l for l in lines)
-    assert any("00-sft_data:" in l for l in lines) and any("01-sft/steps/2:" in l for l in lines)
+    assert any("01-sft:" in line and "model/model.safetensors: sha256 does not match" in line for line in lines)
+    assert any("00-sft_data:" in line for line in lines) and any("01-sft/steps/2:" in line for line in lines)
 
     table = cascade("status", "v", "--store", store)
     rows = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│ sft")}

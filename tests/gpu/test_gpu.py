@@ -14,7 +14,9 @@ import torch
 
 from tests.conftest import needs_cuda
 
-_spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py")
+_spec = importlib.util.spec_from_file_location(
+    "bench_gpu", Path(__file__).resolve().parents[2] / "bench" / "bench_gpu.py"
+)
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
@@ -91,9 +93,9 @@ def test_flex_attention_gives_the_padded_loss_and_gradients_on_cuda():
     """Our SFT's packed rows under flex_attention (block-sparse, SFTConfig.attention) on cuda, fp32: the loss and
     gradients of the same rows padded under sdpa. (flex has no CPU backward: this runs only here.)"""
     from cascade.stages.config import ModelConfig
+    from cascade.stages.kinds.sft.run import model_rows
     from cascade.stages.losses import sft_loss, token_logprobs
     from cascade.stages.model import build_tiny_model
-    from cascade.stages.kinds.sft.run import model_rows
     from cascade.stages.training import backward_micro_batches
 
     rng = torch.Generator().manual_seed(0)

@@ -40,7 +40,8 @@ def _namespaces_available() -> bool:
         return False
     probe = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount", "--mount-proc", "true"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return probe.returncode == 0
 
@@ -377,11 +378,15 @@ def test_memory_bomb_is_stopped(code):
         # Default limit: a clean RecursionError.
         ("def f(n):\n    return f(n + 1) + 1\nf(0)\n", {"fail"}),
         # Limit lifted: frames pile up until memory, CPU or the C stack runs out.
-        ("import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1) + 1\nf(0)\n",
-         {"fail", "error", "timeout"}),
+        (
+            "import sys\nsys.setrecursionlimit(10**8)\ndef f(n):\n    return f(n + 1) + 1\nf(0)\n",
+            {"fail", "error", "timeout"},
+        ),
         # C-level recursion through repr() of a deeply nested list.
-        ("import sys\nsys.setrecursionlimit(10**8)\nx = []\nfor _ in range(10**6):\n    x = [x]\nrepr(x)\n",
-         {"fail", "error", "timeout"}),
+        (
+            "import sys\nsys.setrecursionlimit(10**8)\nx = []\nfor _ in range(10**6):\n    x = [x]\nrepr(x)\n",
+            {"fail", "error", "timeout"},
+        ),
     ],
 )
 def test_deep_recursion(code, statuses):
@@ -609,8 +614,9 @@ def test_run_cgroups_are_removed_and_a_dead_callers_are_cleaned_at_start(monkeyp
 
 
 @pytest.mark.parametrize("handed_down, expected", [("cpu io memory pids", {"memory", "pids"}), ("cpu io", set())])
-def test_a_cgroup_v2_hierarchy_is_used_where_the_callers_cgroup_hands_memory_down(tmp_path, monkeypatch,
-                                                                                   handed_down, expected):
+def test_a_cgroup_v2_hierarchy_is_used_where_the_callers_cgroup_hands_memory_down(
+    tmp_path, monkeypatch, handed_down, expected
+):
     """No v2 memory controller on the machines this was built on: the discovery is checked on a fake hierarchy."""
     from cascade.sandbox import cgroup
 
@@ -828,7 +834,11 @@ def unix_services():
     }
     servers = []
     try:
-        for name, kind in (("STREAM", socket.SOCK_STREAM), ("DGRAM", socket.SOCK_DGRAM), ("ABSTRACT", socket.SOCK_STREAM)):
+        for name, kind in (
+            ("STREAM", socket.SOCK_STREAM),
+            ("DGRAM", socket.SOCK_DGRAM),
+            ("ABSTRACT", socket.SOCK_STREAM),
+        ):
             srv = socket.socket(socket.AF_UNIX, kind)
             servers.append(srv)
             srv.bind(addresses[name])
@@ -855,7 +865,7 @@ def _received(servers: list[socket.socket]) -> bytes:
                 conn.settimeout(1.0)
                 got += b"<connected>" + conn.recv(4096)
                 conn.close()
-        except (BlockingIOError, socket.timeout):
+        except (TimeoutError, BlockingIOError):
             continue
     return got
 
@@ -945,14 +955,21 @@ def test_non_root_caller_is_also_contained(tmp_path):
     import sys
     sys.path.insert(0, {PROJECT_ROOT!r})
     from cascade import sandbox as sbx
-    attack = "open({victim + '/pwned'!r}, 'w').write('x')"
+    attack = "open({victim + "/pwned"!r}, 'w').write('x')"
     v = sbx.run_python(attack, sbx.SandboxLimits(wall_seconds=4))
     print(sbx.isolation_mode(), v.status, sep="\\n")
     """
     try:
         result = subprocess.run(
-            [python, "-I", "-c", textwrap.dedent(driver)], user=65534, group=65534, extra_groups=[],
-            cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": victim}, capture_output=True, text=True, timeout=40,
+            [python, "-I", "-c", textwrap.dedent(driver)],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin", "HOME": victim},
+            capture_output=True,
+            text=True,
+            timeout=40,
         )
         assert result.returncode == 0, result.stderr
         mode, status = result.stdout.split()

@@ -13,14 +13,14 @@ import torch
 from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import ComputeConfig
-from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.distributed import World, full_state_dict, prepare_model, world_for
 from cascade.stages.engines.base import Completion
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run import policy_update
-from cascade.stages.losses import grpo_advantages, groups_with_signal
-from cascade.stages.model import build_tiny_model
+from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.kinds.mopd.run import distill_update
+from cascade.stages.losses import groups_with_signal, grpo_advantages
+from cascade.stages.model import build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -51,8 +51,9 @@ def fresh_run(world: World, tok):
     """SGD with lr 1: the update is the (clipped) gradient itself, so comparing updates compares gradients
     (AdamW would turn float noise on near-zero gradients into +-lr steps)."""
     model = prepare_model(build_tiny_model(SMALL, len(tok), seed=0), world)
-    return SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), tokenizer=tok,
-                           world=world, step=0)
+    return SimpleNamespace(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1.0), tokenizer=tok, world=world, step=0
+    )
 
 
 def updates(world: World) -> dict:
@@ -62,8 +63,9 @@ def updates(world: World) -> dict:
 
     run = fresh_run(world, tok)
     grpo = GRPOConfig(name="rl", domains=["math"], steps=1, lr=1.0, micro_batch_size=2)
-    metrics = policy_update(run, grpo, None, prompts, groups, grpo_advantages(rewards, 1e-6),
-                            groups_with_signal(rewards))
+    metrics = policy_update(
+        run, grpo, None, prompts, groups, grpo_advantages(rewards, 1e-6), groups_with_signal(rewards)
+    )
     out["grpo"] = {"metrics": metrics, "weights": trained_weights(run.model, world)}
 
     run = fresh_run(world, tok)
@@ -72,14 +74,20 @@ def updates(world: World) -> dict:
     domains = ["math" if i % 2 else "instruct" for i in range(len(pairs))]
     teacher = build_tiny_model(SMALL, len(tok), seed=1).eval()
     mine = world.shard(len(pairs))
-    batch = completion_batch(pairs[mine.start:mine.stop], tok.pad_token_id)
+    batch = completion_batch(pairs[mine.start : mine.stop], tok.pad_token_id)
     every_row = slice(0, len(batch))
     with torch.no_grad():  # pi_inf: the student before the step (ratios near 1, inside the band)
         teacher_logp = completion_logprobs(teacher, batch, every_row, tok.pad_token_id)[0]
         student = build_tiny_model(SMALL, len(tok), seed=0)
         inf_logp = completion_logprobs(student, batch, every_row, tok.pad_token_id)[0] + 0.01
-    metrics = distill_update(run, mopd, replace(batch, inf_logp=inf_logp), teacher_logp,
-                             domains[mine.start:mine.stop], sorted(set(domains)))
+    metrics = distill_update(
+        run,
+        mopd,
+        replace(batch, inf_logp=inf_logp),
+        teacher_logp,
+        domains[mine.start : mine.stop],
+        sorted(set(domains)),
+    )
     out["mopd"] = {"metrics": metrics, "weights": trained_weights(run.model, world)}
     return out
 

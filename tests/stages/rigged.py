@@ -7,8 +7,8 @@ rows are set so that after the prompt's final "\\n" the argmax is "7", and after
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

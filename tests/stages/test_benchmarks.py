@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from cascade.stages.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
-from cascade.stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
 from cascade.stages.domains import get_domain
+from cascade.stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
 from cascade.stages.engines.base import Completion
 from cascade.stages.model import prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
@@ -20,8 +20,13 @@ def items_of(name, limit=None):
 
 def test_registry_has_the_real_benchmarks_and_refuses_unknown_names():
     registry = benchmark_registry()
-    for name, domain in [("gsm8k", "math"), ("aime24", "math"), ("amc23", "math"), ("ifeval", "instruct"),
-                         ("mmlu_stem", "mcqa")]:
+    for name, domain in [
+        ("gsm8k", "math"),
+        ("aime24", "math"),
+        ("amc23", "math"),
+        ("ifeval", "instruct"),
+        ("mmlu_stem", "mcqa"),
+    ]:
         assert registry[name].domain == domain
     with pytest.raises(BenchmarkError, match="unknown benchmark 'gsm9k'"):
         resolve_benchmarks(["gsm9k"])
@@ -56,8 +61,14 @@ def test_competition_gold_passes_and_wrong_fails(name, rows):
 
 def test_math_verify_equivalence_including_from_a_worker_thread():
     item = items_of("aime24", limit=1)[0]  # gold "204"
-    cases = {"\\boxed{204}": 1.0, "\\boxed{204.0}": 1.0, "\\boxed{\\frac{408}{2}}": 1.0, "\\boxed{205}": 0.0,
-             "\\boxed{204": 0.0, "204": 0.0}
+    cases = {
+        "\\boxed{204}": 1.0,
+        "\\boxed{204.0}": 1.0,
+        "\\boxed{\\frac{408}{2}}": 1.0,
+        "\\boxed{205}": 0.0,
+        "\\boxed{204": 0.0,
+        "204": 0.0,
+    }
     assert {c: get_domain("math").grade(item, c) for c in cases} == cases
     got = {}
     worker = threading.Thread(target=lambda: got.update({c: get_domain("math").grade(item, c) for c in cases}))
@@ -80,8 +91,15 @@ def test_mmlu_gold_letter_passes_and_wrong_letter_fails():
 
 @pytest.mark.parametrize(
     "n, c, k, expected",
-    [(5, 2, 1, 0.4), (5, 2, 2, 0.7), (10, 3, 5, 1 - 21 / 252), (4, 4, 2, 1.0), (6, 0, 3, 0.0), (3, 1, 3, 1.0),
-     (20, 1, 1, 0.05)],
+    [
+        (5, 2, 1, 0.4),
+        (5, 2, 2, 0.7),
+        (10, 3, 5, 1 - 21 / 252),
+        (4, 4, 2, 1.0),
+        (6, 0, 3, 0.0),
+        (3, 1, 3, 1.0),
+        (20, 1, 1, 0.05),
+    ],
 )
 def test_pass_at_k_matches_hand_computed_values(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
@@ -100,14 +118,29 @@ IFEVAL_CASES = [
     ("punctuation:no_comma", {}, "No commas here at all.", True, True),
     ("punctuation:no_comma", {}, "One, two.", False, False),
     ("change_case:english_lowercase", {}, "all of this text is written in lowercase english words.", True, True),
-    ("change_case:english_lowercase", {}, "Sure! Here it is:\nall of this text is lowercase english words.",
-     False, True),
+    (
+        "change_case:english_lowercase",
+        {},
+        "Sure! Here it is:\nall of this text is lowercase english words.",
+        False,
+        True,
+    ),
     ("change_case:english_capital", {}, "THIS ENTIRE ANSWER IS WRITTEN IN CAPITAL LETTERS.", True, True),
     ("change_case:english_capital", {}, "THIS IS MOSTLY CAPITALS but not all.", False, False),
-    ("length_constraints:number_words", {"relation": "at least", "num_words": 5}, "one two three four five six",
-     True, True),
-    ("length_constraints:number_words", {"relation": "less than", "num_words": 5}, "one two three four five six",
-     False, False),
+    (
+        "length_constraints:number_words",
+        {"relation": "at least", "num_words": 5},
+        "one two three four five six",
+        True,
+        True,
+    ),
+    (
+        "length_constraints:number_words",
+        {"relation": "less than", "num_words": 5},
+        "one two three four five six",
+        False,
+        False,
+    ),
     ("length_constraints:number_sentences", {"relation": "less than", "num_sentences": 3}, "One. Two.", True, True),
     ("length_constraints:number_sentences", {"relation": "at least", "num_sentences": 3}, "One. Two.", False, False),
     ("length_constraints:number_paragraphs", {"num_paragraphs": 2}, "First part.\n***\nSecond part.", True, True),
@@ -120,8 +153,13 @@ IFEVAL_CASES = [
     ("detectable_format:number_highlighted_sections", {"num_highlights": 3}, "*a* and *b*", False, False),
     ("detectable_format:json_format", {}, '{"a": 1}', True, True),
     ("detectable_format:json_format", {}, "not json {", False, False),
-    ("detectable_format:multiple_sections", {"section_spliter": "Section", "num_sections": 2},
-     "Section 1\nfoo\nSection 2\nbar", True, True),
+    (
+        "detectable_format:multiple_sections",
+        {"section_spliter": "Section", "num_sections": 2},
+        "Section 1\nfoo\nSection 2\nbar",
+        True,
+        True,
+    ),
     ("detectable_content:postscript", {"postscript_marker": "P.S."}, "Hello.\nP.S. bye", True, True),
     ("detectable_content:postscript", {"postscript_marker": "P.S."}, "Hello. Bye.", False, False),
     ("detectable_content:number_placeholders", {"num_placeholders": 2}, "Dear [name], at [address].", True, True),
@@ -131,20 +169,45 @@ IFEVAL_CASES = [
     ("keywords:forbidden_words", {"forbidden_words": ["rain"]}, "Sunny skies today.", True, True),
     ("keywords:forbidden_words", {"forbidden_words": ["rain"]}, "Rain again today.", False, False),
     ("keywords:frequency", {"keyword": "cat", "frequency": 2, "relation": "at least"}, "cat and cat", True, True),
-    ("keywords:letter_frequency", {"letter": "z", "let_frequency": 2, "let_relation": "at least"}, "zz top", True,
-     True),
+    (
+        "keywords:letter_frequency",
+        {"letter": "z", "let_frequency": 2, "let_relation": "at least"},
+        "zz top",
+        True,
+        True,
+    ),
     ("startend:quotation", {}, '"Wrapped in quotes."', True, True),
     ("startend:quotation", {}, "Not wrapped.", False, False),
-    ("startend:end_checker", {"end_phrase": "Is there anything else I can help with?"},
-     "Done. Is there anything else I can help with?", True, True),
-    ("startend:end_checker", {"end_phrase": "Is there anything else I can help with?"},
-     "Done. Is there anything else I can help with?\nThanks!", False, True),
+    (
+        "startend:end_checker",
+        {"end_phrase": "Is there anything else I can help with?"},
+        "Done. Is there anything else I can help with?",
+        True,
+        True,
+    ),
+    (
+        "startend:end_checker",
+        {"end_phrase": "Is there anything else I can help with?"},
+        "Done. Is there anything else I can help with?\nThanks!",
+        False,
+        True,
+    ),
     ("combination:two_responses", {}, "First answer.\n******\nSecond answer.", True, True),
     ("combination:two_responses", {}, "Only one answer.", False, False),
-    ("change_case:capital_word_frequency", {"capital_frequency": 2, "capital_relation": "at least"},
-     "THIS is VERY important.", True, True),
-    ("language:response_language", {"language": "en"}, "This is a plain English sentence about the weather.",
-     True, True),
+    (
+        "change_case:capital_word_frequency",
+        {"capital_frequency": 2, "capital_relation": "at least"},
+        "THIS is VERY important.",
+        True,
+        True,
+    ),
+    (
+        "language:response_language",
+        {"language": "en"},
+        "This is a plain English sentence about the weather.",
+        True,
+        True,
+    ),
     ("detectable_format:constrained_response", {}, "My answer is yes.", True, True),
     ("detectable_format:constrained_response", {}, "Maybe.", False, False),
 ]
@@ -206,13 +269,18 @@ def test_ifeval_prompt_and_instruction_level_agree_with_if_verifiable_on_every_p
 
     items, instruct = items_of("ifeval"), get_domain("instruct")
     assert len(items) == 541
-    random_items = {it.id for it in items
-                    if any(draws_random_argument(i, k) for i, k in zip(it.meta["instruction_id_list"], it.meta["kwargs"]))}
+    random_items = {
+        it.id
+        for it in items
+        if any(draws_random_argument(i, k) for i, k in zip(it.meta["instruction_id_list"], it.meta["kwargs"]))
+    }
     # letter_frequency asked to count "#" (1122) or "!" (1129): Google's checker counts a random letter instead
     assert random_items == {"ifeval-1122", "ifeval-1129"}
     items = [it for it in items if it.id not in random_items]  # if-verifiable's verdict there is a coin flip
-    response = ("My answer is yes. THIS IS A TEST, with a comma.\n\n*highlighted* section here [name].\n"
-                "P.S. Is there anything else I can help with?")
+    response = (
+        "My answer is yes. THIS IS A TEST, with a comma.\n\n*highlighted* section here [name].\n"
+        "P.S. Is there anything else I can help with?"
+    )
     details = [instruct.grade_details(it, response) for it in items]
     for it, d in zip(items, details):
         sample = IFEvalSample(0, it.prompt, it.meta["instruction_id_list"], it.meta["kwargs"])
@@ -272,8 +340,9 @@ def test_evaluate_benchmark_reports_pass_at_k_rows_and_progress():
         return [f"\\boxed{{{item.meta['answer']}}}"] * right + ["\\boxed{-1}"] * (n - right)
 
     seen = []
-    result = evaluate_benchmark(FakeEngine(texts_for), tok, "gsm8k", limit=6, samples=4,
-                                progress=lambda done, total: seen.append((done, total)))
+    result = evaluate_benchmark(
+        FakeEngine(texts_for), tok, "gsm8k", limit=6, samples=4, progress=lambda done, total: seen.append((done, total))
+    )
     expected_c = [0, 1, 2, 3, 4, 4]
     assert result.metrics["items"] == 6 and len(result.rows) == 24
     assert result.metrics["pass@1"] == pytest.approx(sum(c / 4 for c in expected_c) / 6)
@@ -296,17 +365,21 @@ def test_grade_rows_reports_bad_rows_and_grades_the_rest(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n{broken\n")
     result = grade_rows("gsm8k", path)
     assert [(e["row"], e["error"]) for e in result.errors] == [
-        (2, "missing 'completion' (a string)"), (4, "missing field 'answer'"),
-        (6, "not valid JSON (Expecting property name enclosed in double quotes at column 2)")]
+        (2, "missing 'completion' (a string)"),
+        (4, "missing field 'answer'"),
+        (6, "not valid JSON (Expecting property name enclosed in double quotes at column 2)"),
+    ]
     assert [(r["row"], r["verdict"]) for r in result.rows] == [(1, "pass"), (3, "pass"), (5, "fail")]
     assert result.metrics["pass@1"] == pytest.approx(2 / 3) and result.metrics["errors"] == 3
 
 
 def test_a_domain_name_grades_item_format_rows(tmp_path):
     path = tmp_path / "mine.jsonl"
-    rows = [{"prompt": "Pick (B).", "meta": {"answer": "B"}, "completion": "The answer is (B)."},
-            {"prompt": "Pick (A).", "meta": {"answer": "A"}, "completion": "The answer is (C)."},
-            {"prompt": "Pick (A).", "meta": "A", "completion": "A"}]
+    rows = [
+        {"prompt": "Pick (B).", "meta": {"answer": "B"}, "completion": "The answer is (B)."},
+        {"prompt": "Pick (A).", "meta": {"answer": "A"}, "completion": "The answer is (C)."},
+        {"prompt": "Pick (A).", "meta": "A", "completion": "A"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = grade_rows("mcqa", path)
     assert [r["verdict"] for r in result.rows] == ["pass", "fail"]

@@ -7,14 +7,14 @@ import pytest
 import cascade.stages.domains
 from cascade.artifacts.checkpoint import materialize
 from cascade.artifacts.store import Store
-from cascade.stages.kinds import StageInputs
-from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds.difficulty.run import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
-from cascade.stages.domains.base import Domain, Item
-from cascade.stages.engines.hf import HFEngine
-from cascade.stages.model import build_tiny_model, save_hf
 from cascade.flows.recipes import load_recipe
 from cascade.stages.config import ModelConfig
+from cascade.stages.context import ListSink, StageContext
+from cascade.stages.domains.base import Domain, Item
+from cascade.stages.engines.hf import HFEngine
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.difficulty.run import PASS_RATES_FILE, PROMPTS_FILE, keep_or_drop, run_difficulty
+from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.recipe import RecipeError, validate_recipe
 from cascade.stages.tokenizer import load_tokenizer
 
@@ -47,13 +47,16 @@ def reference_dir(tmp_path):
 
 
 def recipe_for(tmp_path, reference, **difficulty):
-    return validate_recipe({
-        "model": SMALL.model_dump(), "compute": {"dtype": "fp32"},
-        "storage": {"root": f"file://{tmp_path}/store"},
-        "tracking": {"enabled": False},
-        "domains": {"even": {"train_size": 24, "max_new_tokens": 5}},
-        "stages": [{"kind": "difficulty", "reference": str(reference), "domains": ["even"], **difficulty}],
-    })
+    return validate_recipe(
+        {
+            "model": SMALL.model_dump(),
+            "compute": {"dtype": "fp32"},
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "tracking": {"enabled": False},
+            "domains": {"even": {"train_size": 24, "max_new_tokens": 5}},
+            "stages": [{"kind": "difficulty", "reference": str(reference), "domains": ["even"], **difficulty}],
+        }
+    )
 
 
 def run_filter(tmp_path, reference, run_id, **difficulty):
@@ -84,8 +87,9 @@ def test_rerun_is_served_entirely_from_the_cache(tmp_path, reference_dir, monkey
     again, rates_again, _ = run_filter(tmp_path, reference_dir, "b")
     assert again["rollouts"] == 0 and again["cache_hits"] == again["prompts"] == 24
     assert rates_again == rates
-    assert {k: v for k, v in again.items() if k not in ("seconds", "rollouts", "cache_hits")} == \
-           {k: v for k, v in first.items() if k not in ("seconds", "rollouts", "cache_hits")}
+    assert {k: v for k, v in again.items() if k not in ("seconds", "rollouts", "cache_hits")} == {
+        k: v for k, v in first.items() if k not in ("seconds", "rollouts", "cache_hits")
+    }
 
 
 @pytest.mark.usefixtures("even_domain")
@@ -106,8 +110,10 @@ def test_new_threshold_and_policy_reuse_the_cache(tmp_path, reference_dir, monke
 SOLVED = [0, 8, 3, 0, 7, 0, 1, 8, 0, 6]  # hand-built: four 0/8 prompts at 0, 3, 5, 8; solved 7-8/8 at 1, 4, 7
 
 
-@pytest.mark.parametrize("policy, fraction, kept_zero", [("keep", None, 4), ("drop", None, 0),
-                                                        ("keep_fraction", 0.5, 2), ("keep_fraction", 0.3, 1)])
+@pytest.mark.parametrize(
+    "policy, fraction, kept_zero",
+    [("keep", None, 4), ("drop", None, 0), ("keep_fraction", 0.5, 2), ("keep_fraction", 0.3, 1)],
+)
 def test_keep_or_drop_against_a_hand_built_table(policy, fraction, kept_zero):
     decisions = keep_or_drop(SOLVED, 7, policy, fraction, seed=0)
     assert [i for i, d in enumerate(decisions) if d == "dropped_solved"] == [1, 4, 7]
@@ -124,14 +130,19 @@ def test_keep_fraction_draw_depends_on_the_seed():
     assert len(draws) == 3 and all(d.count("kept") == 20 for d in draws)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["stages.difficulty.reference=sftt"], "reads reference 'sftt', which no earlier grpo/mopd/sft stage writes"),
-    (["stages.difficulty.drop_solved_at=9"], "drop_solved_at must be between 1 and k=8, got 9"),
-    (["stages.difficulty.unsolved=keep_fraction"], "unsolved_fraction is required with unsolved=keep_fraction"),
-    (["stages.if_rl.prompts=nope"], "reads prompts 'nope', which no earlier difficulty stage writes"),
-    (["stages.if_rl.domains=[math]", "stages.if_rl.prompts=difficulty"],
-     "trains on domain(s) ['math'] that difficulty stage 'difficulty' does not filter"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["stages.difficulty.reference=sftt"], "reads reference 'sftt', which no earlier grpo/mopd/sft stage writes"),
+        (["stages.difficulty.drop_solved_at=9"], "drop_solved_at must be between 1 and k=8, got 9"),
+        (["stages.difficulty.unsolved=keep_fraction"], "unsolved_fraction is required with unsolved=keep_fraction"),
+        (["stages.if_rl.prompts=nope"], "reads prompts 'nope', which no earlier difficulty stage writes"),
+        (
+            ["stages.if_rl.domains=[math]", "stages.if_rl.prompts=difficulty"],
+            "trains on domain(s) ['math'] that difficulty stage 'difficulty' does not filter",
+        ),
+    ],
+)
 def test_bad_difficulty_config_is_one_line_error(overrides, message):
     with pytest.raises(RecipeError) as err:
         load_recipe("micro", overrides)
@@ -139,7 +150,9 @@ def test_bad_difficulty_config_is_one_line_error(overrides, message):
 
 
 def test_reference_must_come_before_the_filter():
-    raw = {"domains": {"math": {}}, "stages": [{"kind": "difficulty", "domains": ["math"]}, {"kind": "sft_data"},
-                                                {"kind": "sft"}]}
+    raw = {
+        "domains": {"math": {}},
+        "stages": [{"kind": "difficulty", "domains": ["math"]}, {"kind": "sft_data"}, {"kind": "sft"}],
+    }
     with pytest.raises(RecipeError, match="reads reference 'sft', which no earlier grpo/mopd/sft stage writes"):
         validate_recipe(raw)

@@ -17,16 +17,22 @@ from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.distributed import world_for
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.recipe import validate_recipe
-from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import micro_recipe
 from tests.stages.dist_updates import SMALL, updates
 
-SFT = ["stages.sft.steps=5", "stages.sft.batch_size=4", "stages.sft.micro_batch_size=2",
-       "stages.sft.checkpoint_every=3", "stages.sft.warmup_steps=1", "stages.sft.lr=3e-3"]  # 5 steps move the loss
+SFT = [
+    "stages.sft.steps=5",
+    "stages.sft.batch_size=4",
+    "stages.sft.micro_batch_size=2",
+    "stages.sft.checkpoint_every=3",
+    "stages.sft.warmup_steps=1",
+    "stages.sft.lr=3e-3",
+]  # 5 steps move the loss
 ONE, TWO = [], ["compute.nproc_per_node=2"]
 
 
@@ -34,23 +40,24 @@ def stage_run(recipe, tmp, run_id: str, stage: str, inputs: StageInputs):
     work = tmp / f"work-{run_id}-{stage}"
     work.mkdir(parents=True)
     sink = ListSink()
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/{stage}", sink,
-                       workdir=work)
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/{stage}", sink, workdir=work)
     result = run_stage_where_configured(recipe.stage(stage), ctx, inputs)
     weights = load_file(ctx.store.path(f"{result.checkpoint.key}/model/model.safetensors"))
     return sink, weights, result.checkpoint
 
 
 def sft_data(recipe, tmp):
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(),
-                       workdir=tmp)
+    ctx = StageContext(
+        recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(), workdir=tmp
+    )
     return run_sft_data(recipe.stage("sft_data"), ctx, StageInputs()).checkpoint
 
 
 def sft_ctx(recipe, workdir, run_id, sink):
     workdir.mkdir(parents=True, exist_ok=True)
-    return StageContext(recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/01-sft", sink,
-                        workdir=workdir)
+    return StageContext(
+        recipe, Store.from_config(recipe.storage), run_id, f"runs/{run_id}/01-sft", sink, workdir=workdir
+    )
 
 
 def run_sft(tmp, data, run_id, world):
@@ -71,8 +78,9 @@ def uncommit(ctx):
 def sft_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     recipe = micro_recipe(tmp, *SFT)
-    data_ctx = StageContext(recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(),
-                            workdir=tmp)
+    data_ctx = StageContext(
+        recipe, Store.from_config(recipe.storage), "data", "runs/data/00-sft_data", ListSink(), workdir=tmp
+    )
     data = run_sft_data(recipe.stage("sft_data"), data_ctx, StageInputs()).checkpoint
     return tmp, data, {"one": run_sft(tmp, data, "one", ONE), "two": run_sft(tmp, data, "two", TWO)}
 
@@ -101,8 +109,15 @@ def test_sft_two_ranks_equal_one_process(sft_runs):
 
 
 # 5 pairs a step on 2 ranks are 2 and 3: the first rank runs an idle micro-batch; 7 held-out pairs split 3 and 4
-REWARD_MODEL = {"kind": "reward_model", "steps": 4, "batch_size": 5, "micro_batch_size": 2, "warmup_steps": 1,
-                "lr": 3e-3, "pairs": {"kind": "domain", "domain": "chat", "train": 20, "heldout": 7}}
+REWARD_MODEL = {
+    "kind": "reward_model",
+    "steps": 4,
+    "batch_size": 5,
+    "micro_batch_size": 2,
+    "warmup_steps": 1,
+    "lr": 3e-3,
+    "pairs": {"kind": "domain", "domain": "chat", "train": 20, "heldout": 7},
+}
 
 
 def run_reward_model(tmp, backbone, run_id, world):
@@ -147,8 +162,20 @@ def test_step_checkpoint_resumes_across_world_sizes(sft_runs, written, resumed):
 
 
 def test_grpo_and_mopd_updates_two_ranks_equal_one_process(tmp_path):
-    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          "-m", "tests.stages.dist_updates", str(tmp_path)], capture_output=True, text=True)
+    job = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "tests.stages.dist_updates",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert job.returncode == 0, (job.stdout + job.stderr)[-4000:]  # a failed rank's traceback, not just its exit
     two = torch.load(tmp_path / "updates.pt")
     one = updates(world_for(ComputeConfig(device="cpu", dtype="fp32")))
@@ -166,8 +193,9 @@ def test_grpo_and_mopd_updates_two_ranks_equal_one_process(tmp_path):
 
 
 def test_a_failing_rank_is_a_one_line_stage_failure(tmp_path):
-    recipe = micro_recipe(tmp_path, *SFT, *TWO, "stages.sft.batch_size=2", "stages.sft.micro_batch_size=1",
-                          "compute.nproc_per_node=3")
+    recipe = micro_recipe(
+        tmp_path, *SFT, *TWO, "stages.sft.batch_size=2", "stages.sft.micro_batch_size=1", "compute.nproc_per_node=3"
+    )
     ctx = sft_ctx(recipe, tmp_path / "work", "bad", ListSink())
     from cascade.stages.errors import DistributedStageError
 
@@ -175,7 +203,6 @@ def test_a_failing_rank_is_a_one_line_stage_failure(tmp_path):
         run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": None}))
     assert "\n" not in str(e.value) and "rank" in str(e.value)
     assert ctx.store.list(ctx.key) == []  # nothing written
-
 
 
 # torchrun's summary after `kill -9` of rank 1 (tests/faults/test_fault_dead_rank.py, 2026-11-23): rank 0, whose
@@ -196,11 +223,14 @@ Root Cause (first observed failure):
 ERRORS = {0: "RuntimeError: Connection closed by peer [127.0.0.1]:41109", 1: "ValueError: bad batch"}
 
 
-@pytest.mark.parametrize("exit_code, errors, expected", [
-    (-9, [0], "stage sft: rank 1 died (killed by SIGKILL); torchrun log: {log}"),
-    (1, [0, 1], "stage sft: rank 1 failed: ValueError: bad batch"),
-    (3, [0], "stage sft: rank 1 died (exit code 3); torchrun log: {log}"),
-])
+@pytest.mark.parametrize(
+    "exit_code, errors, expected",
+    [
+        (-9, [0], "stage sft: rank 1 died (killed by SIGKILL); torchrun log: {log}"),
+        (1, [0, 1], "stage sft: rank 1 failed: ValueError: bad batch"),
+        (3, [0], "stage sft: rank 1 died (exit code 3); torchrun log: {log}"),
+    ],
+)
 def test_the_failure_line_names_torchruns_root_cause_not_a_peer_that_lost_it(tmp_path, exit_code, errors, expected):
     from cascade.stages.launch import TORCHRUN_LOG, failure_line
 

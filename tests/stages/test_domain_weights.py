@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.context import ListSink
 from cascade.stages.domains import Item, get_domain
-from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo import GRPOConfig
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.recipe import RecipeError, validate_recipe
 from cascade.stages.rollout import sample_prompts, weighted_counts
 from tests.stages.test_training import SMALL, stage_ctx
@@ -39,13 +39,28 @@ def test_weighted_draw_takes_each_domains_share_without_replacement():
 
 
 def multi_recipe(tmp_path, **grpo):
-    return validate_recipe({
-        "seed": 0, "storage": {"root": f"file://{tmp_path}/store"}, "model": SMALL.model_dump(),
-        "compute": {"dtype": "fp32"},
-        "domains": {d: {"train_size": 64, "heldout_size": 8, "max_new_tokens": 8} for d in BLEND},
-        "stages": [{"kind": "grpo", "name": "multi", "domains": list(BLEND), "steps": 2, "prompts_per_step": 16,
-                    "group_size": 2, "checkpoint_every": 0, "domain_weights": BLEND, **grpo}],
-    })
+    return validate_recipe(
+        {
+            "seed": 0,
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "model": SMALL.model_dump(),
+            "compute": {"dtype": "fp32"},
+            "domains": {d: {"train_size": 64, "heldout_size": 8, "max_new_tokens": 8} for d in BLEND},
+            "stages": [
+                {
+                    "kind": "grpo",
+                    "name": "multi",
+                    "domains": list(BLEND),
+                    "steps": 2,
+                    "prompts_per_step": 16,
+                    "group_size": 2,
+                    "checkpoint_every": 0,
+                    "domain_weights": BLEND,
+                    **grpo,
+                }
+            ],
+        }
+    )
 
 
 def test_a_multi_domain_stage_trains_on_the_blend(tmp_path):
@@ -57,11 +72,14 @@ def test_a_multi_domain_stage_trains_on_the_blend(tmp_path):
         assert len(sink.series(f"reward/{domain}")) == 2
 
 
-@pytest.mark.parametrize("weights, message", [
-    ({"mcqa": 0.5, "math": 0.5}, "weighs domain(s) ['math'] it does not train on"),
-    ({"mcqa": 0.0, "tool": 0.0}, "domain_weights must not all be 0"),
-    ({"mcqa": -0.1}, "greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"mcqa": 0.5, "math": 0.5}, "weighs domain(s) ['math'] it does not train on"),
+        ({"mcqa": 0.0, "tool": 0.0}, "domain_weights must not all be 0"),
+        ({"mcqa": -0.1}, "greater than or equal to 0"),
+    ],
+)
 def test_bad_weights_are_refused(tmp_path, weights, message):
     with pytest.raises((RecipeError, ValueError), match=re.escape(message)):
         multi_recipe(tmp_path, domain_weights=weights)

@@ -53,8 +53,10 @@ def test_math_grades_parse_the_gold_once_and_give_uncached_verdicts(monkeypatch)
     gold = item.meta["answer"]
     answers = [f"{int(gold) + d}" for d in (0, 1, -1)] + [f"\\frac{{{2 * int(gold)}}}{{2}}", f"{gold}.0", "x"]
     completions = [f"so \\boxed{{{a}}}" for a in answers] * 4
-    expected = [float(bool(math_verify.verify(math_verify.parse(f"\\boxed{{{gold}}}"), math_verify.parse(c))))
-                for c in completions]
+    expected = [
+        float(bool(math_verify.verify(math_verify.parse(f"\\boxed{{{gold}}}"), math_verify.parse(c))))
+        for c in completions
+    ]
     assert expected[:6] == [1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
     math_domain.parsed_gold.cache_clear()
     parsed = []

@@ -88,8 +88,9 @@ def test_identical_programs_run_once(monkeypatch):
 
     calls = []
     real = code_module.run_many
-    monkeypatch.setattr(code_module, "run_many",
-                        lambda progs, *a, **k: calls.append(len(progs)) or real(progs, *a, **k))
+    monkeypatch.setattr(
+        code_module, "run_many", lambda progs, *a, **k: calls.append(len(progs)) or real(progs, *a, **k)
+    )
     item = CODE.generate("train", 1, seed=0)[0]
     odd = "def f(x):\n    y = x\n    return " + item.reference.split("return ")[1]  # not the fast-path shape
     assert CODE.grade_batch([item] * 4, [odd] * 4) == [1.0] * 4
@@ -104,7 +105,7 @@ def humaneval():
 
 
 def test_humaneval_canonical_solutions_pass_and_mutants_fail(humaneval):
-    bodies = [it.reference[len(it.meta["prompt"]):] for it in humaneval]
+    bodies = [it.reference[len(it.meta["prompt"]) :] for it in humaneval]
     full = [it.reference for it in humaneval]  # the whole function, as a chat model answers
     mutants = [mutate(b) for b in bodies[::2]]  # every other task: sandbox time is the budget here
     as_body = [f"```python\n{b}```" for b in bodies[:6]]  # the benchmark's own form: a continuation

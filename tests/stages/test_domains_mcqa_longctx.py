@@ -51,8 +51,15 @@ def test_mcqa_corrupted_answers_fail():
 
 @pytest.mark.parametrize(
     "text, letter",
-    [("The answer is (B).", "B"), ("the answer is: c", None), ("Answer: D", "D"), ("(C) because", "C"),
-     ("B", "B"), ("A frameshift mutation.", None), ("The answer is (A). No, the answer is (D).", "D")],
+    [
+        ("The answer is (B).", "B"),
+        ("the answer is: c", None),
+        ("Answer: D", "D"),
+        ("(C) because", "C"),
+        ("B", "B"),
+        ("A frameshift mutation.", None),
+        ("The answer is (A). No, the answer is (D).", "D"),
+    ],
 )
 def test_mcqa_letter_extraction(text, letter):
     assert extract_letter(text) == letter

@@ -23,8 +23,11 @@ def corruptions(reference: str) -> list[str]:
     key = next(iter(obj))
     value = obj[key]
     wrong_type = str(value).lower() if not isinstance(value, str) else (int(value) if value.isdigit() else 7)
-    wrong_value = (not value) if isinstance(value, bool) else (value + [1] if isinstance(value, list) else (
-        value + "x" if isinstance(value, str) else value + 100))
+    wrong_value = (
+        (not value)
+        if isinstance(value, bool)
+        else (value + [1] if isinstance(value, list) else (value + "x" if isinstance(value, str) else value + 100))
+    )
     return [
         json.dumps({**obj, key: wrong_type}),
         json.dumps({**obj, key: wrong_value}),

@@ -47,8 +47,9 @@ def test_malformed_edits_score_zero_and_say_why():
         details = SWE.grade_details(item, completion)
         assert details["score"] == 0.0 and details["malformed"] in reasons, why
     assert SWE.grade_details(item, item.reference) == {"score": 1.0, "malformed": None}
-    assert SWE.summarize_details([{"malformed": None}, {"malformed": "x"}, {"malformed": "y"}, {"malformed": None}]) \
-        == {"malformed_rate": 0.5}
+    assert SWE.summarize_details(
+        [{"malformed": None}, {"malformed": "x"}, {"malformed": "y"}, {"malformed": None}]
+    ) == {"malformed_rate": 0.5}
 
 
 def test_the_fix_fails_when_a_correct_function_is_broken():
@@ -57,8 +58,9 @@ def test_the_fix_fails_when_a_correct_function_is_broken():
     from dataclasses import replace
 
     item = SWE.generate("train", 1, seed=2)[0]
-    module, (name, _) = next((m, fn) for m, fns in item.meta["hidden"].items() for fn in fns
-                             if fn[0] != item.meta["bug_function"])
+    module, (name, _) = next(
+        (m, fn) for m, fns in item.meta["hidden"].items() for fn in fns if fn[0] != item.meta["bug_function"]
+    )
     files = dict(item.meta["files"])
     head = f"def {name}(x):\n    return "
     at = files[module].index(head) + len(head)
@@ -80,11 +82,14 @@ def test_fast_path_gives_the_sandbox_verdict():
     assert fast == [1.0] * 8 + [0.0] * 8 + [1.0] * 8
 
 
-@pytest.mark.parametrize("replace", [
-    "    import os; os._exit(0)",
-    "    while True: pass",
-    "    class A(int):\n        def __eq__(self, o): return True\n    return A(0)",
-])
+@pytest.mark.parametrize(
+    "replace",
+    [
+        "    import os; os._exit(0)",
+        "    while True: pass",
+        "    class A(int):\n        def __eq__(self, o): return True\n    return A(0)",
+    ],
+)
 def test_hostile_edits_get_zero(replace):
     item = SWE.generate("train", 1, seed=0)[0]
     search = item.reference.split("\n")[2]

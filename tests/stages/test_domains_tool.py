@@ -10,8 +10,14 @@ from cascade.stages.domains.tool import Call, decode_calls, reference_calls
 
 TOOL = get_domain("tool")
 CALL_CATEGORIES = ["bfcl_simple", "bfcl_multiple", "bfcl_parallel", "bfcl_parallel_multiple", "bfcl_live_simple"]
-EXPECTED_ROWS = {"bfcl_simple": 400, "bfcl_multiple": 200, "bfcl_parallel": 200, "bfcl_parallel_multiple": 200,
-                 "bfcl_live_simple": 258, "bfcl_irrelevance": 240}
+EXPECTED_ROWS = {
+    "bfcl_simple": 400,
+    "bfcl_multiple": 200,
+    "bfcl_parallel": 200,
+    "bfcl_parallel_multiple": 200,
+    "bfcl_live_simple": 258,
+    "bfcl_irrelevance": 240,
+}
 
 
 def as_python(calls_json: str) -> str:
@@ -114,9 +120,9 @@ def test_optional_argument_may_only_be_omitted_when_not_asked_for():
 def test_types_are_checked_and_strings_are_normalized():
     item = next(it for it in TOOL.generate("train", 400, seed=0) if json.loads(it.reference)["name"] == "add")
     a, b = (json.loads(item.reference)["arguments"][k] for k in "ab")
-    assert TOOL.grade(item, f'add(a={a}, b={b})') == 1.0
+    assert TOOL.grade(item, f"add(a={a}, b={b})") == 1.0
     assert TOOL.grade(item, f'add(a="{a}", b={b})') == 0.0  # a string is not the integer
-    assert TOOL.grade(item, f'add(a={a}.5, b={b})') == 0.0
+    assert TOOL.grade(item, f"add(a={a}.5, b={b})") == 0.0
     item = next(it for it in TOOL.generate("train", 400, seed=0) if json.loads(it.reference)["name"] == "play")
     song = json.loads(item.reference)["arguments"]["song"]
     assert TOOL.grade(item, f'play(song="  {song.upper()}.")') == 1.0  # case, spaces and dots are ignored

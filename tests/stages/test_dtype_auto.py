@@ -13,8 +13,8 @@ import torch
 from cascade.artifacts.config import config_hash
 from cascade.stages import precision
 from cascade.stages.config_base import ComputeConfig, ComputeOverride
-from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.distributed import process_world
+from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.precision import cache_path, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -70,15 +70,19 @@ def test_auto_on_cuda_asks_the_gpu_and_times_nothing(monkeypatch, supported, exp
     assert not cache_path().exists()
 
 
-@pytest.mark.parametrize("fp32_s, bf16_s, expected", [
-    (2.0, 1.0, "bf16"),  # bf16 twice as fast
-    (1.1, 1.0, "bf16"),  # exactly 10% faster
-    (1.05, 1.0, "fp32"),  # 5% faster: not worth bf16's rounding
-    (1.0, 1.0, "fp32"),
-    (1.0, 2.0, "fp32"),  # bf16 twice as slow
-])
-def test_auto_on_a_cpu_picks_bf16_only_when_it_is_at_least_10_percent_faster(monkeypatch, quiet_host, fp32_s, bf16_s,
-                                                                              expected):
+@pytest.mark.parametrize(
+    "fp32_s, bf16_s, expected",
+    [
+        (2.0, 1.0, "bf16"),  # bf16 twice as fast
+        (1.1, 1.0, "bf16"),  # exactly 10% faster
+        (1.05, 1.0, "fp32"),  # 5% faster: not worth bf16's rounding
+        (1.0, 1.0, "fp32"),
+        (1.0, 2.0, "fp32"),  # bf16 twice as slow
+    ],
+)
+def test_auto_on_a_cpu_picks_bf16_only_when_it_is_at_least_10_percent_faster(
+    monkeypatch, quiet_host, fp32_s, bf16_s, expected
+):
     probe = Probe(fp32_s, bf16_s)
     monkeypatch.setattr(precision, "time_probe", probe)
     world = process_world(ComputeConfig(device="cpu"))
@@ -140,8 +144,9 @@ def test_the_runqueue_wait_counts_the_time_a_busy_core_kept_us_waiting():
     """This thread and a spinning child on one core: each runs about half the time, waiting the other half."""
     core = min(os.sched_getaffinity(0))
     mine = os.sched_getaffinity(0)
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                               preexec_fn=lambda: os.sched_setaffinity(0, {core}))
+    spinner = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"], preexec_fn=lambda: os.sched_setaffinity(0, {core})
+    )
     try:
         os.sched_setaffinity(0, {core})
         time.sleep(0.1)  # the child is spinning

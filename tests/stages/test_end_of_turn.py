@@ -34,10 +34,14 @@ def test_the_turn_end_is_read_from_the_template_and_every_end_id_is_collected():
 def test_the_hf_engine_stops_at_the_templates_turn_end_though_the_eos_differs():
     tok = tokenizer_whose_eos_is_not_the_turn_end()
     model = build_tiny_model(SMALL, len(tok), seed=1)
-    model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(  # <|im_end|> likely
-        -1, torch.tensor([2]), torch.full((*logits.shape[:-1], 1), 4.0)))
-    group = HFEngine(model, tok, batch_size=16).generate([prompt_ids(tok, "Compute 2+2.")], 16,
-                                                         SamplingParams(max_new_tokens=24, seed=0))[0]
+    model.lm_head.register_forward_hook(
+        lambda module, inputs, logits: logits.index_add(  # <|im_end|> likely
+            -1, torch.tensor([2]), torch.full((*logits.shape[:-1], 1), 4.0)
+        )
+    )
+    group = HFEngine(model, tok, batch_size=16).generate(
+        [prompt_ids(tok, "Compute 2+2.")], 16, SamplingParams(max_new_tokens=24, seed=0)
+    )[0]
     stopped = [c for c in group if c.finish_reason == "stop"]
     assert len(stopped) >= 12  # with only eos (id 0) as a stop, every row ran to 24 tokens
     for c in stopped:

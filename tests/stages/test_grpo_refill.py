@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import torch
 
-from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.domains import Item
 from cascade.stages.engines.base import Completion
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run import rollout_and_score
 from cascade.stages.recipe import validate_recipe
 from cascade.stages.tokenizer import load_tokenizer
@@ -28,8 +28,9 @@ class SignalOnEvenIds:
     """Rewards [P, G]: a group carries signal (0, 1, 0, 1) when its item id is even, none (all 0) when odd."""
 
     def rewards(self, items, groups):
-        return torch.tensor([[float(j % 2) if int(it.id) % 2 == 0 else 0.0 for j in range(len(g))]
-                             for it, g in zip(items, groups)])
+        return torch.tensor(
+            [[float(j % 2) if int(it.id) % 2 == 0 else 0.0 for j in range(len(g))] for it, g in zip(items, groups)]
+        )
 
 
 TOKENIZER = load_tokenizer()
@@ -37,11 +38,16 @@ POOL = [Item("math", str(i), f"q{i:03d}", "", {}) for i in range(40)]
 
 
 def run_for(refill_rounds, step=0):
-    recipe = validate_recipe({"domains": {"math": {"train_size": 40, "heldout_size": 4, "max_new_tokens": 4}},
-                              "stages": [{"kind": "grpo", "name": "rl", "domains": ["math"]}]})
+    recipe = validate_recipe(
+        {
+            "domains": {"math": {"train_size": 40, "heldout_size": 4, "max_new_tokens": 4}},
+            "stages": [{"kind": "grpo", "name": "rl", "domains": ["math"]}],
+        }
+    )
     cfg = GRPOConfig(name="rl", domains=["math"], prompts_per_step=8, group_size=4, refill_rounds=refill_rounds)
-    run = SimpleNamespace(ctx=SimpleNamespace(recipe=recipe), tokenizer=TOKENIZER, step=step,
-                          world=SimpleNamespace(size=1))
+    run = SimpleNamespace(
+        ctx=SimpleNamespace(recipe=recipe), tokenizer=TOKENIZER, step=step, world=SimpleNamespace(size=1)
+    )
     engine = CountingEngine()
     return rollout_and_score(engine, run, POOL, cfg, SignalOnEvenIds()), engine
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from cascade.stages.config import ModelConfig
 from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
 from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, row_keys, sample_next, uniform
 from cascade.stages.losses import sampling_logits
 from cascade.stages.model import build_tiny_model, prompt_ids
-from cascade.stages.config import ModelConfig
 from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import DEVICES
 
@@ -95,8 +95,11 @@ def test_shared_prefill_matches_repeating_each_prompt():
     prompts = [prompt_ids(tok, f"Compute {i}+{i}.") for i in range(3)]
     prefill_rows = []
     hook = eng.model.register_forward_hook(
-        lambda module, args, kwargs, out: prefill_rows.append(kwargs["input_ids"].shape)
-        if kwargs["input_ids"].shape[1] > 1 else None, with_kwargs=True)
+        lambda module, args, kwargs, out: (
+            prefill_rows.append(kwargs["input_ids"].shape) if kwargs["input_ids"].shape[1] > 1 else None
+        ),
+        with_kwargs=True,
+    )
     seeds = [3, 30, 300]
     copy_seeds = [as_int64(s + j * GOLDEN) for s in seeds for j in range(4)]
     for sampling in (SamplingParams(temperature=0.0, max_new_tokens=8), SamplingParams(max_new_tokens=8)):
@@ -113,17 +116,37 @@ def test_shared_prefill_matches_repeating_each_prompt():
 def llama_gqa(vocab_size: int):
     """A Llama with grouped-query attention (4 query heads on 2 kv heads) and biased projections."""
     torch.manual_seed(2)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=96, attention_bias=True, eos_token_id=2,
-                         pad_token_id=0, bos_token_id=None, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        attention_bias=True,
+        eos_token_id=2,
+        pad_token_id=0,
+        bos_token_id=None,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(config)
 
 
 def gpt2(vocab_size: int):
     """An architecture the lean decoder does not cover: the engine falls back to HF's forward per step."""
     torch.manual_seed(3)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=2, n_positions=256,
-                                      eos_token_id=2, pad_token_id=0, bos_token_id=None))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=64,
+            n_layer=2,
+            n_head=2,
+            n_positions=256,
+            eos_token_id=2,
+            pad_token_id=0,
+            bos_token_id=None,
+        )
+    )
 
 
 @pytest.mark.parametrize("build", [llama_gqa, gpt2], ids=["llama-gqa", "gpt2-fallback"])
@@ -131,8 +154,9 @@ def test_logprobs_match_a_full_forward_on_other_architectures(build):
     tok = load_tokenizer()
     model = build(len(tok)).eval()  # GPT-2 has dropout
     assert lean_supported(model) == (build is llama_gqa)
-    assert_logprobs_match_a_full_forward(HFEngine(model, tok, batch_size=8, seed=0), tok,
-                                         SamplingParams(max_new_tokens=10, seed=4))
+    assert_logprobs_match_a_full_forward(
+        HFEngine(model, tok, batch_size=8, seed=0), tok, SamplingParams(max_new_tokens=10, seed=4)
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -174,8 +198,11 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatc
     decode batch; every row's logprobs still equal a full forward's (the hook applies to both)."""
     eng, tok = engine(batch_size=16)
     eos = tok.eos_token_id
-    eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
-        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)))
+    eng.model.lm_head.register_forward_hook(
+        lambda module, inputs, logits: logits.index_add(
+            -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)
+        )
+    )
     kept_rows = []
     real_keep = LeanDecoder.keep
     monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
@@ -185,7 +212,9 @@ def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatc
     assert lengths[0] < lengths[-1] and kept_rows and kept_rows[0] < 16
     for c in group:
         assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos) and eos not in c.token_ids[:-1]
-        assert torch.allclose(full_forward_logprobs(eng.model, prompt, c.token_ids), torch.tensor(c.logprobs), atol=1e-4)
+        assert torch.allclose(
+            full_forward_logprobs(eng.model, prompt, c.token_ids), torch.tensor(c.logprobs), atol=1e-4
+        )
 
 
 def test_inverse_cdf_sampling_follows_the_distribution_and_top_p():
@@ -206,8 +235,13 @@ def test_uniform_is_splitmix64_top_24_bits():
     """u = (output `step` of splitmix64 seeded with the key) >>> 40, / 2**24; the expected values were computed once
     with Python integers mod 2**64 (1234567's first outputs, 6457827717110365317 and 3203168211198807973, are
     splitmix64's published ones). Keys at and past 2**63 check the int64 wraparound and the logical shifts."""
-    cases = [(0, 0, 14819496), (1234567, 0, 5873360), (1234567, 1, 2913264), (2**64 - 1, 2, 3682296),
-             (2**63, 7, 6443080)]
+    cases = [
+        (0, 0, 14819496),
+        (1234567, 0, 5873360),
+        (1234567, 1, 2913264),
+        (2**64 - 1, 2, 3682296),
+        (2**63, 7, 6443080),
+    ]
     for key, step, top24 in cases:
         u = uniform(torch.tensor([as_int64(key)]), step)
         assert u.dtype == torch.float32 and u.item() == top24 / 2**24
@@ -218,8 +252,11 @@ def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
     at another position, with batch_size 1 or one batch for all, and with finished rows compacted away or not."""
     eng, tok = engine()
     eos = tok.eos_token_id
-    eng.model.lm_head.register_forward_hook(lambda module, inputs, logits: logits.index_add(
-        -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)))  # rows stop early: compaction happens
+    eng.model.lm_head.register_forward_hook(
+        lambda module, inputs, logits: logits.index_add(
+            -1, torch.tensor([eos]), torch.full((*logits.shape[:-1], 1), 4.0)
+        )
+    )  # rows stop early: compaction happens
     kept_rows = []
     real_keep = LeanDecoder.keep
     monkeypatch.setattr(LeanDecoder, "keep", lambda self, rows: kept_rows.append(len(rows)) or real_keep(self, rows))
@@ -227,8 +264,12 @@ def test_a_rows_draws_do_not_depend_on_its_batch(monkeypatch):
     others = [prompt_ids(tok, "Write 3 words about rain, all in lowercase."), prompt_ids(tok, "Compute 10-7.")]
     sampling = SamplingParams(temperature=1.0, max_new_tokens=12)
     runs = []
-    layouts = [(64, [target], [7]), (64, [*others, target], [1, 2, 7]), (1, [*others, target], [1, 2, 7]),
-               (5, [others[0], target, others[1]], [1, 7, 2])]  # (batch_size, prompts, their seeds)
+    layouts = [
+        (64, [target], [7]),
+        (64, [*others, target], [1, 2, 7]),
+        (1, [*others, target], [1, 2, 7]),
+        (5, [others[0], target, others[1]], [1, 7, 2]),
+    ]  # (batch_size, prompts, their seeds)
     for batch_size, prompts, seeds in layouts:
         eng.batch_size = batch_size
         groups = eng.generate(prompts, 6, sampling, seeds=seeds)

@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cascade.flows.cli import app
-from cascade.stages.reward_sources import JudgeReward
 from cascade.stages.judge import PairwiseJudge
+from cascade.stages.reward_sources import JudgeReward
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_sft_data_vllm import FaultProxy
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
@@ -58,9 +58,28 @@ def test_a_malformed_reply_is_counted_and_scores_zero(proxy):
 
 
 def test_cascade_eval_arena_hard_reports_the_win_rate_both_orders(proxy, tmp_path):
-    result = CliRunner().invoke(app, ["eval", "tiny", "--recipe", "micro", "--benchmark", "arena_hard",
-                                      "--judge", proxy.url, "--judge-model", "cascade-policy", "--limit", "3",
-                                      "--max-new-tokens", "4", "--out", str(tmp_path / "out"), "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "tiny",
+            "--recipe",
+            "micro",
+            "--benchmark",
+            "arena_hard",
+            "--judge",
+            proxy.url,
+            "--judge-model",
+            "cascade-policy",
+            "--limit",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     scores = json.loads(result.stdout)
     assert scores["prompts"] == 3 and scores["win_rate"] == 0.5 and scores["standard_error"] == 0.0

@@ -26,8 +26,9 @@ def no_run(cfg, ctx, inputs):
 
 @pytest.fixture
 def note_kind():
-    yield lambda **facts: register_kind(StageKind("note", NoteConfig, no_run, makes="dataset", takes_policy=False,
-                                                  holds_compute=False, **facts))
+    yield lambda **facts: register_kind(
+        StageKind("note", NoteConfig, no_run, makes="dataset", takes_policy=False, holds_compute=False, **facts)
+    )
     unregister_kind("note")
 
 
@@ -36,16 +37,22 @@ def test_the_plan_estimates_a_kind_by_its_row(note_kind):
     size = ModelSize(1000, 1000, from_config=False)
     note_kind()
     assert estimate_stage(NoteConfig(), recipe, size, 128).notes == ["no estimate for kind 'note'"]
-    note_kind(estimate=lambda cfg, recipe, params, prompt_tokens: StageEstimate(cfg.name, cfg.kind,
-                                                                                 storage_bytes=params * prompt_tokens))
+    note_kind(
+        estimate=lambda cfg, recipe, params, prompt_tokens: StageEstimate(
+            cfg.name, cfg.kind, storage_bytes=params * prompt_tokens
+        )
+    )
     assert estimate_stage(NoteConfig(), recipe, size, 128).storage_bytes == 128_000
 
 
 def test_the_gate_recovers_only_with_a_kind_that_recovers():
     raw = read_recipe_file(resolve_recipe_path("micro"))
     raw["gate"] = {"policy": "recover", "recovery": {"kind": "sft", "steps": 3}}
-    with pytest.raises(RecipeError, match=r"^recipe: gate\.recovery: a sft stage cannot recover; kinds that can: "
-                                          rf"{', '.join(recovery_kinds())}$"):
+    with pytest.raises(
+        RecipeError,
+        match=r"^recipe: gate\.recovery: a sft stage cannot recover; kinds that can: "
+        rf"{', '.join(recovery_kinds())}$",
+    ):
         validate_recipe(raw)
     raw["gate"] = {"policy": "recover", "recovery": {"steps": 0}}  # no kind: the default recovery's, its bounds
     with pytest.raises(RecipeError, match=r"^recipe: gate\.recovery\.\w+\.steps: Input should be greater"):
@@ -63,8 +70,7 @@ class TrainedNote(TrainingConfig):
 
 def test_a_row_refuses_facts_its_config_cannot_hold():
     with pytest.raises(ValueError, match="a distributable kind needs a TrainingConfig"):
-        StageKind("note", NoteConfig, no_run, makes="policy", takes_policy=True, holds_compute=True,
-                  distributable=True)
+        StageKind("note", NoteConfig, no_run, makes="policy", takes_policy=True, holds_compute=True, distributable=True)
     StageKind("note", TrainedNote, no_run, makes="policy", takes_policy=True, holds_compute=True, distributable=True)
     with pytest.raises(ValueError, match="a recovery kind's config needs `teachers` and `domains`"):
         StageKind("note", TrainedNote, no_run, makes="policy", takes_policy=True, holds_compute=True, recovers=True)

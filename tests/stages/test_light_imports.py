@@ -1,6 +1,7 @@
 """The stage core imports light: the SFT, GRPO and MOPD stages, the kind registry, the recipe (loaded and
 validated), the stage driver and launcher, and what running them needs with a file:// store (store, checkpoints,
-step log, context, training, the HF engine, the math and instruct domains) import no third-party package beyond torch, transformers, pydantic, yaml and fsspec.
+step log, context, training, the HF engine, the math and instruct domains) import no third-party package beyond torch,
+transformers, pydantic, yaml and fsspec.
 
 Why: the GPU machine that runs stage code has CUDA torch and transformers (with numpy, pyyaml, fsspec, pyarrow,
 scipy, jinja2) but not boto3, s3fs, Prefect, MLflow, math-verify or matplotlib; and every torchrun rank imports
@@ -20,17 +21,66 @@ import sys
 import pytest
 
 # torch, transformers and what transformers imports itself; pydantic and its own packages; yaml; fsspec
-ALLOWED = {"torch", "transformers", "huggingface_hub", "tokenizers", "safetensors", "numpy", "regex", "packaging",
-           "filelock", "tqdm", "httpx", "pydantic", "pydantic_core", "annotated_types", "typing_inspection",
-           "typing_extensions", "yaml", "fsspec"}
+ALLOWED = {
+    "torch",
+    "transformers",
+    "huggingface_hub",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+    "regex",
+    "packaging",
+    "filelock",
+    "tqdm",
+    "httpx",
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "typing_extensions",
+    "yaml",
+    "fsspec",
+}
 # absent from the GPU machine, or slow to import and needed only by some stage, grader or the report
-HEAVY = {"boto3", "botocore", "s3transfer", "s3fs", "aiobotocore", "aiohttp", "prefect", "mlflow", "matplotlib",
-         "scipy", "pyarrow", "sympy", "math_verify", "datasets", "nltk", "jinja2", "PIL", "sklearn", "pandas",
-         "jsonschema", "datasketch", "if_verifiable"}
-STAGE_CORE = ["cascade.stages.kinds.sft.run", "cascade.stages.kinds.grpo.run", "cascade.stages.kinds.mopd.run",
-              "cascade.stages.kinds", "cascade.stages.recipe", "cascade.artifacts.store",
-              "cascade.artifacts.checkpoint", "cascade.artifacts.steplog", "cascade.stages.context",
-              "cascade.stages.training", "cascade.stages.engines.hf", "cascade.stages.launch", "cascade.stages.run"]
+HEAVY = {
+    "boto3",
+    "botocore",
+    "s3transfer",
+    "s3fs",
+    "aiobotocore",
+    "aiohttp",
+    "prefect",
+    "mlflow",
+    "matplotlib",
+    "scipy",
+    "pyarrow",
+    "sympy",
+    "math_verify",
+    "datasets",
+    "nltk",
+    "jinja2",
+    "PIL",
+    "sklearn",
+    "pandas",
+    "jsonschema",
+    "datasketch",
+    "if_verifiable",
+}
+STAGE_CORE = [
+    "cascade.stages.kinds.sft.run",
+    "cascade.stages.kinds.grpo.run",
+    "cascade.stages.kinds.mopd.run",
+    "cascade.stages.kinds",
+    "cascade.stages.recipe",
+    "cascade.artifacts.store",
+    "cascade.artifacts.checkpoint",
+    "cascade.artifacts.steplog",
+    "cascade.stages.context",
+    "cascade.stages.training",
+    "cascade.stages.engines.hf",
+    "cascade.stages.launch",
+    "cascade.stages.run",
+]
 
 # Notes every third-party top-level package that a cascade module imports, also one that something else loaded
 # first (transformers loads yaml and, where installed, boto3 before any cascade module asks for them).
@@ -81,10 +131,15 @@ assert store.read_bytes("probe") == b"light"
 def third_party_imports_of_cascade(modules: list[str], cwd, then: str = "") -> set[str]:
     """In a fresh interpreter, outside the checkout: what cascade's code imports while `modules` are imported and
     `then` runs."""
-    script = (RECORD_CASCADE_IMPORTS + "\nfor module in sys.argv[1:]:\n    importlib.import_module(module)\n"
-              + then + "\nprint(json.dumps(sorted(imported)))\n")
-    out = subprocess.run([sys.executable, "-c", script, *modules], cwd=cwd, capture_output=True, text=True,
-                         check=True).stdout
+    script = (
+        RECORD_CASCADE_IMPORTS
+        + "\nfor module in sys.argv[1:]:\n    importlib.import_module(module)\n"
+        + then
+        + "\nprint(json.dumps(sorted(imported)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, *modules], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout
     return set(json.loads(out.splitlines()[-1]))
 
 

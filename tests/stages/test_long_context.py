@@ -14,12 +14,20 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 
 
 def recipe(options=None, **model):
-    return validate_recipe({
-        "model": {**TINY, **model},
-        "domains": {"longctx": {"train_size": 10, "heldout_size": 4, "max_new_tokens": 8,
-                                **({"options": options} if options else {})}},
-        "stages": [{"kind": "grpo", "name": "lc_rl", "domains": ["longctx"], "steps": 1}],
-    })
+    return validate_recipe(
+        {
+            "model": {**TINY, **model},
+            "domains": {
+                "longctx": {
+                    "train_size": 10,
+                    "heldout_size": 4,
+                    "max_new_tokens": 8,
+                    **({"options": options} if options else {}),
+                }
+            },
+            "stages": [{"kind": "grpo", "name": "lc_rl", "domains": ["longctx"], "steps": 1}],
+        }
+    )
 
 
 def test_haystack_options_make_prompts_several_times_longer():
@@ -56,16 +64,20 @@ def test_yarn_stretches_the_tiny_window_and_survives_a_checkpoint(tmp_path):
 def test_a_loaded_model_takes_the_recipes_window(tmp_path):
     tok = load_tokenizer()
     save_hf(build_tiny_model(recipe().model, len(tok), 0), tok, tmp_path)
-    model, _ = initial_model(recipe(max_position_embeddings=2048, rope_scaling=YARN).model.model_copy(
-        update={"source": str(tmp_path)}), 0)
+    model, _ = initial_model(
+        recipe(max_position_embeddings=2048, rope_scaling=YARN).model.model_copy(update={"source": str(tmp_path)}), 0
+    )
     assert model.config.max_position_embeddings == 2048 and model.config.rope_scaling["rope_type"] == "yarn"
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"options": {"num_keys": 99}}, "num_keys must be in 1..32"),
-    ({"options": {"haystack": 3}}, "domains.longctx.options: "),
-    ({"rope_scaling": {"rope_type": "magic", "factor": 2.0}}, "rope_type"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"options": {"num_keys": 99}}, "num_keys must be in 1..32"),
+        ({"options": {"haystack": 3}}, "domains.longctx.options: "),
+        ({"rope_scaling": {"rope_type": "magic", "factor": 2.0}}, "rope_type"),
+    ],
+)
 def test_bad_long_context_settings_are_refused(change, message):
     options = change.pop("options", None)
     with pytest.raises(RecipeError, match=message):

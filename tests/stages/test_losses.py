@@ -7,9 +7,9 @@ import torch
 
 from cascade.stages.losses import (
     bradley_terry_loss,
+    groups_with_signal,
     grpo_advantages,
     grpo_loss,
-    groups_with_signal,
     kl_k3,
     length_normalized_rewards,
     sft_loss,
@@ -81,8 +81,12 @@ def test_token_logprobs_equal_log_softmax_in_value_and_gradient():
     torch.testing.assert_close(grad_ours, grad_ref, rtol=0, atol=5e-6)  # float rounding of |logits| ~ 30
     half = logits.detach().bfloat16()
     assert token_logprobs(half, targets).dtype == torch.float32
-    torch.testing.assert_close(token_logprobs(half, targets),
-                               torch.log_softmax(half.float(), -1).gather(-1, targets[..., None])[..., 0], rtol=0, atol=2e-5)
+    torch.testing.assert_close(
+        token_logprobs(half, targets),
+        torch.log_softmax(half.float(), -1).gather(-1, targets[..., None])[..., 0],
+        rtol=0,
+        atol=2e-5,
+    )
 
 
 def test_bradley_terry_loss_hand_computed_with_and_without_margin():

@@ -3,8 +3,8 @@
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from cascade.stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
 from cascade.stages.config import ModelConfig
+from cascade.stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
 from cascade.stages.tokenizer import load_tokenizer
 
 SAMPLES = ["Compute 7-3+9.", "7-3=4\n4+9=13\n\\boxed{13}", "- snow\n- ICE", "def f(x):\n    return x * 2", "héllo ✓"]

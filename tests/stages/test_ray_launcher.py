@@ -38,7 +38,7 @@ from cascade.stages.errors import DistributedStageError
 from cascade.stages.kinds import StageInputs
 from cascade.stages.launch import run_stage_where_configured
 from tests.conftest import micro_recipe
-from tests.faults.conftest import KILL_RECIPE, QUIET, cascade, prefect_api  # noqa: F401 (a fixture)
+from tests.faults.conftest import KILL_RECIPE, QUIET, cascade
 from tests.stages.test_distributed import SFT, assert_same_adamw_weights, sft_data, stage_run
 from tests.stages.test_vllm_engine import require_vllm_venv
 
@@ -49,8 +49,12 @@ TORCHRUN = ["compute.nproc_per_node=2"]
 RAY_TWO_NODES = ["compute.launcher=ray", "compute.nnodes=2"]
 # the completion's length as reward: every group has signal, so each step is an update (math's grader gives the
 # 5-step SFT model 0 everywhere, and a step without signal makes none)
-GRPO = ["stages.math_rl.steps=2", "stages.math_rl.prompts_per_step=4", "stages.math_rl.group_size=4",
-        "stages.math_rl.reward={kind: callable, function: 'tests.stages.test_reward_sources:answer_length'}"]
+GRPO = [
+    "stages.math_rl.steps=2",
+    "stages.math_rl.prompts_per_step=4",
+    "stages.math_rl.group_size=4",
+    "stages.math_rl.reward={kind: callable, function: 'tests.stages.test_reward_sources:answer_length'}",
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,17 +74,45 @@ def ray_address(tmp_path_factory):
     home = tmp_path_factory.mktemp("ray-home")
     # the nodes' workers import the test's reward function: the repo root on their path. Ray starts its workers at
     # nice 15: beside the suite's other workers a rank then took minutes to import torch (docs/SCALE.md)
-    env = {**os.environ, **QUIET, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT), "RAY_worker_niceness": "0",
-           "HOME": str(home)}
+    env = {
+        **os.environ,
+        **QUIET,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": str(ROOT),
+        "RAY_worker_niceness": "0",
+        "HOME": str(home),
+    }
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
     try:
-        subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
-                       check=True, capture_output=True, timeout=120)
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True,
-                       capture_output=True, timeout=120)
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1", "--num-cpus=0",
-                        '--resources={"rollout": 1}', "--disable-usage-stats"], env=env, check=True,
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [RAY, "start", f"--address=127.0.0.1:{port}", *common],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                RAY,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=0",
+                '--resources={"rollout": 1}',
+                "--disable-usage-stats",
+            ],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         ray.init(address=f"127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)  # the tests' own view
         yield f"127.0.0.1:{port}"
     finally:
@@ -117,15 +149,19 @@ def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp
 
 
 def test_one_vllm_server_serves_two_ranks_under_torchrun_and_on_ray_and_they_draw_one_process_rollouts(
-        ray_address, tmp_path, caplog, monkeypatch):
+    ray_address, tmp_path, caplog, monkeypatch
+):
     require_vllm_venv()
     monkeypatch.setenv("RAY_ADDRESS", ray_address)
     recipe = micro_recipe(tmp_path, *SFT, *GRPO)
     sft = stage_run(recipe, tmp_path, "sft", "sft", StageInputs(stages={"sft_data": sft_data(recipe, tmp_path)}))
     runs = {}
     with caplog.at_level(logging.INFO, logger="cascade.stages"):
-        for name, world in (("one", []), ("torchrun", TORCHRUN),
-                            ("ray", [*RAY_TWO_NODES, "engine.ray_resources={rollout: 1}"])):
+        for name, world in (
+            ("one", []),
+            ("torchrun", TORCHRUN),
+            ("ray", [*RAY_TWO_NODES, "engine.ray_resources={rollout: 1}"]),
+        ):
             recipe = micro_recipe(tmp_path, *SFT, *GRPO, "engine.kind=vllm", *world)
             runs[name] = stage_run(recipe, tmp_path, name, "math_rl", StageInputs(policy=sft[2]))
     one, weights_one, _ = runs["one"]
@@ -150,10 +186,13 @@ def test_one_vllm_server_serves_two_ranks_under_torchrun_and_on_ray_and_they_dra
 def test_a_stage_that_fails_on_a_rank_is_one_line_naming_rank_and_node(ray_address, tmp_path, monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", ray_address)
     recipe = micro_recipe(tmp_path, *SFT, *RAY_TWO_NODES, "stages.sft.batch_size=1", "stages.sft.micro_batch_size=1")
-    ctx = StageContext(recipe, Store.from_config(recipe.storage), "bad", "runs/bad/01-sft", ListSink(),
-                       workdir=tmp_path)
+    ctx = StageContext(
+        recipe, Store.from_config(recipe.storage), "bad", "runs/bad/01-sft", ListSink(), workdir=tmp_path
+    )
     with pytest.raises(DistributedStageError) as e:
-        run_stage_where_configured(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": sft_data(recipe, tmp_path)}))
+        run_stage_where_configured(
+            recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": sft_data(recipe, tmp_path)})
+        )
     line = str(e.value)
     assert "\n" not in line and line.startswith("stage sft: rank ") and named_node(line), line
     assert line.endswith("failed: RecipeError: stage 'sft': batch_size 1 cannot be shared by 2 ranks"), line
@@ -180,11 +219,24 @@ def test_a_killed_worker_fails_in_one_line_and_resume_on_one_worker_finishes(ray
     from transformers import AutoModelForCausalLM
 
     root = f"file://{tmp_path}/store"
-    env = dict(os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api,
-               RAY_ADDRESS=ray_address)
+    env = dict(
+        os.environ, **QUIET, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api, RAY_ADDRESS=ray_address
+    )
     store = Store(root)
-    proc = cascade(["run", str(KILL_RECIPE), "--run-id", RUN_ID, f"storage.root={root}", "stages.math_rl.steps=1",
-                    *RAY_TWO_NODES, f"stages.sft.steps={SFT_STEPS}", "stages.sft.checkpoint_every=2"], env)
+    proc = cascade(
+        [
+            "run",
+            str(KILL_RECIPE),
+            "--run-id",
+            RUN_ID,
+            f"storage.root={root}",
+            "stages.math_rl.steps=1",
+            *RAY_TWO_NODES,
+            f"stages.sft.steps={SFT_STEPS}",
+            "stages.sft.checkpoint_every=2",
+        ],
+        env,
+    )
     deadline, killed_after = time.time() + 180, None
     while time.time() < deadline and proc.poll() is None and killed_after is None:
         step, pids = newest_step(store), rank_actor_pids()
@@ -214,12 +266,18 @@ def test_a_killed_worker_fails_in_one_line_and_resume_on_one_worker_finishes(ray
 
 
 def test_without_ray_installed_the_recipe_is_one_line_and_exit_2(tmp_path):
-    hide_ray = ("import sys; sys.modules['ray'] = None; from cascade.flows.cli import main; "
-                "sys.argv = ['cascade'] + sys.argv[1:]; main()")
+    hide_ray = (
+        "import sys; sys.modules['ray'] = None; from cascade.flows.cli import main; "
+        "sys.argv = ['cascade'] + sys.argv[1:]; main()"
+    )
     home = tmp_path / "home"
-    result = subprocess.run([sys.executable, "-c", hide_ray, "run", "micro", "compute.launcher=ray", "--run-id", "x"],
-                            env={**os.environ, **QUIET, "CASCADE_HOME": str(home)}, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", hide_ray, "run", "micro", "compute.launcher=ray", "--run-id", "x"],
+        env={**os.environ, **QUIET, "CASCADE_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
     assert len(lines) == 1 and "compute.launcher ray needs Ray" in lines[0], lines

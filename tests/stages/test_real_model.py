@@ -19,19 +19,37 @@ from tests.stages.test_training import VowelDomain, stage_ctx
 def smollm2_recipe(tmp_path, source: str):
     """SFT on two synthetic math rows, GRPO on a task with reward signal from the first step, MOPD toward SFT."""
     on_policy = {"steps": 2, "prompts_per_step": 1, "group_size": 3, "checkpoint_every": 0, "lr": 1e-5}
-    return validate_recipe({
-        "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
-        "model": {"source": source}, "compute": {"dtype": "fp32"},
-        "domains": {"math": {"train_size": 2, "heldout_size": 2, "max_new_tokens": 6},
-                    "vowels": {"train_size": 8, "heldout_size": 2, "max_new_tokens": 6}},
-        "stages": [
-            {"kind": "sft_data", "domains": ["math"], "dedup": {"near": False}, "decontamination": {"enabled": False}},
-            {"kind": "sft", "steps": 3, "batch_size": 2, "micro_batch_size": 1, "lr": 1e-4, "warmup_steps": 0,
-             "checkpoint_every": 0},
-            {"kind": "grpo", "name": "rl", "domains": ["vowels"], **on_policy},
-            {"kind": "mopd", "domains": ["math"], "teachers": {"math": "sft"}, **on_policy},
-        ],
-    })
+    return validate_recipe(
+        {
+            "seed": 0,
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "model": {"source": source},
+            "compute": {"dtype": "fp32"},
+            "domains": {
+                "math": {"train_size": 2, "heldout_size": 2, "max_new_tokens": 6},
+                "vowels": {"train_size": 8, "heldout_size": 2, "max_new_tokens": 6},
+            },
+            "stages": [
+                {
+                    "kind": "sft_data",
+                    "domains": ["math"],
+                    "dedup": {"near": False},
+                    "decontamination": {"enabled": False},
+                },
+                {
+                    "kind": "sft",
+                    "steps": 3,
+                    "batch_size": 2,
+                    "micro_batch_size": 1,
+                    "lr": 1e-4,
+                    "warmup_steps": 0,
+                    "checkpoint_every": 0,
+                },
+                {"kind": "grpo", "name": "rl", "domains": ["vowels"], **on_policy},
+                {"kind": "mopd", "domains": ["math"], "teachers": {"math": "sft"}, **on_policy},
+            ],
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +80,9 @@ def run_recipe_stages(recipe, tmp) -> dict:
     out, refs, policy = {}, {}, None
     for cfg in recipe.stages:
         row = kind_of(cfg.kind)
-        inputs = StageInputs(policy=policy if row.takes_policy else None,
-                             stages={read.stage: refs[read.stage] for read in cfg.reads()})
+        inputs = StageInputs(
+            policy=policy if row.takes_policy else None, stages={read.stage: refs[read.stage] for read in cfg.reads()}
+        )
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp, cfg.name, sink)
         refs[cfg.name] = row.run(cfg, ctx, inputs).checkpoint
@@ -118,9 +137,18 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
     tok = load_tokenizer()
     tok.pad_token, tok.padding_side = None, "left"
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-                         eos_token_id=tok.eos_token_id, pad_token_id=None, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=None,
+        bos_token_id=None,
+    )
     model_dir = tmp_path / "untied-llama"
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
@@ -138,14 +166,15 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
 
 
 def test_a_model_without_a_chat_template_is_one_line_of_bad_input(tmp_path):
+    from cascade.stages.config import ModelConfig
     from cascade.stages.errors import ModelSourceError
     from cascade.stages.model import build_tiny_model, load_hf
-    from cascade.stages.config import ModelConfig
     from cascade.stages.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
-    build_tiny_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), len(tok),
-                     seed=0).save_pretrained(tmp_path)
+    build_tiny_model(
+        ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), len(tok), seed=0
+    ).save_pretrained(tmp_path)
     tok.chat_template = None
     tok.save_pretrained(tmp_path)
     with pytest.raises(ModelSourceError, match=r"has no chat template: use an instruct model") as e:

@@ -66,11 +66,13 @@ def test_replacing_the_stage_list_with_a_scalar_is_rejected():
 
 # --- the run form of the `cascade` deployment (flows.recipes.RunRequest) ---
 
+
 def test_run_form_overrides_apply_to_the_recipe():
     from cascade.flows.recipes import RunRequest, request_recipe
 
-    req = RunRequest(recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"],
-                     storage_root="file:///tmp/x")
+    req = RunRequest(
+        recipe="micro", steps=3, lr=1e-4, stages={"sft": {"steps": 5}}, domains=["math"], storage_root="file:///tmp/x"
+    )
     recipe = request_recipe(req)
     assert [s.name for s in recipe.stages] == ["sft_data", "sft", "math_rl"]  # difficulty and if_rl: instruct only
     assert list(recipe.domains) == ["math"]
@@ -89,13 +91,16 @@ def test_run_form_overrides_a_reward_model_as_every_training_stage():
     assert "reward_model" in RunRequest.model_fields["steps"].description
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"steps": 0}, "greater than or equal to 1"),
-    ({"domains": ["poetry"]}, "Input should be"),
-    ({"recipe": "nope"}, "Input should be"),
-    ({"run_id": "Bad ID"}, "String should match pattern"),
-    ({"storage_root": "/no/scheme"}, "String should match pattern"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"steps": 0}, "greater than or equal to 1"),
+        ({"domains": ["poetry"]}, "Input should be"),
+        ({"recipe": "nope"}, "Input should be"),
+        ({"run_id": "Bad ID"}, "String should match pattern"),
+        ({"storage_root": "/no/scheme"}, "String should match pattern"),
+    ],
+)
 def test_run_form_rejects_bad_fields(fields, message):
     from pydantic import ValidationError
 
@@ -105,8 +110,9 @@ def test_run_form_rejects_bad_fields(fields, message):
         RunRequest(**fields)
 
 
-@pytest.mark.parametrize("fields", [{"storage_root": "s3://AKIA:pw-7f3k9q@bucket/x"},
-                                    {"recipe_uri": "s3://AKIA:pw-7f3k9q@bucket/r.yaml"}])
+@pytest.mark.parametrize(
+    "fields", [{"storage_root": "s3://AKIA:pw-7f3k9q@bucket/x"}, {"recipe_uri": "s3://AKIA:pw-7f3k9q@bucket/r.yaml"}]
+)
 def test_run_form_refuses_credentials_in_urls_without_echoing_them(fields):
     from pydantic import ValidationError
 
@@ -133,11 +139,14 @@ def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
     assert RunRequest(storage_root="s3://bucket/key@v2").storage_root == "s3://bucket/key@v2"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"stages": {"nope": {"steps": 2}}}, "no stage named ['nope']"),
-    ({"stages": {"sft_data": {"steps": 2}}}, "a sft_data stage has no steps or lr"),
-    ({"domains": ["code"]}, "domains: ['code'] not in recipe micro"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"stages": {"nope": {"steps": 2}}}, "no stage named ['nope']"),
+        ({"stages": {"sft_data": {"steps": 2}}}, "a sft_data stage has no steps or lr"),
+        ({"domains": ["code"]}, "domains: ['code'] not in recipe micro"),
+    ],
+)
 def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
     from cascade.flows.recipes import RunRequest, request_recipe
     from cascade.stages.recipe import RecipeError

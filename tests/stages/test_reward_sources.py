@@ -52,7 +52,8 @@ def items_and_groups():
 def rl_recipe(reward) -> dict:
     raw = read_recipe_file(resolve_recipe_path("micro"))
     raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [
-        {"kind": "grpo", "name": "rl", "domains": ["math"], "reward": reward}]
+        {"kind": "grpo", "name": "rl", "domains": ["math"], "reward": reward}
+    ]
     return raw
 
 
@@ -69,11 +70,15 @@ def test_a_callable_reward_is_called_as_trl_calls_one():
 
 
 def test_a_weighted_sum_adds_its_sources_rewards():
-    reward = [{"source": {"kind": "grader"}, "weight": 0.5},
-              {"source": {"kind": "callable", "function": f"{__name__}:one"}, "weight": -2}]
+    reward = [
+        {"source": {"kind": "grader"}, "weight": 0.5},
+        {"source": {"kind": "callable", "function": f"{__name__}:one"}, "weight": -2},
+    ]
     cfg = validate_recipe(rl_recipe(reward)).stage("rl")
-    assert cfg.model_dump()["reward"][1] == {"source": {"kind": "callable", "function": f"{__name__}:one"},
-                                             "weight": -2.0}
+    assert cfg.model_dump()["reward"][1] == {
+        "source": {"kind": "callable", "function": f"{__name__}:one"},
+        "weight": -2.0,
+    }
     items = [get_domain("math").generate("train", 2, 0)[0]]
     source = make_reward_source(cfg.reward, None, {})
     rewards = source.rewards(items, [[completion(items[0].reference), completion("no")]])
@@ -81,19 +86,34 @@ def test_a_weighted_sum_adds_its_sources_rewards():
     assert source.metrics() == {"reward_term/0:grader": 0.5, "reward_term/1:callable": 1.0}
 
 
-@pytest.mark.parametrize("reward, message", [
-    ({"kind": "callable", "function": "no_such_module_xyz:f"},
-     "stages.2.grpo.reward: reward function 'no_such_module_xyz:f': cannot import no_such_module_xyz: "
-     "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
-    ({"kind": "callable", "function": f"{__name__}:NOT_CALLABLE"},
-     f"stages.2.grpo.reward: reward function '{__name__}:NOT_CALLABLE': {__name__} has no callable 'NOT_CALLABLE'"),
-    ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: function: String should match pattern"),
-    ({"kind": "nope"}, "stages.2.grpo.reward: unknown reward source 'nope'; known: callable, grader, judge, "
-                       "reward_model"),
-    ([{"source": {"kind": "grader"}, "weight": True}], "stages.2.grpo.reward.sum.0.weight: Input should be a number"),
-    ([{"source": {"kind": "reward_model", "stage": "sft"}}],
-     "stage 'rl' reads reward.0.source.stage 'sft', which no earlier reward_model stage writes"),
-])
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        (
+            {"kind": "callable", "function": "no_such_module_xyz:f"},
+            "stages.2.grpo.reward: reward function 'no_such_module_xyz:f': cannot import no_such_module_xyz: "
+            "ModuleNotFoundError: No module named 'no_such_module_xyz'",
+        ),
+        (
+            {"kind": "callable", "function": f"{__name__}:NOT_CALLABLE"},
+            f"stages.2.grpo.reward: reward function '{__name__}:NOT_CALLABLE': "
+            f"{__name__} has no callable 'NOT_CALLABLE'",
+        ),
+        ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: function: String should match pattern"),
+        (
+            {"kind": "nope"},
+            "stages.2.grpo.reward: unknown reward source 'nope'; known: callable, grader, judge, reward_model",
+        ),
+        (
+            [{"source": {"kind": "grader"}, "weight": True}],
+            "stages.2.grpo.reward.sum.0.weight: Input should be a number",
+        ),
+        (
+            [{"source": {"kind": "reward_model", "stage": "sft"}}],
+            "stage 'rl' reads reward.0.source.stage 'sft', which no earlier reward_model stage writes",
+        ),
+    ],
+)
 def test_a_bad_reward_is_one_line_before_any_work(reward, message):
     with pytest.raises(RecipeError) as e:
         validate_recipe(rl_recipe(reward))
@@ -142,4 +162,8 @@ def test_a_source_registered_from_outside_is_one_row(constant_source):
 def test_every_shipped_reward_still_validates_as_before():
     rlhf = load_recipe("tiny-rlhf").stage("rlhf")
     assert rlhf.reward.kind == "reward_model" and rlhf.model_dump()["reward"] == {
-        "kind": "reward_model", "stage": "rm", "length_coef": 0.5, "batch_size": 64}
+        "kind": "reward_model",
+        "stage": "rm",
+        "length_coef": 0.5,
+        "batch_size": 64,
+    }

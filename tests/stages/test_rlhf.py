@@ -7,23 +7,29 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2ForSequenceClassification
 
+from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.chat import NEAR_MISSES, near_miss, rubric
-from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds import StageInputs
-from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds.reward_model.run import pair_scores, run_reward_model, shared_prefix_rows
 from cascade.stages.kinds.sft.run import run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
-from cascade.artifacts.store import Store
 from tests.conftest import DEVICES
 
-BROKEN = {"off_topic": {"on_topic"}, "wrong_tone": {"tone"}, "padded": {"length"},
-          "repetitive": {"no_repetition", "on_topic"}, "other_entity": {"entity"},
-          "cut_off": {"length", "tone"}, "garbled": {"on_topic"}}
+BROKEN = {
+    "off_topic": {"on_topic"},
+    "wrong_tone": {"tone"},
+    "padded": {"length"},
+    "repetitive": {"no_repetition", "on_topic"},
+    "other_entity": {"entity"},
+    "cut_off": {"length", "tone"},
+    "garbled": {"on_topic"},
+}
 
 
 def test_chat_gold_passes_every_check_and_each_near_miss_breaks_its_own():
@@ -60,10 +66,25 @@ MICRO_RLHF = {
     "stages": [
         {"kind": "sft_data"},
         {"kind": "sft", "steps": 4, "batch_size": 8, "micro_batch_size": 8, "warmup_steps": 1},
-        {"kind": "reward_model", "init": "sft", "steps": 6, "batch_size": 8, "micro_batch_size": 4,
-         "pairs": {"kind": "domain", "domain": "chat", "train": 32, "heldout": 16}},
-        {"kind": "grpo", "name": "rlhf", "domains": ["chat"], "steps": 2, "prompts_per_step": 4, "group_size": 4,
-         "micro_batch_size": 5, "kl_coef": 0.03, "reward": {"kind": "reward_model", "stage": "rm"}},
+        {
+            "kind": "reward_model",
+            "init": "sft",
+            "steps": 6,
+            "batch_size": 8,
+            "micro_batch_size": 4,
+            "pairs": {"kind": "domain", "domain": "chat", "train": 32, "heldout": 16},
+        },
+        {
+            "kind": "grpo",
+            "name": "rlhf",
+            "domains": ["chat"],
+            "steps": 2,
+            "prompts_per_step": 4,
+            "group_size": 4,
+            "micro_batch_size": 5,
+            "kl_coef": 0.03,
+            "reward": {"kind": "reward_model", "stage": "rm"},
+        },
     ],
 }
 
@@ -81,8 +102,7 @@ def run_stages(recipe, tmp_path, upto: str) -> tuple[dict, dict]:
     runs = {"sft_data": run_sft_data, "sft": run_sft, "reward_model": run_reward_model, "grpo": run_grpo}
     for index, stage in enumerate(recipe.stages):
         sinks[stage.name] = ListSink()
-        ctx = StageContext(recipe, store, "r", f"runs/r/{index:02d}-{stage.name}", sinks[stage.name],
-                           workdir=tmp_path)
+        ctx = StageContext(recipe, store, "r", f"runs/r/{index:02d}-{stage.name}", sinks[stage.name], workdir=tmp_path)
         policy = made.get("sft") if stage.kind == "grpo" else None
         inputs = StageInputs(policy=policy, stages={r.stage: made[r.stage] for r in stage.reads()})
         made[stage.name] = runs[stage.kind](stage, ctx, inputs).checkpoint
@@ -104,8 +124,12 @@ def test_reward_model_checkpoint_is_a_transformers_classifier_with_the_stage_met
     margins = []
     for pair in get_domain("chat").pairs("heldout", 16, seed=0):
         with torch.no_grad():
-            chosen, rejected = (float(model(input_ids=torch.tensor([prompt_ids(tok, pair.prompt) + completion_ids(tok, a)])).logits[0, 0])
-                                for a in (pair.chosen, pair.rejected))
+            chosen, rejected = (
+                float(
+                    model(input_ids=torch.tensor([prompt_ids(tok, pair.prompt) + completion_ids(tok, a)])).logits[0, 0]
+                )
+                for a in (pair.chosen, pair.rejected)
+            )
         margins.append(chosen - rejected)
     # transformers' own load, one sequence at a time (no padding), gives the stage's figures
     assert manifest["metrics"]["heldout_accuracy"] == pytest.approx(sum(m > 0 for m in margins) / 16, abs=1e-9)
@@ -120,14 +144,24 @@ def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone(de
     of the other; the row is shorter than the two sequences. fp32, on the CPU and on cuda (SDPA takes the boolean
     mask there too)."""
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, intermediate_size=48, num_labels=1, pad_token_id=0)
+    config = Qwen2Config(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        num_labels=1,
+        pad_token_id=0,
+    )
     model = Qwen2ForSequenceClassification(config).eval().to(device)
     model.set_attn_implementation("sdpa")
     prompt_a, prompt_b = [3, 4, 5, 6, 7, 8], [9, 10, 11]
-    pairs = [(prompt_a + [20, 21, 22], prompt_a + [23]),
-             (prompt_b + [30, 31, 32, 33], prompt_b + [30, 31, 40]),  # the answers share two tokens
-             (prompt_b + [41, 42], prompt_b + [41, 42, 43])]  # chosen is a prefix of rejected
+    pairs = [
+        (prompt_a + [20, 21, 22], prompt_a + [23]),
+        (prompt_b + [30, 31, 32, 33], prompt_b + [30, 31, 40]),  # the answers share two tokens
+        (prompt_b + [41, 42], prompt_b + [41, 42, 43]),
+    ]  # chosen is a prefix of rejected
 
     def alone(seq):
         return model(input_ids=torch.tensor([seq], device=device)).logits[0, 0]
@@ -173,8 +207,8 @@ def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path)
 def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patience(tmp_path):
     """select_every scores pairs held back from training; the checkpoint holds the best check's weights (its
     margin on those pairs is the logged one), and patience ends the stage early."""
-    from cascade.stages.kinds.reward_model.run import encode_pairs, pairwise_metrics
     from cascade.stages.distributed import process_world
+    from cascade.stages.kinds.reward_model.run import encode_pairs, pairwise_metrics
 
     rm = {**MICRO_RLHF["stages"][2], "steps": 12, "lr": 3e-3, "select_every": 2, "select_pairs": 8, "patience": 2}
     recipe = micro_rlhf(tmp_path, stages=[*MICRO_RLHF["stages"][:2], rm])
@@ -196,10 +230,13 @@ def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patie
     assert abs(scored["heldout_margin"] - checks[max(checks)]["select_margin"]) > 1e-3  # not the last step's
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"checkpoint_every": 4}, "set checkpoint_every to 0"),
-    ({"patience": 2}, "set select_every too"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"checkpoint_every": 4}, "set checkpoint_every to 0"),
+        ({"patience": 2}, "set select_every too"),
+    ],
+)
 def test_reward_model_selection_refuses_settings_it_cannot_honour(tmp_path, change, message):
     rm = {**MICRO_RLHF["stages"][2], "select_every": 2, **change}
     if "select_every" not in change and "patience" in change:
@@ -258,8 +295,11 @@ def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_s
     items = chat.generate("train", 24, seed=0)
     model, tok = load_checkpoint_of(recipe, made["sft"], tmp_path)
     engine = make_engine(recipe.engine, model, tok, seed=0)
-    groups = engine.generate([prompt_ids(tok, it.prompt) for it in items], 4,
-                             SamplingParams(max_new_tokens=12, seed=step_seed(0, "rm-pairs:train", 0)))
+    groups = engine.generate(
+        [prompt_ids(tok, it.prompt) for it in items],
+        4,
+        SamplingParams(max_new_tokens=12, seed=step_seed(0, "rm-pairs:train", 0)),
+    )
     expected = []
     for item, group in zip(items, groups):
         grades = [chat.grade(item, c.text) for c in group]
@@ -267,8 +307,10 @@ def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_s
             expected.append((item.prompt, max(grades), min(grades)))
     assert 0 < len(expected) < 24  # some prompts tie (no pair), some do not
     by_prompt = {it.prompt: it for it in items}
-    assert [(p.prompt, chat.grade(by_prompt[p.prompt], p.chosen), chat.grade(by_prompt[p.prompt], p.rejected))
-            for p in train] == expected
+    assert [
+        (p.prompt, chat.grade(by_prompt[p.prompt], p.chosen), chat.grade(by_prompt[p.prompt], p.rejected))
+        for p in train
+    ] == expected
     assert len(heldout) <= 8 and {p.prompt for p in heldout} <= {it.prompt for it in chat.generate("heldout", 8, 0)}
 
 

@@ -22,13 +22,16 @@ class ScriptedEngine:
 
     def generate(self, prompts, n, sampling: SamplingParams, seeds=None):
         self.calls.append((len(prompts), n, sampling, seeds))
-        return [[Completion([], [], self.references[i] if j < self.right[i] else "no idea", "stop") for j in range(n)]
-                for i in range(len(prompts))]
+        return [
+            [Completion([], [], self.references[i] if j < self.right[i] else "no idea", "stop") for j in range(n)]
+            for i in range(len(prompts))
+        ]
 
 
 def test_an_items_score_is_the_mean_of_its_samples_with_greedy_beside_it():
-    recipe = load_recipe("micro", ["domains.math.heldout_size=3", "domains.math.eval_temperature=0.7",
-                                   "domains.math.eval_samples=4"])
+    recipe = load_recipe(
+        "micro", ["domains.math.heldout_size=3", "domains.math.eval_temperature=0.7", "domains.math.eval_samples=4"]
+    )
     recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
     items = recipe.domain("math").generate("heldout", 3, recipe.seed)
     engine = ScriptedEngine([it.reference for it in items], right=[1, 2, 4])
@@ -58,7 +61,7 @@ def test_the_primary_metric_samples_at_the_temperature_rl_trains_the_domain_at()
     items = recipe.domain("math").generate("heldout", 16, recipe.seed)
     engine = ScriptedEngine([it.reference for it in items], right=[1, 0] * 8)
     scores, _ = evaluate_domains(engine, load_tokenizer(), recipe)
-    (_, n, sampling, _), = engine.calls  # greedy only: no second column
+    ((_, n, sampling, _),) = engine.calls  # greedy only: no second column
     assert (n, sampling.temperature, scores) == (1, 0.0, {"math": 0.5})
 
 
@@ -88,8 +91,10 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
     model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), len(tok), 0)
 
     def completions(size: int, batch: int, reverse: bool = False) -> dict[str, str]:
-        recipe = load_recipe("micro", [f"domains.math.heldout_size={size}", "domains.math.eval_temperature=1.0",
-                                       "domains.math.eval_samples=2"])
+        recipe = load_recipe(
+            "micro",
+            [f"domains.math.heldout_size={size}", "domains.math.eval_temperature=1.0", "domains.math.eval_samples=2"],
+        )
         recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
         domain = recipe.domain("math")
         if reverse:

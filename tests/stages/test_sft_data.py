@@ -16,28 +16,33 @@ import pytest
 
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.store import Store
-from cascade.stages.kinds import StageInputs
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.datasets.filters import ContaminationIndex, normalized_tokens
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.tokenizer import load_tokenizer
 
-LONG = ("the quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light "
-        "and the river runs slowly past the mill where children play with paper boats and kites all day long")
+LONG = (
+    "the quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light "
+    "and the river runs slowly past the mill where children play with paper boats and kites all day long"
+)
 
 
 def recipe_with(tmp_path, stage: dict, domains: dict | None = None, name: str = "store"):
-    return validate_recipe({
-        "seed": 0, "storage": {"root": f"file://{tmp_path}/{name}"},
-        "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
-        "domains": domains or {"math": {"train_size": 40, "heldout_size": 16}},
-        "stages": [{"kind": "sft_data", **stage}],
-    })
+    return validate_recipe(
+        {
+            "seed": 0,
+            "storage": {"root": f"file://{tmp_path}/{name}"},
+            "model": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128},
+            "domains": domains or {"math": {"train_size": 40, "heldout_size": 16}},
+            "stages": [{"kind": "sft_data", **stage}],
+        }
+    )
 
 
 def build(recipe, tmp_path, name: str = "run"):
@@ -69,14 +74,16 @@ def test_contaminated_user_file_loses_exactly_the_eval_prompts(tmp_path):
         [h.prompt for h in heldout[:3]]  # verbatim
         + [h.prompt.upper().replace("+", " + ") for h in heldout[3:5]]  # case and spacing edits
         + [h.prompt.rstrip(".?") for h in heldout[5:6]]  # punctuation dropped
-        + [f"Hint: {heldout[6].prompt} Show your work." ]  # embedded in a longer prompt
+        + [f"Hint: {heldout[6].prompt} Show your work."]  # embedded in a longer prompt
         + edited_gsm8k  # a benchmark question with its last word changed: 13-gram overlap
     )
     rows = [{"prompt": p, "reference": "\\boxed{0}"} for p in contaminated]
     rows += [{"prompt": c.prompt, "reference": c.reference} for c in clean]
     source = write_jsonl(tmp_path / "mine.jsonl", rows)
-    recipe = recipe_with(tmp_path, {"sources": {"math": [{"kind": "file", "path": source}]},
-                                    "decontamination": {"benchmarks": ["gsm8k"]}})
+    recipe = recipe_with(
+        tmp_path,
+        {"sources": {"math": [{"kind": "file", "path": source}]}, "decontamination": {"benchmarks": ["gsm8k"]}},
+    )
     result, ctx = build(recipe, tmp_path)
     kept = read_rows(ctx)
     assert [r["messages"][0]["content"] for r in kept] == [c.prompt for c in clean]
@@ -172,8 +179,9 @@ class CannedChat(http.server.BaseHTTPRequestHandler):
             answer, status = None, 400
         elif answer == "CUT":
             reason = "length"
-        reply = {"choices": [{"index": 0, "finish_reason": reason,
-                              "message": {"role": "assistant", "content": answer}}]}
+        reply = {
+            "choices": [{"index": 0, "finish_reason": reason, "message": {"role": "assistant", "content": answer}}]
+        }
         data = json.dumps(reply if status == 200 else {"error": "prompt too long"}).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -199,8 +207,9 @@ def canned_server():
 def test_rejection_sampling_keeps_only_verified_answers(tmp_path, canned_server, monkeypatch):
     items = get_domain("math").generate("train", 12, seed=0)
     wrong = {it.prompt for it in items[::3]}
-    CannedChat.answers = {it.prompt: it.reference.replace("boxed{", "boxed{1") if it.prompt in wrong else it.reference
-                          for it in items}
+    CannedChat.answers = {
+        it.prompt: it.reference.replace("boxed{", "boxed{1") if it.prompt in wrong else it.reference for it in items
+    }
     monkeypatch.setenv("TEACHER_KEY", "not-a-real-key")
     teacher = {"kind": "openai", "url": canned_server, "model": "m", "api_key_env": "TEACHER_KEY", "batch_size": 4}
     recipe = recipe_with(tmp_path, {"teacher": teacher}, {"math": {"train_size": 12, "heldout_size": 8}})
@@ -212,8 +221,9 @@ def test_rejection_sampling_keeps_only_verified_answers(tmp_path, canned_server,
     assert card(ctx)["teachers"]["math"]["api_key_env"] == "TEACHER_KEY"
     assert "not-a-real-key" not in json.dumps(card(ctx)) + json.dumps(result.metrics)
 
-    unverified = recipe_with(tmp_path, {"teacher": teacher, "verify": False},
-                            {"math": {"train_size": 12, "heldout_size": 8}}, "nv")
+    unverified = recipe_with(
+        tmp_path, {"teacher": teacher, "verify": False}, {"math": {"train_size": 12, "heldout_size": 8}}, "nv"
+    )
     assert build(unverified, tmp_path, "nv")[0].metrics["rows"] == 12
 
 
@@ -251,8 +261,12 @@ def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypa
         build(recipe, tmp_path, "b")
     monkeypatch.undo()
     store = Store.from_config(recipe.storage)
-    assert [committed(store, f"runs/b/00-sft_data/shards/{k:05d}") is not None for k in range(4)] == \
-        [True, True, False, False]
+    assert [committed(store, f"runs/b/00-sft_data/shards/{k:05d}") is not None for k in range(4)] == [
+        True,
+        True,
+        False,
+        False,
+    ]
     assert committed(store, "runs/b/00-sft_data") is None
 
     resumed, ctx = build(recipe, tmp_path, "b")
@@ -264,9 +278,15 @@ def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypa
 
 
 def test_shared_file_source_and_token_counts_as_sft_sees_them(tmp_path):
-    stage = {"sources": {"math": [{"kind": "shared", "file": "math/gsm8k_train.jsonl", "format": "gsm8k",
-                                   "count": 30}, {"kind": "synthetic", "share": 0.5}]},
-             "max_tokens": 300}
+    stage = {
+        "sources": {
+            "math": [
+                {"kind": "shared", "file": "math/gsm8k_train.jsonl", "format": "gsm8k", "count": 30},
+                {"kind": "synthetic", "share": 0.5},
+            ]
+        },
+        "max_tokens": 300,
+    }
     result, ctx = build(recipe_with(tmp_path, stage), tmp_path)
     rows, tokenizer = read_rows(ctx), load_tokenizer()
     data_card = card(ctx)
@@ -279,46 +299,67 @@ def test_shared_file_source_and_token_counts_as_sft_sees_them(tmp_path):
         assert row["num_tokens"] <= 300
     assert sum(r["num_tokens"] for r in rows) == result.metrics["tokens"] == data_card["tokens"]
     assert rows[0]["messages"][1]["content"].endswith("\\boxed{72}")  # GSM8K's first answer, parsed by its loader
-    assert "| math/shared:gsm8k_train.jsonl | math | 30 |" in ctx.store.read_bytes(
-        f"{ctx.key}/DATA_CARD.md").decode()
+    assert "| math/shared:gsm8k_train.jsonl | math | 30 |" in ctx.store.read_bytes(f"{ctx.key}/DATA_CARD.md").decode()
 
 
 def test_parquet_user_file_and_sft_reads_the_shards(tmp_path):
     table = pa.table({"question": ["Say hi.", "Say bye."], "answer": ["hi", "bye"]})
     pq.write_table(table, tmp_path / "mine.parquet")
-    source = {"kind": "file", "path": str(tmp_path / "mine.parquet"), "prompt_field": "question",
-              "reference_field": "answer"}
+    source = {
+        "kind": "file",
+        "path": str(tmp_path / "mine.parquet"),
+        "prompt_field": "question",
+        "reference_field": "answer",
+    }
     stage = {"sources": {"instruct": [source]}}
     recipe = recipe_with(tmp_path, stage, {"instruct": {"train_size": 5, "heldout_size": 8}})
     _, ctx = build(recipe, tmp_path)
     local = tmp_path / "copy"
     from cascade.artifacts.checkpoint import materialize
+
     materialize(ctx.store, committed(ctx.store, ctx.key), local)
     assert list(iter_conversations(shard_paths(local / DATA_DIR))) == [("Say hi.", "hi"), ("Say bye.", "bye")]
 
 
-@pytest.mark.parametrize("stage, message", [
-    ({"sources": {"math": [{"kind": "ftp", "path": "x"}]}},
-     "Input tag 'ftp' found using 'kind' does not match any of the expected tags"),
-    ({"sources": {"math": [{"kind": "file", "path": "/no/such/file.jsonl"}]}}, "file not found: /no/such/file.jsonl"),
-    ({"sources": {"math": [{"kind": "file", "path": "/etc/hostname"}]}}, "cannot tell the format"),
-    ({"sources": {"math": [{"kind": "shared", "file": "math/nope.jsonl", "format": "gsm8k"}]}}, "data file not found"),
-    ({"sources": {"math": [{"kind": "shared", "file": "math/gsm8k_train.jsonl", "format": "gsm9k"}]}},
-     "unknown format 'gsm9k'"),
-    ({"sources": {"math": [{"kind": "shared", "file": "mcqa/mmlu_stem_test.jsonl", "format": "mmlu_stem"}]}},
-     "format 'mmlu_stem' is a mcqa benchmark, not math"),
-    ({"sources": {"math": [{"kind": "synthetic", "count": 3, "share": 0.5}]}}, "not both"),
-    ({"sources": {"chess": [{"kind": "synthetic"}]}}, "sources or teachers for domain(s) ['chess']"),
-    ({"teacher": {"kind": "openai", "url": "http://x/v1", "model": "m", "api_key_env": "sk-abc123"}},
-     "teacher.openai.api_key_env: String should match pattern"),
-    ({"teacher": {"kind": "openai", "url": "x/v1", "model": "m"}}, "teacher.openai.url: String should match"),
-    ({"teacher": {"kind": "model"}}, "teacher.model.source: Field required"),
-    ({"teacher": {"kind": "human"}}, "does not match any of the expected tags"),
-    ({"decontamination": {"benchmarks": ["gsm9k"]}}, "unknown benchmark(s) ['gsm9k']"),
-    ({"decontamination": {"ngram": 0}}, "decontamination.ngram: Input should be greater than or equal to 1"),
-    ({"dedup": {"threshold": 1.5}}, "dedup.threshold: Input should be less than or equal to 1"),
-    ({"shard_rows": 0}, "shard_rows: Input should be greater than or equal to 1"),
-])
+@pytest.mark.parametrize(
+    "stage, message",
+    [
+        (
+            {"sources": {"math": [{"kind": "ftp", "path": "x"}]}},
+            "Input tag 'ftp' found using 'kind' does not match any of the expected tags",
+        ),
+        (
+            {"sources": {"math": [{"kind": "file", "path": "/no/such/file.jsonl"}]}},
+            "file not found: /no/such/file.jsonl",
+        ),
+        ({"sources": {"math": [{"kind": "file", "path": "/etc/hostname"}]}}, "cannot tell the format"),
+        (
+            {"sources": {"math": [{"kind": "shared", "file": "math/nope.jsonl", "format": "gsm8k"}]}},
+            "data file not found",
+        ),
+        (
+            {"sources": {"math": [{"kind": "shared", "file": "math/gsm8k_train.jsonl", "format": "gsm9k"}]}},
+            "unknown format 'gsm9k'",
+        ),
+        (
+            {"sources": {"math": [{"kind": "shared", "file": "mcqa/mmlu_stem_test.jsonl", "format": "mmlu_stem"}]}},
+            "format 'mmlu_stem' is a mcqa benchmark, not math",
+        ),
+        ({"sources": {"math": [{"kind": "synthetic", "count": 3, "share": 0.5}]}}, "not both"),
+        ({"sources": {"chess": [{"kind": "synthetic"}]}}, "sources or teachers for domain(s) ['chess']"),
+        (
+            {"teacher": {"kind": "openai", "url": "http://x/v1", "model": "m", "api_key_env": "sk-abc123"}},
+            "teacher.openai.api_key_env: String should match pattern",
+        ),
+        ({"teacher": {"kind": "openai", "url": "x/v1", "model": "m"}}, "teacher.openai.url: String should match"),
+        ({"teacher": {"kind": "model"}}, "teacher.model.source: Field required"),
+        ({"teacher": {"kind": "human"}}, "does not match any of the expected tags"),
+        ({"decontamination": {"benchmarks": ["gsm9k"]}}, "unknown benchmark(s) ['gsm9k']"),
+        ({"decontamination": {"ngram": 0}}, "decontamination.ngram: Input should be greater than or equal to 1"),
+        ({"dedup": {"threshold": 1.5}}, "dedup.threshold: Input should be less than or equal to 1"),
+        ({"shard_rows": 0}, "shard_rows: Input should be greater than or equal to 1"),
+    ],
+)
 def test_bad_sft_data_settings_are_one_line_errors(tmp_path, stage, message):
     with pytest.raises(RecipeError) as err:
         recipe_with(tmp_path, stage)
@@ -371,10 +412,13 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
         parquet = io.BytesIO()
         pq.write_table(pa.table({"prompt": ["Say d.", "Say e."], "reference": ["d", "e"]}), parquet)
         client.put_object(Bucket="corpus", Key="sft/more.parquet", Body=parquet.getvalue())
-        sources = [{"kind": "file", "path": "s3://corpus/sft/mine.jsonl.gz", "count": 2},
-                   {"kind": "file", "path": "s3://corpus/sft/more.parquet"}]
-        recipe = recipe_with(tmp_path, {"sources": {"instruct": sources}},
-                             {"instruct": {"train_size": 5, "heldout_size": 8}})
+        sources = [
+            {"kind": "file", "path": "s3://corpus/sft/mine.jsonl.gz", "count": 2},
+            {"kind": "file", "path": "s3://corpus/sft/more.parquet"},
+        ]
+        recipe = recipe_with(
+            tmp_path, {"sources": {"instruct": sources}}, {"instruct": {"train_size": 5, "heldout_size": 8}}
+        )
         result, ctx = build(recipe, tmp_path)
     finally:
         server.stop()
@@ -385,18 +429,18 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
 def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
     from cascade.artifacts.checkpoint import write_checkpoint
-    from cascade.stages.model import build_tiny_model, save_hf
     from cascade.stages.config import ModelConfig
+    from cascade.stages.model import build_tiny_model, save_hf
     from tests.stages.rigged import rig_short_answers
 
     tokenizer = load_tokenizer()
-    model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128),
-                             len(tokenizer), seed=0)
+    model = build_tiny_model(
+        ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), len(tokenizer), seed=0
+    )
     rig_short_answers(model, tokenizer)
     save_hf(model, tokenizer, tmp_path / "teacher" / "model")
     store = Store(f"file://{tmp_path}/models")
-    ref = write_checkpoint(store, "teacher", tmp_path / "teacher", stage="sft", step=None, parent=None,
-                           config_hash="x")
+    ref = write_checkpoint(store, "teacher", tmp_path / "teacher", stage="sft", step=None, parent=None, config_hash="x")
     domains = {"math": {"train_size": 10, "heldout_size": 8}}
     teacher = {"kind": "model", "source": ref.uri, "max_new_tokens": 4, "batch_size": 4}
     result, _ = build(recipe_with(tmp_path, {"teacher": teacher}, domains, "ckpt"), tmp_path, "ckpt")

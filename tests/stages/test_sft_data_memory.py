@@ -81,9 +81,13 @@ print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 def build_in_child(rows: int, near: bool, work: Path, shard_rows: int = 50_000) -> tuple[dict, float]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-c", WRAPPER, BUILD, str(rows), "near" if near else "exact", str(work),
-                           str(shard_rows)],
-                          capture_output=True, text=True, env=env, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-c", WRAPPER, BUILD, str(rows), "near" if near else "exact", str(work), str(shard_rows)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     code, metrics, rss_kb = proc.stdout.strip().splitlines()[-3:]
     assert code == "0", proc.stderr
     return json.loads(metrics), int(rss_kb) / 1024
@@ -97,8 +101,10 @@ def test_build_memory_grows_only_by_the_dedup_sets_and_a_million_rows_fit_the_li
         assert metrics["input_rows"] == rows and metrics["rows"] == rows  # distinct echo items: nothing dropped
         assert metrics["shards"] == rows // (ROWS // 4) and metrics["dropped/contaminated"] == 0
         assert metrics["tokens"] > 10 * rows
-        print(f"{rows:,} rows: peak RSS {peaks[rows]:.0f} MB, {metrics['wall_s']:.0f} s, "
-              f"{metrics['rows_per_s']:.0f} rows/s")
+        print(
+            f"{rows:,} rows: peak RSS {peaks[rows]:.0f} MB, {metrics['wall_s']:.0f} s, "
+            f"{metrics['rows_per_s']:.0f} rows/s"
+        )
     growth_b = (peaks[4 * ROWS] - peaks[ROWS]) * 2**20 / (3 * ROWS)
     projected_mb = peaks[4 * ROWS] + max(growth_b, 0) * (AT_SCALE - 4 * ROWS) / 2**20
     print(f"growth {growth_b:.0f} B/row; {AT_SCALE:,} rows projected: {projected_mb:.0f} MB")

@@ -18,12 +18,12 @@ import pytest
 
 from cascade.artifacts.checkpoint import committed, verify
 from cascade.artifacts.store import Store
-from cascade.stages.kinds import StageInputs
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.datasets.shards import DATA_DIR, shard_paths
 from cascade.stages.datasets.teachers import TeacherError
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.recipe import validate_recipe
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 
@@ -70,8 +70,9 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             return self._reply(500, b'{"error": "injected"}')
         if fault == "stall":
             time.sleep(proxy.stall_s)  # the client has given up by now; its retry is a new request
-        req = urllib.request.Request(proxy.upstream + self.path, data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            proxy.upstream + self.path, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 status, data = resp.status, resp.read()
@@ -101,13 +102,22 @@ def proxy(upstream):
 
 
 def teacher_recipe(tmp_path, url: str, name: str, **teacher):
-    settings = {"kind": "openai", "url": url, "model": "cascade-policy", "max_new_tokens": 4, "batch_size": 4,
-                "backoff_s": 0.05, **teacher}
-    return validate_recipe({
-        "storage": {"root": f"file://{tmp_path}/{name}"},
-        "domains": {"math": {"train_size": ROWS, "heldout_size": 16}},
-        "stages": [{"kind": "sft_data", "shard_rows": SHARD, "verify": False, "teacher": settings}],
-    })
+    settings = {
+        "kind": "openai",
+        "url": url,
+        "model": "cascade-policy",
+        "max_new_tokens": 4,
+        "batch_size": 4,
+        "backoff_s": 0.05,
+        **teacher,
+    }
+    return validate_recipe(
+        {
+            "storage": {"root": f"file://{tmp_path}/{name}"},
+            "domains": {"math": {"train_size": ROWS, "heldout_size": 16}},
+            "stages": [{"kind": "sft_data", "shard_rows": SHARD, "verify": False, "teacher": settings}],
+        }
+    )
 
 
 def build(recipe, tmp_path, name: str):

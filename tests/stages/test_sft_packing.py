@@ -9,10 +9,10 @@ from cascade.artifacts.config import config_hash
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
-from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import build_tiny_model
 from cascade.stages.kinds.sft.run import model_rows, pack_batch, run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.losses import sft_loss, token_logprobs
+from cascade.stages.model import build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
@@ -40,7 +40,9 @@ def test_a_batch_where_no_rows_fit_together_packs_into_the_padded_batch_itself()
     """Row for row, not reordered: another row order sums the gradient in another float order (docs/LOG.md)."""
     batch = [([11, 12, 13], 1), ([21, 22, 23, 24], 2), ([31, 32, 33], 0)]  # any two exceed the width, 4
     (ids, mask, positions), (want_ids, want_mask, want_positions) = (
-        pack_batch(batch, pad=0, pack_length=None), model_rows(batch, pad=0, packing=False, pack_length=None))
+        pack_batch(batch, pad=0, pack_length=None),
+        model_rows(batch, pad=0, packing=False, pack_length=None),
+    )
     assert torch.equal(ids, want_ids) and torch.equal(positions, want_positions)
     assert torch.equal(mask[:, 1:], want_mask[:, 1:])  # the loss reads targets 1..T-1 only
 
@@ -71,9 +73,20 @@ def untied_llama(vocab: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
-                                        pad_token_id=None, bos_token_id=None, eos_token_id=2))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+            pad_token_id=None,
+            bos_token_id=None,
+            eos_token_id=2,
+        )
+    )
 
 
 @pytest.mark.parametrize("make_model", [tiny_qwen2, untied_llama], ids=["qwen2-tied", "llama-untied"])
@@ -123,7 +136,8 @@ def test_sft_stage_packed_equals_padded(tmp_path):
 
 
 def test_compiled_layers_train_the_same_model(tmp_path):
-    """compile (the decoder layers and the loss) changes how the forward runs, not what it computes: the same losses and weights as eager,
+    """compile (the decoder layers and the loss) changes how the forward runs, not what it computes: the same losses
+    and weights as eager,
     up to the rounding of a fused kernel's other summation order; and the config hash does not see it."""
     # one packed length for every step: each new shape would be a compile of its own (of the forward and the
     # backward), which on a cold inductor cache is most of this test's time

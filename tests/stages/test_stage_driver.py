@@ -15,8 +15,13 @@ from tests.conftest import micro_recipe
 
 
 def driver_args(tmp_path, *extra: str) -> list[str]:
-    return ["micro", f"storage.root=file://{tmp_path}/store", "stages.sft.steps=2", "stages.sft.checkpoint_every=0",
-            *extra]
+    return [
+        "micro",
+        f"storage.root=file://{tmp_path}/store",
+        "stages.sft.steps=2",
+        "stages.sft.checkpoint_every=0",
+        *extra,
+    ]
 
 
 def sft_weights(tmp_path) -> dict[str, torch.Tensor]:
@@ -44,17 +49,27 @@ def test_a_stage_whose_inputs_are_not_committed_is_refused_before_anything_is_wr
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args, message in [(driver_args(tmp_path, "--stage", "nope"), "no stage named 'nope' in recipe 'micro'"),
-                          (["no-such-recipe"], "unknown recipe 'no-such-recipe'"),
-                          (driver_args(tmp_path, "--run-id", ""), "bad --run-id ''"),
-                          (driver_args(tmp_path, "stages.sft.steps=-1"), "stages.1.sft.steps: Input should be greater than or equal to 1")]:
-        result = subprocess.run([sys.executable, "-m", "cascade.stages.run", *args], capture_output=True, text=True,
-                                cwd=tmp_path)
+    for args, message in [
+        (driver_args(tmp_path, "--stage", "nope"), "no stage named 'nope' in recipe 'micro'"),
+        (["no-such-recipe"], "unknown recipe 'no-such-recipe'"),
+        (driver_args(tmp_path, "--run-id", ""), "bad --run-id ''"),
+        (
+            driver_args(tmp_path, "stages.sft.steps=-1"),
+            "stages.1.sft.steps: Input should be greater than or equal to 1",
+        ),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "cascade.stages.run", *args], capture_output=True, text=True, cwd=tmp_path
+        )
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert result.stderr.count("\n") == 1
     assert not (tmp_path / "store").exists()
     # answered before torch and transformers load (5 s of imports): the stage's modules load when it runs
     probe = "import sys; from cascade.stages.run import main; print(main(sys.argv[1:]), 'torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe, *driver_args(tmp_path, "--stage", "nope")],
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", probe, *driver_args(tmp_path, "--stage", "nope")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.stdout.strip() == "2 False", result.stdout + result.stderr

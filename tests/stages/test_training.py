@@ -8,17 +8,17 @@ from safetensors.torch import load_file
 
 import cascade.stages.domains
 from cascade.artifacts.store import Store
-from cascade.stages.kinds import StageInputs
 from cascade.stages.completions import completion_batch, completion_logprobs
+from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.engines.base import Completion
-from cascade.stages.losses import grpo_loss, sft_loss, token_logprobs
-from cascade.stages.model import build_tiny_model
-from cascade.stages.config import ModelConfig
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds.sft.run import pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.losses import grpo_loss, sft_loss, token_logprobs
+from cascade.stages.model import build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
@@ -42,8 +42,13 @@ def test_sft_micro_batches_equal_one_full_batch():
     results = []
     for micro in (6, 4, 1):
         model = build_tiny_model(SMALL, len(tok), seed=0)
-        loss = backward_micro_batches(len(batch), micro, lambda part: sft_loss(
-            token_logprobs(model(input_ids=ids[part]).logits[:, :-1], ids[part, 1:]), mask[part, 1:], num_tokens))
+        loss = backward_micro_batches(
+            len(batch),
+            micro,
+            lambda part: sft_loss(
+                token_logprobs(model(input_ids=ids[part]).logits[:, :-1], ids[part, 1:]), mask[part, 1:], num_tokens
+            ),
+        )
         results.append((loss, grads_of(model)))
     for loss, grads in results[1:]:
         assert loss == pytest.approx(results[0][0], abs=1e-6)
@@ -84,8 +89,11 @@ def test_grpo_micro_batches_equal_one_full_batch():
 
 def test_completion_batch_lays_out_sampled_tokens_and_shares_prompts():
     same = [5, 6, 7]
-    rows = [(same, Completion([8, 9], [-0.1, -0.2], "", "stop")), (list(same), Completion([10], [-0.3], "", "stop")),
-            ([4], Completion([11, 12, 13], [-0.4, -0.5, -0.6], "", "length"))]
+    rows = [
+        (same, Completion([8, 9], [-0.1, -0.2], "", "stop")),
+        (list(same), Completion([10], [-0.3], "", "stop")),
+        ([4], Completion([11, 12, 13], [-0.4, -0.5, -0.6], "", "length")),
+    ]
     batch = completion_batch(rows, pad=0)
     assert batch.prompts == [[5, 6, 7], [4]] and batch.owner.tolist() == [0, 0, 1]
     assert batch.ids.tolist() == [[8, 9, 0], [10, 0, 0], [11, 12, 13]]
@@ -210,13 +218,28 @@ def vowel_recipe(tmp_path, monkeypatch, domain=VowelDomain, **grpo):
     cascade.stages.domains.register_domain(domain())
     from cascade.stages.recipe import validate_recipe
 
-    return validate_recipe({
-        "seed": 0, "storage": {"root": f"file://{tmp_path}/store"},
-        "model": SMALL.model_dump(), "compute": {"dtype": "fp32"},
-        "domains": {"vowels": {"train_size": 200, "heldout_size": 10, "max_new_tokens": 8}},
-        "stages": [{"kind": "grpo", "name": "rl", "domains": ["vowels"], "steps": 24, "prompts_per_step": 8,
-                    "group_size": 8, "lr": 1e-2, "checkpoint_every": 0, **grpo}],
-    })
+    return validate_recipe(
+        {
+            "seed": 0,
+            "storage": {"root": f"file://{tmp_path}/store"},
+            "model": SMALL.model_dump(),
+            "compute": {"dtype": "fp32"},
+            "domains": {"vowels": {"train_size": 200, "heldout_size": 10, "max_new_tokens": 8}},
+            "stages": [
+                {
+                    "kind": "grpo",
+                    "name": "rl",
+                    "domains": ["vowels"],
+                    "steps": 24,
+                    "prompts_per_step": 8,
+                    "group_size": 8,
+                    "lr": 1e-2,
+                    "checkpoint_every": 0,
+                    **grpo,
+                }
+            ],
+        }
+    )
 
 
 def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
@@ -243,8 +266,9 @@ def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypat
         recipe = vowel_recipe(tmp_path / str(flag), monkeypatch, steps=3, mismatch_over_dropped=flag)
         calls = []
         real = cascade.stages.kinds.grpo.run.mismatch_sum
-        monkeypatch.setattr(cascade.stages.kinds.grpo.run, "mismatch_sum",
-                            lambda *a, **k: calls.append(1) or real(*a, **k))
+        monkeypatch.setattr(
+            cascade.stages.kinds.grpo.run, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k)
+        )
         sink = ListSink()
         (tmp_path / str(flag)).mkdir(exist_ok=True)
         ctx = stage_ctx(recipe, tmp_path / str(flag), "rl", sink)
@@ -293,7 +317,8 @@ def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
     norms = {id(p) for name, p in model.named_parameters() if "norm" in name}
     assert norms and norms <= {id(p) for p in plain["params"]}
     assert all(p.ndim == 2 for p in decayed["params"]) and len(decayed["params"]) + len(plain["params"]) == len(
-        list(model.parameters()))
+        list(model.parameters())
+    )
     # a norm gain with no gradient keeps its value under decay; a matrix with no gradient shrinks by lr * wd
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -305,8 +330,8 @@ def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
 
 
 def test_adam_betas_validate_from_a_recipe():
-    from cascade.stages.recipe import RecipeError
     from cascade.flows.recipes import load_recipe
+    from cascade.stages.recipe import RecipeError
 
     assert load_recipe("micro", ["stages.sft.adam_betas=[0.9, 0.99]"]).stage("sft").adam_betas == (0.9, 0.99)
     with pytest.raises(RecipeError, match="adam_betas"):

@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from cascade.stages.engines.base import SamplingParams
-from cascade.stages.losses import sampling_logits
 from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
     ServerOptions,
@@ -28,6 +27,7 @@ from cascade.stages.engines.vllm import (
     _to_completion,
     trainer_logprobs,
 )
+from cascade.stages.losses import sampling_logits
 from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 
 pytestmark = pytest.mark.vllm
@@ -82,8 +82,8 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from cascade.stages.model import build_tiny_model, save_hf
     from cascade.stages.config import ModelConfig
+    from cascade.stages.model import build_tiny_model, save_hf
     from cascade.stages.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
@@ -144,8 +144,9 @@ def hf_greedy(model, prompt: list[int], steps: int, eos: int) -> tuple[list[int]
 
 
 @torch.no_grad()
-def hf_score(model, prompt: list[int], completion: list[int], temperature: float = 1.0,
-             top_p: float = 1.0) -> list[float]:
+def hf_score(
+    model, prompt: list[int], completion: list[int], temperature: float = 1.0, top_p: float = 1.0
+) -> list[float]:
     """log p(completion[t] | prompt + completion[:t]) by one teacher-forced forward, under the distribution of
     `temperature` and `top_p` (losses.sampling_logits, as the trainer takes it)."""
     ids = torch.tensor([prompt + completion])
@@ -348,7 +349,10 @@ def test_server_never_outlives_its_trainer(tiny, tmp_path, how):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tiny[0]), str(tmp_path)],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         pgid = int(child.stdout.readline())

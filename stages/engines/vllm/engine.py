@@ -9,7 +9,8 @@ Composed of a `VLLMClient` (client.py) and, in managed mode, a `ManagedServer` (
 
 Generation. Prompts are token-id lists; up to `prompts_per_request` go in one POST /v1/completions with `n`,
 `logprobs`, `return_token_ids`, so the server batches them. Logprobs are vLLM's `processed_logprobs` (after
-temperature and top-p, renormalized over the nucleus it sampled from): exactly pi_inf as `base.py` defines it. With a seed, each prompt
+temperature and top-p, renormalized over the nucleus it sampled from): exactly pi_inf as `base.py` defines it. With a
+seed, each prompt
 is sent as its own request with a seed derived from (seed, prompt index) (`prompt_seeds`): one seed per
 multi-prompt request would give every prompt the same random draws, i.e. correlated samples across the batch.
 Per-prompt `seeds` map the same way: each prompt its own request, seeded with a hash of its seed (vLLM seeds
@@ -167,11 +168,14 @@ class VLLMEngine:
         self.workdir = wd
         self._server = ManagedServer(self.model_dir, config, self.options, wd) if self.model_dir else None
         self._client = VLLMClient(
-            url or "", request_timeout=request_timeout, max_retries=max_retries,
+            url or "",
+            request_timeout=request_timeout,
+            max_retries=max_retries,
             died=self._server.death_notice if self._server else None,
         )
-        self._finalizer = weakref.finalize(self, _release, self._server, wd, owned,
-                                           self.model_dir if owns_model_dir else None)
+        self._finalizer = weakref.finalize(
+            self, _release, self._server, wd, owned, self.model_dir if owns_model_dir else None
+        )
         if url is not None:
             # An external server's setup is not known here: untie only if told it was started untied.
             self.untie_embeddings = bool(untie_embeddings)
@@ -272,9 +276,7 @@ class VLLMEngine:
         """One client call, once the managed server (if any) is there and ready."""
         if self._server is not None:
             if self._server.process is None:
-                raise RuntimeError(
-                    f"vLLM engine has no server (closed, or its start failed; logs in {self.workdir})"
-                )
+                raise RuntimeError(f"vLLM engine has no server (closed, or its start failed; logs in {self.workdir})")
             if not self._server.ready:  # started with wait=False: the first call waits for startup instead
                 self._server.wait_ready()
         return self._client.post(path, body, method)
@@ -335,8 +337,12 @@ class VLLMEngine:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """The server's log p(token_ids[t] | token_ids[:t]) for t >= 1 (pi_inf scoring of a given sequence)."""
         body = {
-            "model": self.model_name, "prompt": [list(map(int, token_ids))], "max_tokens": 1,
-            "temperature": 0.0, "prompt_logprobs": 0, "return_token_ids": True,
+            "model": self.model_name,
+            "prompt": [list(map(int, token_ids))],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+            "return_token_ids": True,
         }
         entries = self._post("/v1/completions", body)["choices"][0]["prompt_logprobs"][1:]
         return [float(entry[str(tok)]["logprob"]) for entry, tok in zip(entries, token_ids[1:], strict=True)]
@@ -362,8 +368,12 @@ class VLLMEngine:
             shutil.rmtree(previous, ignore_errors=True)
         t_end = time.perf_counter()
         self.last_sync = {
-            "write_s": t_write - t0, "reload_s": t_reload - t_ref, "probe_s": (t_ref - t_write) + (t_end - t_reload),
-            "total_s": t_end - t0, "probe_max_abs_diff": max_diff, "version": float(version),
+            "write_s": t_write - t0,
+            "reload_s": t_reload - t_ref,
+            "probe_s": (t_ref - t_write) + (t_end - t_reload),
+            "total_s": t_end - t0,
+            "probe_max_abs_diff": max_diff,
+            "version": float(version),
         }
         self.sync_history.append(self.last_sync)
         return self.last_sync["total_s"]

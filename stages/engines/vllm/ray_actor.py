@@ -58,24 +58,34 @@ class RolloutServer:
         self.engine.close()
 
 
-def start_rollout_server(cfg: EngineConfig, model: torch.nn.Module, tokenizer: Any,
-                         weights: dict[str, torch.Tensor]) -> tuple[Any, dict[str, Any]]:
+def start_rollout_server(
+    cfg: EngineConfig, model: torch.nn.Module, tokenizer: Any, weights: dict[str, torch.Tensor]
+) -> tuple[Any, dict[str, Any]]:
     """The server actor on `cfg.ray_resources`, ready; its handle and `where()`. A cluster that has no room for
     it fails in one line instead of waiting for ever."""
     import ray
     from ray.exceptions import GetTimeoutError
 
     resources = dict(cfg.ray_resources)
-    actor = ray.remote(RolloutServer).options(
-        num_cpus=resources.pop("CPU", 0.0), num_gpus=resources.pop("GPU", 0.0), resources=resources,
-    ).remote(cfg, model.config, tokenizer, weights)
+    actor = (
+        ray.remote(RolloutServer)
+        .options(
+            num_cpus=resources.pop("CPU", 0.0),
+            num_gpus=resources.pop("GPU", 0.0),
+            resources=resources,
+        )
+        .remote(cfg, model.config, tokenizer, weights)
+    )
     try:
         place = ray.get(actor.where.remote(), timeout=READY_TIMEOUT_S)
     except GetTimeoutError:
         ray.kill(actor)
-        raise RuntimeError(f"the rollout server actor (engine.ray_resources {dict(cfg.ray_resources)}) was not ready "
-                           f"in {READY_TIMEOUT_S:.0f} s: no node has those resources free, or its server did not "
-                           "start") from None
-    log.info("rollout server placed: node %s (%s), pid %s, %s", place["ip"], place["node"][:8], place["pid"],
-             place["url"])
+        raise RuntimeError(
+            f"the rollout server actor (engine.ray_resources {dict(cfg.ray_resources)}) was not ready "
+            f"in {READY_TIMEOUT_S:.0f} s: no node has those resources free, or its server did not "
+            "start"
+        ) from None
+    log.info(
+        "rollout server placed: node %s (%s), pid %s, %s", place["ip"], place["node"][:8], place["pid"], place["url"]
+    )
     return actor, place

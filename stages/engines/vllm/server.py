@@ -123,7 +123,12 @@ class _ServerProcess:
         self.log_path, self.host, self.port = log_path, host, port
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cmd,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         self.pgid = self.proc.pid  # start_new_session makes the server its group's leader
@@ -282,16 +287,24 @@ class ManagedServer:
             VLLM_TARGET_DEVICE=self.options.device,
             VLLM_CPU_KVCACHE_SPACE=str(self.options.kv_cache_gib),
             VLLM_SERVER_DEV_MODE="1",  # /collective_rpc, /reset_prefix_cache for weight sync
-            HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(dirs["hf"]),
-            VLLM_CACHE_ROOT=str(dirs["vllm-cache"]), XDG_CACHE_HOME=str(dirs["xdg-cache"]),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_HOME=str(dirs["hf"]),
+            VLLM_CACHE_ROOT=str(dirs["vllm-cache"]),
+            XDG_CACHE_HOME=str(dirs["xdg-cache"]),
             TORCHINDUCTOR_CACHE_DIR=str(dirs["vllm-cache"] / "torchinductor"),
             # A precompiled header is re-preprocessed (g++ -E of all of ATen) even when the kernel is cached.
             TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0",
-            VLLM_CONFIG_ROOT=str(dirs["config"]), TMPDIR=str(dirs["tmp"]), VLLM_RPC_BASE_PATH=str(dirs["tmp"]),
+            VLLM_CONFIG_ROOT=str(dirs["config"]),
+            TMPDIR=str(dirs["tmp"]),
+            VLLM_RPC_BASE_PATH=str(dirs["tmp"]),
             # vLLM reports usage to a remote server by default, and binds its internal queues to the host's
             # address unless told otherwise: keep every byte but the HTTP API (`host`) on this machine's loopback.
-            VLLM_NO_USAGE_STATS="1", VLLM_DO_NOT_TRACK="1", DO_NOT_TRACK="1",
-            VLLM_HOST_IP="127.0.0.1", VLLM_LOOPBACK_IP="127.0.0.1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_DO_NOT_TRACK="1",
+            DO_NOT_TRACK="1",
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_LOOPBACK_IP="127.0.0.1",
             PYTHONUNBUFFERED="1",
         )
         env.update(self.options.extra_env)
@@ -301,16 +314,31 @@ class ManagedServer:
         opts = self.options
         max_len = opts.max_model_len or min(int(self.config.get("max_position_embeddings", 4096)), 4096)
         cmd = [
-            str(self.python()), "-c", _LAUNCHER, str(os.getpid()),
-            "--model", str(self.serve_dir), "--served-model-name", SERVED_NAME,
-            "--host", opts.host, "--port", str(port),
-            "--dtype", opts.dtype, "--max-model-len", str(max_len),
-            "--tensor-parallel-size", str(opts.tensor_parallel_size),
+            str(self.python()),
+            "-c",
+            _LAUNCHER,
+            str(os.getpid()),
+            "--model",
+            str(self.serve_dir),
+            "--served-model-name",
+            SERVED_NAME,
+            "--host",
+            opts.host,
+            "--port",
+            str(port),
+            "--dtype",
+            opts.dtype,
+            "--max-model-len",
+            str(max_len),
+            "--tensor-parallel-size",
+            str(opts.tensor_parallel_size),
             # The model dir's generation_config.json would silently add its own sampling defaults
             # (top_k, repetition_penalty) and skew pi_inf away from the trainer's distribution.
-            "--generation-config", "vllm",
+            "--generation-config",
+            "vllm",
             # after temperature and top-p: the distribution a token was drawn from, as the trainer's logprobs are
-            "--logprobs-mode", "processed_logprobs",
+            "--logprobs-mode",
+            "processed_logprobs",
             "--disable-uvicorn-access-log",
         ]
         if opts.enforce_eager:

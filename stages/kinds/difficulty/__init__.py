@@ -43,11 +43,13 @@ class DifficultyConfig(StageConfig):
     @model_validator(mode="after")
     def _check_thresholds(self) -> DifficultyConfig:
         if self.drop_solved_at is not None and not 1 <= self.drop_solved_at <= self.k:
-            raise ValueError(f"stage {self.name!r}: drop_solved_at must be between 1 and k={self.k}, "
-                             f"got {self.drop_solved_at}")
+            raise ValueError(
+                f"stage {self.name!r}: drop_solved_at must be between 1 and k={self.k}, got {self.drop_solved_at}"
+            )
         if (self.unsolved == "keep_fraction") != (self.unsolved_fraction is not None):
-            raise ValueError(f"stage {self.name!r}: unsolved_fraction is required with unsolved=keep_fraction, "
-                             "and only then")
+            raise ValueError(
+                f"stage {self.name!r}: unsolved_fraction is required with unsolved=keep_fraction, and only then"
+            )
         return self
 
     @property
@@ -57,5 +59,11 @@ class DifficultyConfig(StageConfig):
     def reads(self) -> list[Read]:
         if reference_kind(self.reference) != "stage":
             return []
-        return [Read("reference", self.reference, "policy",
-                     hint=f"; a model is an HF model dir (a path), {SMOLLM2!r} or an http(s):// endpoint")]
+        return [
+            Read(
+                "reference",
+                self.reference,
+                "policy",
+                hint=f"; a model is an HF model dir (a path), {SMOLLM2!r} or an http(s):// endpoint",
+            )
+        ]

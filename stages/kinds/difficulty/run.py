@@ -38,17 +38,17 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from cascade.artifacts.checkpoint import CheckpointRef, materialize, write_checkpoint
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.layout import rollout_cache_key
 from cascade.artifacts.store import Store, sha256_file
+from cascade.stages.config_base import reference_kind
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Item
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.difficulty import DifficultyConfig
 from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids
 from cascade.stages.model_source import resolve_model_dir
-from cascade.artifacts.config import config_hash
-from cascade.artifacts.layout import rollout_cache_key
-from cascade.stages.config_base import reference_kind
-from cascade.stages.kinds.difficulty import DifficultyConfig
 from cascade.stages.rollout import prompt_pool, score_texts, step_seed
 from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 
@@ -93,8 +93,7 @@ def run_difficulty(cfg: DifficultyConfig, ctx: StageContext, inputs: StageInputs
     return StageResult(ref, metrics, plots={"pass_rates": HISTOGRAM_FILE})
 
 
-def keep_or_drop(solved: list[int], drop_solved_at: int, unsolved: str, fraction: float | None,
-                 seed: int) -> list[str]:
+def keep_or_drop(solved: list[int], drop_solved_at: int, unsolved: str, fraction: float | None, seed: int) -> list[str]:
     """One of DECISIONS per prompt, from its solved count. With keep_fraction, round(fraction * #unsolved) of
     the 0-solved prompts are kept, drawn with `seed`."""
     decisions = ["dropped_solved" if s >= drop_solved_at else "kept" for s in solved]
@@ -137,16 +136,21 @@ def model_dir_digest(path: Path) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def rollouts(cfg: DifficultyConfig, ctx: StageContext, reference: Reference, items: list[Item],
-             seed: int) -> tuple[list[list[str]], int]:
+def rollouts(
+    cfg: DifficultyConfig, ctx: StageContext, reference: Reference, items: list[Item], seed: int
+) -> tuple[list[list[str]], int]:
     """texts[p]: the k completion texts for items[p]; and how many prompts the cache served."""
     prompts = [prompt_ids(reference.tokenizer, it.prompt) for it in items]
     hashes = [prompt_hash(p) for p in prompts]
     texts: dict[str, list[str]] = {}
     hits = done = 0
     for domain in cfg.domains:
-        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p,
-                                  max_new_tokens=ctx.recipe.domains[domain].max_new_tokens, seed=seed)
+        sampling = SamplingParams(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=ctx.recipe.domains[domain].max_new_tokens,
+            seed=seed,
+        )
         prefix = cache_prefix(reference.digest, sampling, cfg.k)
         known = load_cache(ctx.store, prefix, cfg.k)
         rows = [i for i, it in enumerate(items) if it.domain == domain]
@@ -194,11 +198,14 @@ def save_shard(store: Store, prefix: str, shard: dict[str, list[str]]) -> None:
     store.write_bytes(f"{prefix}/{name}.jsonl", ("\n".join(lines) + "\n").encode())
 
 
-def filter_metrics(items: list[Item], solved: list[int], decisions: list[str], k: int,
-                   cache_hits: int) -> dict[str, float | int]:
+def filter_metrics(
+    items: list[Item], solved: list[int], decisions: list[str], k: int, cache_hits: int
+) -> dict[str, float | int]:
     counts = Counter(decisions)
     metrics: dict[str, float | int] = {
-        "prompts": len(items), "rollouts": (len(items) - cache_hits) * k, "cache_hits": cache_hits,
+        "prompts": len(items),
+        "rollouts": (len(items) - cache_hits) * k,
+        "cache_hits": cache_hits,
         **{d: counts[d] for d in DECISIONS},
         "kept_fraction": round(counts["kept"] / max(1, len(items)), 4),
     }
@@ -209,8 +216,15 @@ def filter_metrics(items: list[Item], solved: list[int], decisions: list[str], k
     return metrics
 
 
-def write_filtered(cfg: DifficultyConfig, ctx: StageContext, items: list[Item], solved: list[int],
-                   decisions: list[str], metrics: dict, parent: CheckpointRef | None) -> CheckpointRef:
+def write_filtered(
+    cfg: DifficultyConfig,
+    ctx: StageContext,
+    items: list[Item],
+    solved: list[int],
+    decisions: list[str],
+    metrics: dict,
+    parent: CheckpointRef | None,
+) -> CheckpointRef:
     local = Path(tempfile.mkdtemp(dir=ctx.workdir))
     (local / "data").mkdir()
     with open(local / PROMPTS_FILE, "w") as f:
@@ -219,11 +233,30 @@ def write_filtered(cfg: DifficultyConfig, ctx: StageContext, items: list[Item], 
                 f.write(json.dumps(asdict(item)) + "\n")
     with open(local / PASS_RATES_FILE, "w") as f:
         for item, s, decision in zip(items, solved, decisions):
-            f.write(json.dumps({"id": item.id, "domain": item.domain, "solved": s, "k": cfg.k,
-                                "pass_rate": s / cfg.k, "decision": decision}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": item.id,
+                        "domain": item.domain,
+                        "solved": s,
+                        "k": cfg.k,
+                        "pass_rate": s / cfg.k,
+                        "decision": decision,
+                    }
+                )
+                + "\n"
+            )
     plot_pass_rates(items, solved, cfg.k, cfg.solved_threshold, local / HISTOGRAM_FILE)
-    return write_checkpoint(ctx.store, ctx.key, local, stage=cfg.name, step=None, parent=parent,
-                            config_hash=config_hash(cfg), metrics=metrics)
+    return write_checkpoint(
+        ctx.store,
+        ctx.key,
+        local,
+        stage=cfg.name,
+        step=None,
+        parent=parent,
+        config_hash=config_hash(cfg),
+        metrics=metrics,
+    )
 
 
 def plot_pass_rates(items: list[Item], solved: list[int], k: int, drop_solved_at: int, out: Path) -> None:

@@ -13,7 +13,8 @@ stage's start). Groups whose G rewards are all equal carry no signal and are dro
 filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their own, more compute).
 The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
 sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
-phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed is a function of (recipe seed, stage, step),
+phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed
+is a function of (recipe seed, stage, step),
 so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
 difficulty stage kept (stages/kinds/difficulty/), or real data files per domain (GSM8K train, a user's JSONL or
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
@@ -31,15 +32,15 @@ import torch
 from torch.profiler import record_function
 
 from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.datasets.sources import iter_rows
-from cascade.stages.kinds.difficulty.run import load_kept_prompts
+from cascade.stages.distributed import rank_micro_batches
 from cascade.stages.domains import Item
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.difficulty.run import load_kept_prompts
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
 from cascade.stages.rewards import make_reward_source
-from cascade.stages.distributed import rank_micro_batches
 from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups, sync_metrics
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
 
@@ -50,8 +51,10 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     pool = train_prompts(cfg, ctx, inputs)
     if len(pool) < cfg.prompts_per_step:
         where = cfg.prompts if isinstance(cfg.prompts, str) else "train split" if cfg.prompts is None else "files"
-        raise ValueError(f"stage {cfg.name!r}: {len(pool)} prompts to train on ({where}), "
-                         f"fewer than prompts_per_step={cfg.prompts_per_step}")
+        raise ValueError(
+            f"stage {cfg.name!r}: {len(pool)} prompts to train on ({where}), "
+            f"fewer than prompts_per_step={cfg.prompts_per_step}"
+        )
     run = TrainRun(ctx, cfg, inputs.policy)
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
@@ -78,10 +81,16 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
 
             # log
             with record_function("grpo.logging"):
-                run.record_step({**step_metrics(items, groups, rewards, keep, update), **reward_source.metrics(),
-                                 **sync_metrics(engine),
-                                 "rollout_seconds": rollout_seconds, "update_seconds": update_seconds,
-                                 **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {})})
+                run.record_step(
+                    {
+                        **step_metrics(items, groups, rewards, keep, update),
+                        **reward_source.metrics(),
+                        **sync_metrics(engine),
+                        "rollout_seconds": rollout_seconds,
+                        "update_seconds": update_seconds,
+                        **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {}),
+                    }
+                )
     finally:
         engine.close()
         reward_source.close()
@@ -130,8 +139,16 @@ def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch
     return model.to(run.world.device).eval().requires_grad_(False)
 
 
-def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, groups, advantages, keep,
-                  reference: torch.nn.Module | None = None) -> dict[str, float]:
+def policy_update(
+    run: TrainRun,
+    cfg: GRPOConfig,
+    ctx: StageContext,
+    prompts,
+    groups,
+    advantages,
+    keep,
+    reference: torch.nn.Module | None = None,
+) -> dict[str, float]:
     """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
     logprob mismatch over the kept groups' tokens, read off the update's own forward (by default), or over every
     sampled token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank
@@ -139,8 +156,9 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     Each prompt goes through the model once for its group (stages/completions.py)."""
     world, pad = run.world, run.tokenizer.pad_token_id
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
-    batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature,
-                             cfg.top_p).to(world.device)
+    batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature, cfg.top_p).to(
+        world.device
+    )
     kept = torch.tensor([bool(keep[p]) for p, _ in rows], device=world.device)
     measured = batch.mask if cfg.mismatch_over_dropped else batch.mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
@@ -173,10 +191,15 @@ def policy_update(run: TrainRun, cfg: GRPOConfig, ctx: StageContext, prompts, gr
     with record_function("grpo.optimizer"):
         lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
         grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
-    return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "entropy": world.all_sum(stats["entropy"]),
-            "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
-            "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
-            **({"kl": world.all_sum(stats["kl"])} if reference is not None else {})}
+    return {
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "entropy": world.all_sum(stats["entropy"]),
+        "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
+        "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
+        **({"kl": world.all_sum(stats["kl"])} if reference is not None else {}),
+    }
 
 
 @torch.no_grad()
@@ -209,6 +232,12 @@ def summarize(history: list[dict[str, float]], engine: str, seconds: float) -> d
         return round(sum(vals) / len(vals), 4) if vals else None
 
     k = max(1, len(history) // 4)
-    return {"engine": engine, "steps": len(history), "seconds": round(seconds, 1),
-            "reward_first": mean("reward", history[:k]), "reward_last": mean("reward", history[-k:]),
-            "logprob_mismatch": mean("logprob_mismatch", history), "kept_groups": mean("kept_groups", history)}
+    return {
+        "engine": engine,
+        "steps": len(history),
+        "seconds": round(seconds, 1),
+        "reward_first": mean("reward", history[:k]),
+        "reward_last": mean("reward", history[-k:]),
+        "logprob_mismatch": mean("logprob_mismatch", history),
+        "kept_groups": mean("kept_groups", history),
+    }

@@ -23,9 +23,9 @@ import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.losses import mopd_loss, truncated_fraction
 from cascade.stages.rollout import (
     make_rollout_engine,
@@ -57,31 +57,36 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
             mine = run.world.shard(len(pairs))  # this rank's rows (all of them in one process)
-            batch = completion_batch(pairs[mine.start : mine.stop], run.tokenizer.pad_token_id, cfg.temperature,
-                                     cfg.top_p).to(run.world.device)
+            batch = completion_batch(
+                pairs[mine.start : mine.stop], run.tokenizer.pad_token_id, cfg.temperature, cfg.top_p
+            ).to(run.world.device)
 
             # teachers: log pi_teacher of the sampled tokens, each row scored by its domain's teacher
-            teacher_logp = teacher_pool.logprobs(batch, row_domains[mine.start : mine.stop], cfg.micro_batch_size,
-                                                run.tokenizer.pad_token_id)
+            teacher_logp = teacher_pool.logprobs(
+                batch, row_domains[mine.start : mine.stop], cfg.micro_batch_size, run.tokenizer.pad_token_id
+            )
 
             # update: truncated-importance-weighted reverse-KL policy gradient
-            update = distill_update(run, cfg, batch, teacher_logp, row_domains[mine.start : mine.stop],
-                                    sorted(set(row_domains)))
+            update = distill_update(
+                run, cfg, batch, teacher_logp, row_domains[mine.start : mine.stop], sorted(set(row_domains))
+            )
             run.step += 1
             engine.sync_weights(run.model)
 
             # log: per-domain reverse KL and reward, truncation, memory
             rewards = score_groups(items, groups)
-            run.record_step({**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards),
-                             **sync_metrics(engine)})
+            run.record_step(
+                {**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards), **sync_metrics(engine)}
+            )
     finally:
         engine.close()
     summary = summarize(run.history, engine.name, teachers, time.time() - started)
     return run.finish(summary)
 
 
-def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teacher_logp,
-                   row_domains: list[str], domains: list[str]) -> dict[str, float]:
+def distill_update(
+    run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teacher_logp, row_domains: list[str], domains: list[str]
+) -> dict[str, float]:
     """One optimizer step on the MOPD loss over this rank's rows (row_domains: theirs; domains: every domain of
     the step, on every rank); returns loss, grad norm, truncation, mismatch and KL per domain, all-reduced.
     teacher_logp: [n, C], in the batch's completion columns."""
@@ -102,10 +107,13 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teach
     grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
     outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {
-        "loss": loss, "grad_norm": grad_norm, "lr": lr,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "lr": lr,
         "truncated_fraction": world.all_sum(outside) / max(num_tokens, 1),
         "logprob_mismatch": world.all_sum(float(((student_logp - inf_logp).abs() * mask).sum())) / num_tokens,
-        "tokens_sampled": float(num_tokens), "tokens_trained": float(num_tokens),
+        "tokens_sampled": float(num_tokens),
+        "tokens_trained": float(num_tokens),
     }
     for domain in domains:
         rows = [i for i, d in enumerate(row_domains) if d == domain]
@@ -117,8 +125,13 @@ def distill_update(run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teach
 class TeacherPool:
     """Frozen teachers by domain. Domains sharing a checkpoint share one loaded model."""
 
-    def __init__(self, ctx: StageContext, refs: dict[str, CheckpointRef], resident: bool,
-                 device: torch.device = torch.device("cpu")):
+    def __init__(
+        self,
+        ctx: StageContext,
+        refs: dict[str, CheckpointRef],
+        resident: bool,
+        device: torch.device = torch.device("cpu"),
+    ):
         self.ctx, self.refs, self.resident, self.device = ctx, refs, resident, device
         self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
 
@@ -152,10 +165,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def summarize(history: list[dict[str, float]], engine: str, teachers: dict[str, CheckpointRef],
-              seconds: float) -> dict[str, Any]:
+def summarize(
+    history: list[dict[str, float]], engine: str, teachers: dict[str, CheckpointRef], seconds: float
+) -> dict[str, Any]:
     last = history[-1] if history else {}
-    return {"engine": engine, "steps": len(history), "seconds": round(seconds, 1),
-            "teachers": {d: r.stage for d, r in sorted(teachers.items())},
-            "truncated_fraction": last.get("truncated_fraction"), "peak_rss_mb": last.get("peak_rss_mb"),
-            **{k: round(v, 4) for k, v in last.items() if k.startswith("reverse_kl/")}}
+    return {
+        "engine": engine,
+        "steps": len(history),
+        "seconds": round(seconds, 1),
+        "teachers": {d: r.stage for d, r in sorted(teachers.items())},
+        "truncated_fraction": last.get("truncated_fraction"),
+        "peak_rss_mb": last.get("peak_rss_mb"),
+        **{k: round(v, 4) for k, v in last.items() if k.startswith("reverse_kl/")},
+    }

@@ -7,7 +7,7 @@ validating a recipe never loads torch.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -62,7 +62,7 @@ class PreferenceFile(Strict):
     heldout_share: Fraction = 0.1  # the last rows, held out for pairwise accuracy
 
 
-PairSource = Annotated[Union[DomainPairs, OnPolicyPairs, PreferenceFile], Field(discriminator="kind")]
+PairSource = Annotated[DomainPairs | OnPolicyPairs | PreferenceFile, Field(discriminator="kind")]
 
 
 class RewardModelConfig(TrainingConfig, MicroBatched):
@@ -95,8 +95,10 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
     def _selection_fits(self) -> RewardModelConfig:
         if self.select_every and self.checkpoint_every:
             # the best weights so far live in memory only: a resumed stage would have lost them
-            raise ValueError("select_every keeps the best step's weights in memory, which a step checkpoint does "
-                             "not hold: set checkpoint_every to 0")
+            raise ValueError(
+                "select_every keeps the best step's weights in memory, which a step checkpoint does "
+                "not hold: set checkpoint_every to 0"
+            )
         if self.patience and not self.select_every:
             raise ValueError("patience counts model-selection checks: set select_every too")
         return self

@@ -40,20 +40,20 @@ import torch
 from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
-from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
 from cascade.stages.context import StageContext, StageResult
-from cascade.stages.domains import Domain, Item, get_domain
-from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
 from cascade.stages.datasets.sources import _file_records
+from cascade.stages.distributed import World, rank_micro_batches
+from cascade.stages.domains import Domain, Item, get_domain
+from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
+from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.losses import bradley_terry_loss
 from cascade.stages.model import completion_ids, load_hf, prompt_ids
 from cascade.stages.model_source import resolve_model_dir
 from cascade.stages.rollout import step_seed
-from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.distributed import World, rank_micro_batches
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_cosine
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
@@ -62,8 +62,9 @@ Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + 
 def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
     started = time.time()
-    run = TrainRun(ctx, cfg, inputs.stages.get(cfg.init), fresh=lambda: load_backbone(ctx, cfg, inputs),
-                   load=load_reward_model)
+    run = TrainRun(
+        ctx, cfg, inputs.stages.get(cfg.init), fresh=lambda: load_backbone(ctx, cfg, inputs), load=load_reward_model
+    )
     world = run.world
     train, heldout = load_pairs(cfg, ctx, inputs)
     train_ids, heldout_ids = encode_pairs(run.tokenizer, train), encode_pairs(run.tokenizer, heldout)
@@ -90,8 +91,14 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
         run.step += 1
 
         # log
-        run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm,
-                         "train_accuracy": world.all_sum(stats["correct"]) / len(batch)})
+        run.record_step(
+            {
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "train_accuracy": world.all_sum(stats["correct"]) / len(batch),
+            }
+        )
 
         # select: accuracy on the pairs held back from training; the best step's weights are kept
         if cfg.select_every and (run.step % cfg.select_every == 0 or run.step == cfg.steps):
@@ -101,9 +108,14 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
     selected = best.restore(run.model) if cfg.select_every else {}
 
     # evaluate: pairwise accuracy and reward margin on the held-out pairs
-    metrics = {**pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size), "steps": run.step,
-               **selected, "train_pairs": len(train_ids), "heldout_pairs": len(heldout),
-               "seconds": round(time.time() - started, 1)}
+    metrics = {
+        **pairwise_metrics(run.model, world, heldout_ids, pad, cfg.micro_batch_size),
+        "steps": run.step,
+        **selected,
+        "train_pairs": len(train_ids),
+        "heldout_pairs": len(heldout),
+        "seconds": round(time.time() - started, 1),
+    }
     ctx.log.log(run.step, {k: metrics[k] for k in ("heldout_accuracy", "heldout_margin")})
     return run.finish(metrics)
 
@@ -115,7 +127,7 @@ def split_selection(train: list[Pair], cfg: RewardModelConfig) -> tuple[list[Pai
         return train, []
     if len(train) <= cfg.select_pairs:
         raise ValueError(f"{len(train)} train pair(s), too few to hold back select_pairs {cfg.select_pairs}")
-    return train[: -cfg.select_pairs], train[-cfg.select_pairs:]
+    return train[: -cfg.select_pairs], train[-cfg.select_pairs :]
 
 
 class BestStep:
@@ -157,8 +169,9 @@ def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
     (whose new score head starts at zero)."""
     tokenizer = load_tokenizer(model_dir)
     # sdpa reads pair_scores' boolean [K, 1, T, T] mask as "may attend"; eager would add it to the scores
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), num_labels=1, dtype=torch.float32,
-                                                               attn_implementation="sdpa")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(model_dir), num_labels=1, dtype=torch.float32, attn_implementation="sdpa"
+    )
     if getattr(model.config, "problem_type", None) is None:  # a fresh head: not yet trained as a reward model
         torch.nn.init.zeros_(model.score.weight)
         model.config.problem_type = "regression"
@@ -166,8 +179,9 @@ def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
     return model, tokenizer
 
 
-def load_pairs(cfg: RewardModelConfig, ctx: StageContext,
-               inputs: StageInputs) -> tuple[list[PreferencePair], list[PreferencePair]]:
+def load_pairs(
+    cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """(train, held-out) pairs: a domain's two splits, the init policy's labelled samples, or a file's rows with
     the last heldout_share held out."""
     seed = ctx.recipe.seed
@@ -188,8 +202,9 @@ def file_pairs(src: PreferenceFile) -> tuple[list[PreferencePair], list[Preferen
     return rows[:cut], rows[cut:]
 
 
-def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
-                    inputs: StageInputs) -> tuple[list[PreferencePair], list[PreferencePair]]:
+def on_policy_pairs(
+    cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
     """The init policy's samples on the domain's train and held-out prompts, labelled by its grader."""
     src = cfg.pairs
     model, tokenizer = load_hf(init_model_dir(ctx, cfg, inputs))
@@ -207,8 +222,9 @@ def on_policy_pairs(cfg: RewardModelConfig, ctx: StageContext,
         engine.close()
 
 
-def labelled_pairs(domain: Domain, engine: RolloutEngine, tokenizer, items: list[Item], samples: int,
-                   sampling: SamplingParams) -> list[PreferencePair]:
+def labelled_pairs(
+    domain: Domain, engine: RolloutEngine, tokenizer, items: list[Item], samples: int, sampling: SamplingParams
+) -> list[PreferencePair]:
     """Per item: `samples` answers; the best-graded over the worst, none when all grade the same."""
     groups = engine.generate([prompt_ids(tokenizer, item.prompt) for item in items], samples, sampling)
     pairs = []
@@ -253,8 +269,11 @@ def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[to
     per_position = []
     hook = model.score.register_forward_hook(lambda module, args, out: per_position.append(out))
     try:
-        model(input_ids=ids.to(model.device), position_ids=positions.to(model.device),
-              attention_mask=allowed[:, None].to(model.device))
+        model(
+            input_ids=ids.to(model.device),
+            position_ids=positions.to(model.device),
+            attention_mask=allowed[:, None].to(model.device),
+        )
     finally:
         hook.remove()
     scores = per_position[0][torch.arange(len(pairs), device=model.device)[:, None], ends.to(model.device), 0]
@@ -290,8 +309,9 @@ def shared_length(a: list[int], b: list[int]) -> int:
 
 
 @torch.no_grad()
-def pairwise_metrics(model: torch.nn.Module, world: World, pairs: list[Pair], pad: int,
-                     batch_size: int) -> dict[str, float]:
+def pairwise_metrics(
+    model: torch.nn.Module, world: World, pairs: list[Pair], pad: int, batch_size: int
+) -> dict[str, float]:
     """Share of pairs with r(chosen) > r(rejected), and the mean r(chosen) - r(rejected). Each rank scores its
     share of the pairs; a rank with fewer batches forwards idle ones (FSDP2 forwards are collectives)."""
     was_training = model.training
@@ -306,6 +326,7 @@ def pairwise_metrics(model: torch.nn.Module, world: World, pairs: list[Pair], pa
         margins += (chosen - rejected).tolist()
     model.train(was_training)
     margins = [m for rank in world.all_gather(margins) for m in rank]
-    return {"heldout_accuracy": round(sum(m > 0 for m in margins) / len(margins), 4),
-            "heldout_margin": round(sum(margins) / len(margins), 4)}
-
+    return {
+        "heldout_accuracy": round(sum(m > 0 for m in margins) / len(margins), 4),
+        "heldout_margin": round(sum(margins) / len(margins), 4),
+    }

@@ -25,13 +25,13 @@ import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef, materialize
 from cascade.stages.context import StageContext, StageResult
+from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
+from cascade.stages.distributed import World, decoder_layers
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.recipe import RecipeError
-from cascade.stages.kinds.sft import SFTConfig
-from cascade.stages.kinds import StageInputs
-from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
-from cascade.stages.distributed import World, decoder_layers
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
 
 Example = tuple[list[int], int]  # token ids, index of the first response token
@@ -79,8 +79,13 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
         # log
         run.record_step({"loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_trained": tokens})
     seconds = time.time() - started
-    metrics = {"final_loss": round(loss, 4), "steps": cfg.steps, "examples": len(examples),
-               "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)), "seconds": round(seconds, 1)}
+    metrics = {
+        "final_loss": round(loss, 4),
+        "steps": cfg.steps,
+        "examples": len(examples),
+        "tokens_per_s": round(tokens_seen / max(seconds, 1e-9)),
+        "seconds": round(seconds, 1),
+    }
     return run.finish(metrics)
 
 
@@ -98,12 +103,15 @@ def check_packing_isolates_rows(model: torch.nn.Module, device: torch.device) ->
     model.eval()  # no dropout: the two forwards differ only by what the mask lets through
     with torch.no_grad():
         alone = model(input_ids=ids[:, 3:], use_cache=False).logits
-        packed = model(input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]], device=device),
-                       use_cache=False).logits[:, 3:]
+        packed = model(
+            input_ids=ids, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]], device=device), use_cache=False
+        ).logits[:, 3:]
     model.train()
     if packing_leak(alone, packed) > PACKING_LEAK_RTOL:
-        raise ValueError(f"{type(model).__name__} attends across packed rows (its attention mask ignores position "
-                         "ids): set packing: false for this stage")
+        raise ValueError(
+            f"{type(model).__name__} attends across packed rows (its attention mask ignores position "
+            "ids): set packing: false for this stage"
+        )
 
 
 def packing_leak(alone: torch.Tensor, packed: torch.Tensor) -> float:
@@ -118,8 +126,10 @@ def check_world(cfg: SFTConfig, world: World) -> None:
     if cfg.batch_size < world.size:
         raise RecipeError(f"stage {cfg.name!r}: batch_size {cfg.batch_size} cannot be shared by {world.size} ranks")
     if cfg.attention == "flex_attention" and world.device.type != "cuda":
-        raise RecipeError(f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
-                          "backward for it); use sdpa")
+        raise RecipeError(
+            f"stage {cfg.name!r}: attention flex_attention trains on cuda only (torch has no CPU "
+            "backward for it); use sdpa"
+        )
     if cfg.compile and world.distributed:
         raise RecipeError(f"stage {cfg.name!r}: compile runs in one process only (one rank, compute.launcher: auto)")
 
@@ -153,8 +163,9 @@ def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tenso
     return ids, mask
 
 
-def model_rows(batch: list[Example], pad: int, packing: bool, pack_length: int | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def model_rows(
+    batch: list[Example], pad: int, packing: bool, pack_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """What the model reads for a step's rows: ids, response mask and position ids, all [R, T]; packed (R <= B
     rows) or padded (R = B, positions 0..T-1 on every row)."""
     if packing:
@@ -163,8 +174,9 @@ def model_rows(batch: list[Example], pad: int, packing: bool, pack_length: int |
     return ids, mask, torch.arange(ids.shape[1]).expand_as(ids)
 
 
-def pack_batch(batch: list[Example], pad: int, pack_length: int | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack_batch(
+    batch: list[Example], pad: int, pack_length: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows laid end to end into packed rows of max(pack_length, longest row) tokens (None: the longest row),
     assigned first-fit decreasing, so the layout is a pure function of the rows. Each packed row then holds its
     rows in batch order and packed rows follow their first row's batch order, so a batch in which no two rows fit

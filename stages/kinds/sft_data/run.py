@@ -28,10 +28,14 @@ import shutil
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from cascade.artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
+from cascade.artifacts.config import config_hash
+from cascade.artifacts.layout import shard_key, shards_dir
+from cascade.stages.config_base import OracleTeacher
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.datasets.card import DataCard, SourceCounts
 from cascade.stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
@@ -40,11 +44,8 @@ from cascade.stages.datasets.sources import Row, iter_rows
 from cascade.stages.datasets.teachers import Teacher, make_teacher
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.base import EVAL_SPLITS, Domain
-from cascade.artifacts.config import config_hash
-from cascade.artifacts.layout import shard_key, shards_dir
-from cascade.stages.config_base import OracleTeacher
-from cascade.stages.kinds.sft_data import SFTDataConfig
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.sft_data import SFTDataConfig
 from cascade.stages.recipe import Recipe
 
 DATA_CARD_JSON, DATA_CARD_MD = "data_card.json", "DATA_CARD.md"
@@ -79,13 +80,19 @@ def run_sft_data(cfg: SFTDataConfig, ctx: StageContext, inputs: StageInputs) -> 
     (out / DATA_CARD_JSON).write_text(json.dumps(build.card.to_json(), indent=1))
     (out / DATA_CARD_MD).write_text(build.card.to_markdown(cfg.name))
     seconds = time.time() - started
-    metrics = {**build.card.metrics(), "shards": shards, "shards_reused": reused,
-               "teacher_rows": build.teacher_rows, "seconds": round(seconds, 2),
-               "teacher_retries": sum(t.retries for t in build.teachers.values()),
-               "rows_per_s": round(build.card.to_json()["input"] / max(seconds, 1e-9), 1)}
+    metrics = {
+        **build.card.metrics(),
+        "shards": shards,
+        "shards_reused": reused,
+        "teacher_rows": build.teacher_rows,
+        "seconds": round(seconds, 2),
+        "teacher_retries": sum(t.retries for t in build.teachers.values()),
+        "rows_per_s": round(build.card.to_json()["input"] / max(seconds, 1e-9), 1),
+    }
     # the stage's config_hash is what the task layer compares to skip a committed stage
-    ref = write_checkpoint(ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=None,
-                           config_hash=config_hash(cfg), metrics=metrics)
+    ref = write_checkpoint(
+        ctx.store, ctx.key, out, stage=cfg.name, step=None, parent=None, config_hash=config_hash(cfg), metrics=metrics
+    )
     ctx.store.delete(shards_dir(ctx.key))
     shutil.rmtree(out, ignore_errors=True)
     return StageResult(ref, metrics)
@@ -100,8 +107,12 @@ def batched(rows: Iterable[Row], size: int) -> Iterable[list[Row]]:
 def build_hash(cfg: SFTDataConfig, recipe: Recipe) -> str:
     """What a shard's content depends on: the stage config, the seed, the tokenizer's model and every domain's
     sizes (the built ones' train sizes, and all held-out sizes: they are the decontamination's eval sets)."""
-    blob = {"cfg": cfg.model_dump(mode="json"), "seed": recipe.seed, "model": recipe.model.source,
-            "domains": {d: spec.model_dump(mode="json") for d, spec in recipe.domains.items()}}
+    blob = {
+        "cfg": cfg.model_dump(mode="json"),
+        "seed": recipe.seed,
+        "model": recipe.model.source,
+        "domains": {d: spec.model_dump(mode="json") for d, spec in recipe.domains.items()},
+    }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -141,10 +152,14 @@ class ShardBuilder:
         return {
             "build_hash": self.hash,
             "teachers": {d: self.cfg.domain_teacher(d).model_dump(mode="json") for d in self.domains},
-            "dedup": self.cfg.dedup.model_dump(), "max_tokens": self.cfg.max_tokens,
-            "decontamination": {**decon.model_dump(), "eval_prompts": self.index.prompts if self.index else 0,
-                                "eval_sets": [f"{d}/{split}" for d in self.ctx.recipe.domains for split in EVAL_SPLITS]
-                                + list(decon.benchmarks)},
+            "dedup": self.cfg.dedup.model_dump(),
+            "max_tokens": self.cfg.max_tokens,
+            "decontamination": {
+                **decon.model_dump(),
+                "eval_prompts": self.index.prompts if self.index else 0,
+                "eval_sets": [f"{d}/{split}" for d in self.ctx.recipe.domains for split in EVAL_SPLITS]
+                + list(decon.benchmarks),
+            },
         }
 
     def make_shard(self, index: int, chunk: list[Row], dest: Path, key: str) -> dict[str, SourceCounts]:
@@ -156,8 +171,16 @@ class ShardBuilder:
         shard_dir = self.work / f"{index:05d}"
         shard_dir.mkdir()
         write_shard(rows, shard_dir / dest.name)
-        write_checkpoint(self.ctx.store, key, shard_dir, stage=f"{self.cfg.name}/shard", step=index, parent=None,
-                         config_hash=self.hash, metrics={"sources": {s: c.to_json() for s, c in counts.items()}})
+        write_checkpoint(
+            self.ctx.store,
+            key,
+            shard_dir,
+            stage=f"{self.cfg.name}/shard",
+            step=index,
+            parent=None,
+            config_hash=self.hash,
+            metrics={"sources": {s: c.to_json() for s, c in counts.items()}},
+        )
         shutil.move(shard_dir / dest.name, dest)
         return counts
 
@@ -208,8 +231,10 @@ class ShardBuilder:
         return self.teachers[key]
 
     def _max_new_tokens(self, domain: str) -> int:
-        return getattr(self.cfg.domain_teacher(domain), "max_new_tokens", None) or \
-            self.ctx.recipe.domains[domain].max_new_tokens
+        return (
+            getattr(self.cfg.domain_teacher(domain), "max_new_tokens", None)
+            or self.ctx.recipe.domains[domain].max_new_tokens
+        )
 
     def _verifies(self, domain: str) -> bool:
         """Rejection sampling: on, for a generating teacher, where the domain has a grader."""
@@ -239,8 +264,10 @@ def grade(domain: Domain, cands: list[Candidate]) -> list[float]:
         return domain.grade_batch([c.row.item for c in cands], [c.text for c in cands])
     except (KeyError, TypeError, ValueError) as e:
         sources = sorted({c.row.source for c in cands})
-        raise ValueError(f"the {domain.name} grader cannot check rows of {', '.join(sources)} ({describe(e)}): "
-                         f"give them the meta its grader reads, or set verify: false") from None
+        raise ValueError(
+            f"the {domain.name} grader cannot check rows of {', '.join(sources)} ({describe(e)}): "
+            f"give them the meta its grader reads, or set verify: false"
+        ) from None
 
 
 def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
@@ -259,8 +286,11 @@ def expected_shards(cfg: SFTDataConfig, recipe: Recipe) -> int:
     """Shards the build will write, when every source says how many rows it gives (else 0: unknown)."""
     from cascade.stages.datasets.sources import draw_count
 
-    counts = [draw_count(src, recipe.domains[d].train_size)
-              for d in cfg.domains or list(recipe.domains) for src in cfg.domain_sources(d)]
+    counts = [
+        draw_count(src, recipe.domains[d].train_size)
+        for d in cfg.domains or list(recipe.domains)
+        for src in cfg.domain_sources(d)
+    ]
     if any(n is None for n in counts):
         return 0
     return -(-sum(counts) // cfg.shard_rows)
