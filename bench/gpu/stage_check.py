@@ -50,13 +50,16 @@ def model_shape(run: dict[str, Any]) -> dict[str, Any] | None:
     config_file = Path(checkpoint.removeprefix("file://")) / "model" / "config.json"
     if not config_file.is_file():
         return None
-    from transformers import AutoConfig, AutoModelForCausalLM
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_file.parent))
-    return {"matmul_params": bench_gpu.matmul_params(model), "layers": model.config.num_hidden_layers,
-            "hidden": model.config.hidden_size}
+    return {
+        "matmul_params": bench_gpu.matmul_params(model),
+        "layers": model.config.num_hidden_layers,
+        "hidden": model.config.hidden_size,
+    }
 
 
 def steady(rows: list[dict[str, float]], key: str) -> float:
@@ -69,25 +72,41 @@ def flops_per_token(shape: dict[str, Any], seq_len: float) -> float:
     return 6.0 * shape["matmul_params"] + 12.0 * shape["layers"] * shape["hidden"] * seq_len
 
 
-def sft_row(name: str, stage: dict[str, Any], shape: dict[str, Any] | None, peak: float | None,
-            seq_len: float) -> dict[str, Any]:
+def sft_row(
+    name: str, stage: dict[str, Any], shape: dict[str, Any] | None, peak: float | None, seq_len: float
+) -> dict[str, Any]:
     steps = stage.get("steps", [])
     tokens_per_s = steady(steps, "tokens_trained") / steady(steps, "step_seconds")
     mfu = tokens_per_s * flops_per_token(shape, seq_len) / (peak * 1e12) if shape and peak else None
     mfu_6n = tokens_per_s * flops_per_token(shape, 0) / (peak * 1e12) if shape and peak else None
-    return {"run": name, "stage": "sft", "steps": len(steps), "step_s": steady(steps, "step_seconds"),
-            "tokens_per_s": tokens_per_s, "mfu": mfu, "mfu_6n": mfu_6n, "final_loss": stage["metrics"].get("final_loss")}
+    return {
+        "run": name,
+        "stage": "sft",
+        "steps": len(steps),
+        "step_s": steady(steps, "step_seconds"),
+        "tokens_per_s": tokens_per_s,
+        "mfu": mfu,
+        "mfu_6n": mfu_6n,
+        "final_loss": stage["metrics"].get("final_loss"),
+    }
 
 
-def grpo_row(name: str, stage_name: str, stage: dict[str, Any], shape: dict[str, Any] | None,
-             peak: float | None, seq_len: float) -> dict[str, Any]:
+def grpo_row(
+    name: str, stage_name: str, stage: dict[str, Any], shape: dict[str, Any] | None, peak: float | None, seq_len: float
+) -> dict[str, Any]:
     steps = stage.get("steps", [])
     update_tokens_per_s = steady(steps, "tokens_trained") / steady(steps, "update_seconds")
     mfu = update_tokens_per_s * flops_per_token(shape, seq_len) / (peak * 1e12) if shape and peak else None
-    return {"run": name, "stage": stage_name, "steps": len(steps), "step_s": steady(steps, "step_seconds"),
-            "sampled_tokens_per_s": steady(steps, "tokens_sampled") / steady(steps, "rollout_seconds"),
-            "update_tokens_per_s": update_tokens_per_s, "update_mfu": mfu,
-            "logprob_mismatch": steady(steps, "logprob_mismatch")}
+    return {
+        "run": name,
+        "stage": stage_name,
+        "steps": len(steps),
+        "step_s": steady(steps, "step_seconds"),
+        "sampled_tokens_per_s": steady(steps, "tokens_sampled") / steady(steps, "rollout_seconds"),
+        "update_tokens_per_s": update_tokens_per_s,
+        "update_mfu": mfu,
+        "logprob_mismatch": steady(steps, "logprob_mismatch"),
+    }
 
 
 def curve_gap(main: dict[str, Any], ref: dict[str, Any], early: int = 10) -> dict[str, Any]:
@@ -95,9 +114,14 @@ def curve_gap(main: dict[str, Any], ref: dict[str, Any], early: int = 10) -> dic
     compounded through the optimizer) and over all of them, and the final losses."""
     a = [r["loss"] for r in main["sft"]["steps"]]
     b = [r["loss"] for r in ref["sft"]["steps"]]
-    return {"main_loss": a, "ref_loss": b, "early_steps": min(early, len(a)),
-            "max_relative_gap_early": bench_gpu.max_relative_gap(a[:early], b[:early]),
-            "max_relative_gap": bench_gpu.max_relative_gap(a, b), "final": [a[-1], b[-1]]}
+    return {
+        "main_loss": a,
+        "ref_loss": b,
+        "early_steps": min(early, len(a)),
+        "max_relative_gap_early": bench_gpu.max_relative_gap(a[:early], b[:early]),
+        "max_relative_gap": bench_gpu.max_relative_gap(a, b),
+        "final": [a[-1], b[-1]],
+    }
 
 
 def report(out: Path, peak: float | None, seq_len: float) -> dict[str, Any]:
@@ -110,10 +134,16 @@ def report(out: Path, peak: float | None, seq_len: float) -> dict[str, Any]:
         for stage_name, stage in run.items():
             if "steps" not in stage:
                 continue  # adopted: it ran elsewhere (the carried SFT data)
-            rows.append(sft_row(name, stage, shape, peak, seq_len) if stage_name == "sft"
-                        else grpo_row(name, stage_name, stage, shape, peak, seq_len))
-    curves = {name.removesuffix("-main"): curve_gap(run, runs[name.replace("-main", "-ref")])
-              for name, run in runs.items() if name.endswith("-main") and name.replace("-main", "-ref") in runs}
+            rows.append(
+                sft_row(name, stage, shape, peak, seq_len)
+                if stage_name == "sft"
+                else grpo_row(name, stage_name, stage, shape, peak, seq_len)
+            )
+    curves = {
+        name.removesuffix("-main"): curve_gap(run, runs[name.replace("-main", "-ref")])
+        for name, run in runs.items()
+        if name.endswith("-main") and name.replace("-main", "-ref") in runs
+    }
     result = {"peak_tflops": peak, "rows": rows, "curves": curves}
     (out / "check.json").write_text(json.dumps(result, indent=1))
     (out / "check.md").write_text(markdown(result))
@@ -125,15 +155,33 @@ def markdown(result: dict[str, Any]) -> str:
     def cell(value: Any) -> str:
         return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
 
-    keys = ["run", "stage", "steps", "step_s", "tokens_per_s", "mfu", "mfu_6n", "sampled_tokens_per_s", "update_tokens_per_s",
-            "update_mfu", "final_loss", "logprob_mismatch"]
+    keys = [
+        "run",
+        "stage",
+        "steps",
+        "step_s",
+        "tokens_per_s",
+        "mfu",
+        "mfu_6n",
+        "sampled_tokens_per_s",
+        "update_tokens_per_s",
+        "update_mfu",
+        "final_loss",
+        "logprob_mismatch",
+    ]
     lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
     lines += ["| " + " | ".join(cell(row.get(k)) for k in keys) + " |" for row in result["rows"]]
-    lines += ["", "| SFT loss curve, the check's device vs the CPU in fp32 | steps | max relative gap, first steps | "
-              "max relative gap, all | final losses |", "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {name} | {len(c['main_loss'])} | {c['max_relative_gap_early']:.3g} (first {c['early_steps']}) | "
-              f"{c['max_relative_gap']:.3g} | {c['final'][0]:.4f} / {c['final'][1]:.4f} |"
-              for name, c in result["curves"].items()]
+    lines += [
+        "",
+        "| SFT loss curve, the check's device vs the CPU in fp32 | steps | max relative gap, first steps | "
+        "max relative gap, all | final losses |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {name} | {len(c['main_loss'])} | {c['max_relative_gap_early']:.3g} (first {c['early_steps']}) | "
+        f"{c['max_relative_gap']:.3g} | {c['final'][0]:.4f} / {c['final'][1]:.4f} |"
+        for name, c in result["curves"].items()
+    ]
     return "\n".join(lines) + "\n"
 
 
