@@ -1,7 +1,7 @@
 """Every command block of the README marked `<!-- runnable -->` runs as written, in order, in one shell.
 
 The fast equivalent: the `micro` recipe in place of `tiny` (the same stage names and shape, seconds instead of
-minutes), a temporary CASCADE_HOME, `cascade` as `python -m cascade.flows.cli` of this checkout, and the session's
+minutes), a temporary CASCADE_HOME, `cascade` as `python -m cascade.flows.cli` of this checkout, and the test session's
 Prefect
 server.
 """
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.long, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- runnable -->\s*\n```bash\n(.*?)```", re.S)
 
@@ -37,8 +36,20 @@ def test_the_readme_marks_its_first_run_and_jobs_runnable():
     assert "cascade run tiny" in blocks[0] and "cascade resume" in blocks[1] and "regression-eval" in blocks[2]
 
 
+def test_the_readme_is_a_front_door_and_results_live_in_docs():
+    """At most 150 lines; the only figures with standard errors are in the first run's printed output (a code
+    block): results tables are in docs/RESULTS.md."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 150
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert "±" not in prose and not re.search(r"[+-]\d+(\.\d+)? SE\b", prose)
+    assert "docs/RESULTS.md" in prose and (ROOT / "docs" / "RESULTS.md").is_file()
+
+
+@pytest.mark.long
+@pytest.mark.slow
 def test_the_runnable_readme_blocks_run_as_written(tmp_path, prefect_harness):
-    """Against the session's Prefect server: each command would otherwise start (and wait for) its own."""
+    """Against the test session's Prefect server: each command would otherwise start (and wait for) its own."""
     from prefect.settings import PREFECT_API_URL
 
     blocks = runnable_blocks((ROOT / "README.md").read_text())

@@ -36,7 +36,7 @@ QUIET = {
 
 @pytest.fixture(scope="session")
 def s3(tmp_path_factory):
-    """A moto S3 server for the session."""
+    """A moto S3 server for the test session."""
     os.environ.update({k: os.environ.get(k, v) for k, v in FAKE_KEYS.items()})
     server = moto_server(tmp_path_factory.mktemp("moto")).start()
     yield server

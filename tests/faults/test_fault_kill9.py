@@ -6,7 +6,7 @@ point (the seeds are printed and in every assertion message): even trials after 
 after a random upload lands (tests/faults/killer.py), so that some kills surely leave partial uploads. It
 records the partial uploads the kill left (gc's orphans), resumes, and checks. Two trials run at a time (2
 cores). Two trials by default in the suite, one of each kind, side by side (each is a kill and a resume, tens of
-seconds; the four of before took a second round, 90 s of the suite's 15 minutes); the seed is fixed, so more
+seconds; four trials took two rounds, 90 s of the suite's 15 minutes); the seed is fixed, so more
 trials per run would test the same points on every run anyway. CASCADE_KILL_TRIALS changes the count
 (`CASCADE_KILL_TRIALS=20 make test-faults` for a soak), CASCADE_KILL_SEED the base seed.
 """

@@ -35,7 +35,7 @@ TINY = [
 
 
 def test_smollm2_gsm8k_runs_sft_grpo_and_the_gsm8k_test_eval(tmp_path, monkeypatch, smollm2_home):
-    monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))  # the session's converted smollm2-135m
+    monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))  # the test session's converted smollm2-135m
     recipe = load_recipe("smollm2-gsm8k", [f"storage.root=file://{tmp_path}/store", *TINY])
     report = cascade_flow(recipe, "gsm")
     stages = {s["name"]: s for s in report.stages}

@@ -6,7 +6,7 @@ of 256), SFT runs 1000 steps of 16 rows (the recipe: 1500 of 32), math RL, the h
 each (the recipe: 40), the held-out sets are 60 items per domain (the recipe: 800), and the hot stage's lr is 6e-4
 (the recipe: 3e-4), since the smaller model's SFT leaves math lower. The stage list and the gate's tolerance are
 the shipped recipe's.
-Measured 2026-11-27 through the CLI at one thread (docs/LOG.md, tenth session): ~105 CPU-s a run (SFT ~65 s),
+Measured 2026-11-27 through the CLI at one thread (docs/LOG.md): ~105 CPU-s a run (SFT ~65 s),
 against 172 (SFT 105) at 4 layers with the hot stage at 3e-4. Seed 0: math 0.217 after SFT, 0.208 after math RL,
 0.025 after the hot stage (the gate fires on math, drop 0.19, and on instruct, 0.20), 0.163 after MOPD. Seed 1:
 0.271, 0.233, 0.10 (drop 0.17), 0.263. Not taken: 2 layers with the hot stage at 3e-4 (drops 0.06 and 0.065, too

@@ -22,7 +22,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def converted(smollm2_home):
-    """The session's converted checkpoint, loaded once for the module."""
+    """The test session's converted checkpoint, loaded once for the module."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CASCADE_HOME", str(smollm2_home))
         model, tok = load_hf(SMOLLM2)
