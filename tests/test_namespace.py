@@ -17,7 +17,8 @@ FOLDERS = ("stages", "artifacts", "tasks", "flows", "infra", "sandbox")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of the checkout's files: setuptools' build/ in the checkout would keep deleted modules."""
+    """Built from a copy of the checkout's files (setuptools' build/ in the checkout would keep deleted modules),
+    with no warning from setuptools about pyproject.toml."""
     out = tmp_path_factory.mktemp("wheel")
     source = out / "src"
     files = subprocess.run(
@@ -28,7 +29,9 @@ def wheel(tmp_path_factory) -> Path:
             (source / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, source / name)
     pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out)]
-    subprocess.run([*pip, str(source)], check=True, capture_output=True)
+    build = subprocess.run([*pip, str(source)], check=True, capture_output=True, text=True)
+    # setuptools warns of a license table, data folders missing from `packages`, ...: pyproject.toml says it right
+    assert "warning" not in (build.stdout + build.stderr).lower(), build.stdout + build.stderr
     (built,) = out.glob("cascade-*.whl")
     return built
 
