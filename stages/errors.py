@@ -13,3 +13,8 @@ class DistributedStageError(RuntimeError):
 
 class GateFailed(RuntimeError):
     """The regression gate under policy `fail` found a domain below its tolerance; the message names it."""
+
+
+class NonFiniteSteps(RuntimeError):
+    """Optimizer steps in a row whose loss or gradient was not finite (stages/training.py); the message names the
+    steps and the likely cause."""

@@ -41,6 +41,7 @@ from cascade.stages.distributed import (
     save_train_state,
     world_for,
 )
+from cascade.stages.errors import NonFiniteSteps
 from cascade.stages.model import load_hf
 
 
@@ -66,13 +67,28 @@ def warmup_constant(step: int, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) if warmup else 1.0
 
 
-def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, grad_clip: float) -> float:
+# A step whose loss or gradient norm is not finite is skipped; this many in a row fail the stage.
+MAX_NONFINITE_IN_ROW = 3
+
+
+def clip_and_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr: float, grad_clip: float, loss: float
+) -> float:
+    """Clip the gradient to norm grad_clip and take the optimizer step; return the norm before clipping.
+
+    A step whose loss or gradient norm is inf or NaN changes nothing: the gradient is dropped and neither the
+    weights nor the optimizer's moments move (AdamW would write NaN into both for good). The norm is then NaN
+    and the caller counts the skip. Under FSDP2 the norm is reduced over every rank and the loss is the global
+    sum, so every rank takes the same decision."""
     for group in optimizer.param_groups:
         group["lr"] = lr
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    norm = float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)  # FSDP2: sharded
+    finite = math.isfinite(norm) and math.isfinite(loss)
+    if finite:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm)  # FSDP2: sharded
+    return norm if finite else math.nan
 
 
 def micro_batches(n: int, size: int) -> list[slice]:
@@ -148,8 +164,12 @@ class TrainRun:
     def record_step(self, metrics: dict[str, float]) -> None:
         """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint.
         Adds the step's wall seconds (from the end of the previous step's record, a step checkpoint's commit
-        excluded): the stage reads a device-synced value (loss, grad norm) before it records, so the time holds."""
-        metrics = {**metrics, "step_seconds": time.perf_counter() - self._step_started}
+        excluded): the stage reads a device-synced value (loss, grad norm) before it records, so the time holds.
+        A step that clip_and_step skipped (its grad_norm NaN) is logged with `skipped: 1`; the last
+        MAX_NONFINITE_IN_ROW of them in a row fails the stage (NonFiniteSteps) before any checkpoint of it."""
+        skipped = not math.isfinite(metrics.get("grad_norm", 0.0))
+        self._check_finite(skipped, metrics.get("loss", math.nan))
+        metrics = {**metrics, "skipped": float(skipped), "step_seconds": time.perf_counter() - self._step_started}
         self.history.append(metrics)
         self.ctx.log.log(self.step, metrics)
         self.ctx.progress(self.step, self.cfg.steps)
@@ -160,6 +180,21 @@ class TrainRun:
             if self.world.is_main:
                 prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)
         self._step_started = time.perf_counter()
+
+    def _check_finite(self, skipped: bool, loss: float) -> None:
+        recent = [*(m.get("skipped", 0.0) for m in self.history[-(MAX_NONFINITE_IN_ROW - 1) :]), float(skipped)]
+        if len(recent) < MAX_NONFINITE_IN_ROW or not all(recent):
+            return
+        cause = (
+            "the loss was not finite: a sampled token with probability 0 under the trainer (top_p < 1?) or an "
+            "overflow in the forward"
+            if not math.isfinite(loss)
+            else "the gradient overflowed: lower the learning rate or compute.dtype: fp32"
+        )
+        raise NonFiniteSteps(
+            f"{self.ctx.key}: steps {self.step - MAX_NONFINITE_IN_ROW + 1}-{self.step} were skipped, "
+            f"{MAX_NONFINITE_IN_ROW} in a row: {cause}"
+        )
 
     def finish(self, metrics: dict[str, Any]) -> StageResult:
         """The stage's checkpoint (the whole model as one HF directory, gathered to rank 0 under torchrun) and its

@@ -86,10 +86,11 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
 def stage_failures() -> tuple[type[BaseException], ...]:
     """The failures of a run that are one line, not a bug: a torchrun stage whose rank died or raised (the
     line names the rank; its traceback is in the torchrun log the line names), and the gate under policy
-    `fail` (the line names the domain, its drop and the tolerance)."""
-    from cascade.stages.errors import DistributedStageError, GateFailed
+    `fail` (the line names the domain, its drop and the tolerance), and a training stage whose steps kept
+    producing a loss or gradient that is not finite (the line names the steps and the likely cause)."""
+    from cascade.stages.errors import DistributedStageError, GateFailed, NonFiniteSteps
 
-    return (DistributedStageError, GateFailed)
+    return (DistributedStageError, GateFailed, NonFiniteSteps)
 
 
 def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -190,7 +190,7 @@ def policy_update(
         loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     with record_function("grpo.optimizer"):
         lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
-        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
     return {
         "loss": loss,
         "grad_norm": grad_norm,

@@ -104,7 +104,7 @@ def distill_update(
 
     loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
     lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
-    grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+    grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
     outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {
         "loss": loss,

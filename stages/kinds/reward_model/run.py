@@ -87,7 +87,7 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
 
         loss = backward_micro_batches(len(pairs), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
         run.step += 1
 
         # log

@@ -71,7 +71,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
 
         loss = backward_micro_batches(len(ids), cfg.micro_batch_size, micro_loss, run)
         lr = cfg.lr * warmup_cosine(run.step, cfg.steps, cfg.warmup_steps, cfg.min_lr_ratio)
-        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
         run.step += 1
         tokens = world.all_sum(float(sum(len(row) for row, _ in rows)))  # the rows' own tokens, not padding
         tokens_seen += int(tokens)
