@@ -28,7 +28,7 @@ from transformers import DynamicCache
 
 from cascade.stages.engines.base import Completion
 from cascade.stages.engines.hf import left_padded
-from cascade.stages.losses import sampling_logits, token_logprobs
+from cascade.stages.losses import scoring_logits, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -84,15 +84,15 @@ def completion_batch(
 
 def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, part: slice, pad: int) -> tuple[Tensor, Tensor]:
     """log pi_{T,p}(y_j | prompt, y_<j) for the rows `part` of batch: [n, C], under the distribution they were
-    sampled from (the batch's temperature and nucleus: losses.sampling_logits, as the engine reports pi_inf), and
-    the model's own logits: [n, C, V]."""
+    sampled from (the batch's temperature and nucleus, as the engine reports pi_inf; losses.scoring_logits: a
+    token outside this model's own nucleus scores a finite floor), and the model's own logits: [n, C, V]."""
     used, repeat = torch.unique_consecutive(batch.owner[part], return_inverse=True)  # [u], [n] -> used
     prompts, ids = [batch.prompts[i] for i in used.tolist()], batch.ids[part]
     if getattr(model, "is_activation_checkpointing", False) or isinstance(model, FSDPModule):
         logits = full_row_logits(model, prompts, repeat, ids, pad)
     else:
         logits = shared_prefix_logits(model, prompts, repeat, ids, pad)
-    return token_logprobs(sampling_logits(logits, batch.temperature, batch.top_p), ids), logits
+    return token_logprobs(scoring_logits(logits, batch.temperature, batch.top_p), ids), logits
 
 
 def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor, pad: int) -> Tensor:

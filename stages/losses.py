@@ -30,7 +30,8 @@ def sampling_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
     N is the smallest set of most probable tokens whose mass under softmax(z/T) reaches top_p (a token is in N when
     the mass of the tokens before it, in descending order, is at most top_p), chosen without gradient. T = 1 and
     top_p = 1 return the logits themselves; T = 0 (greedy) has no sampling distribution and is read as T = 1.
-    One function for the engine, the trainer, the reference and the teachers: their logprobs are of one objective.
+    The engine samples from it; the trainer, the reference and the teachers score with `scoring_logits`, the same
+    distribution with a finite floor off the nucleus, so that their logprobs are of one objective.
 
     logits: [..., V] -> [..., V], float32 when transformed.
     """
@@ -44,6 +45,30 @@ def sampling_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
         inside = (sorted_p.cumsum(-1) - sorted_p) <= top_p  # [..., V] in descending order
         nucleus = torch.zeros_like(inside).scatter(-1, order, inside)
     return logits.masked_fill(~nucleus, float("-inf"))
+
+
+# A token outside the scorer's nucleus scores this many nats below the nucleus's least probable token.
+NUCLEUS_FLOOR_NATS = 20.0
+
+
+def scoring_logits(logits: Tensor, temperature: float, top_p: float) -> Tensor:
+    """sampling_logits for scoring tokens that another sampler drew (the engine, whose nucleus may differ by a
+    token from the scorer's own in bf16 or across processes): off this model's nucleus N, a finite floor instead
+    of -inf,
+
+        z'_v = min_{u in N} z'_u - NUCLEUS_FLOOR_NATS  for v not in N  (the floor without gradient),
+
+    so log pi of such a token is about its nucleus's least logprob minus 20 nats: finite, as are the losses and
+    gradients built on it (-inf made grpo_loss NaN and mopd_loss -inf). The floor adds at most
+    (V - |N|) e^-20 ~ 1e-4 of the least nucleus probability (V = 49,152) to the normalizer. top_p = 1 is
+    sampling_logits exactly. logits: [..., V] -> [..., V]."""
+    z = sampling_logits(logits, temperature, top_p)
+    if top_p >= 1.0:
+        return z
+    off = torch.isneginf(z)
+    with torch.no_grad():
+        floor = z.masked_fill(off, float("inf")).amin(-1, keepdim=True) - NUCLEUS_FLOOR_NATS  # [..., 1]
+    return torch.where(off, floor, z)
 
 
 def token_entropy(logits: Tensor) -> Tensor:

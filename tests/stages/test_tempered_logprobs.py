@@ -12,7 +12,14 @@ from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.config import ModelConfig
 from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.hf import HFEngine
-from cascade.stages.losses import sampling_logits, token_logprobs
+from cascade.stages.losses import (
+    NUCLEUS_FLOOR_NATS,
+    grpo_loss,
+    mopd_loss,
+    sampling_logits,
+    scoring_logits,
+    token_logprobs,
+)
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
 
@@ -37,6 +44,29 @@ def test_sampling_logits_by_hand():
     assert both[1].item() == pytest.approx(math.log(0.09 / 0.34), abs=1e-6)
     # greedy has no sampling distribution: the model's own logprobs
     assert torch.equal(sampling_logits(z, 0.0, 1.0), z)
+
+
+def test_a_token_outside_the_scorers_nucleus_scores_a_finite_floor_and_keeps_the_losses_finite():
+    """p = (0.5, 0.3, 0.15, 0.05), top_p 0.7: the nucleus is tokens 0 and 1 (mass 0.8). Tokens 2 and 3 score
+    log(0.3) - 20 (the least nucleus logit less the floor) minus the normalizer log(0.8 + 2 * 0.3 * e^-20)."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    z = torch.log(p).expand(1, 4, 4).clone().requires_grad_()
+    targets = torch.arange(4)[None]
+    scored = token_logprobs(scoring_logits(z, 1.0, 0.7), targets)[0]
+    normalizer = math.log(0.8 + 2 * 0.3 * math.exp(-NUCLEUS_FLOOR_NATS))
+    assert scored[0].item() == pytest.approx(math.log(0.5) - normalizer, abs=1e-6)
+    assert scored[2].item() == scored[3].item() == pytest.approx(math.log(0.3) - 20 - normalizer, abs=1e-5)
+    assert torch.equal(scoring_logits(z, 0.5, 1.0), sampling_logits(z, 0.5, 1.0))  # no nucleus: unchanged
+    # the losses on such tokens: finite with the floor, not with -inf (the engine's own logprobs are finite)
+    mask, inf_logp = torch.ones(1, 4), torch.log(p)[None]
+    for logits_of in (scoring_logits, sampling_logits):
+        logp = token_logprobs(logits_of(z, 1.0, 0.7), targets)  # [1, 4]
+        grpo = grpo_loss(logp, logp.detach(), torch.tensor([1.0]), mask, 4)
+        mopd = mopd_loss(logp, logp.detach() - 1.0, inf_logp, mask, 4, 0.5, 2.0)
+        finite = bool(torch.isfinite(grpo) and torch.isfinite(mopd))
+        assert finite is (logits_of is scoring_logits)
+    (grad,) = torch.autograd.grad(grpo_loss(scored[None], scored[None].detach(), torch.tensor([1.0]), mask, 4), z)
+    assert torch.isfinite(grad).all()
 
 
 def rollouts(temperature: float, top_p: float):
