@@ -37,7 +37,8 @@ PANELS: list[tuple[str, list[str]]] = [
     ("entropy", ["entropy"]),
     ("loss", ["loss"]),
     ("grad norm", ["grad_norm"]),
-    ("logprob mismatch |log pi_train - log pi_inf|", ["logprob_mismatch"]),
+    ("logprob mismatch |log pi_train - log pi_inf|, mean and max", ["logprob_mismatch", "logprob_mismatch_max"]),
+    ("share of tokens importance-corrected (truncated or masked)", ["is_corrected", "truncated_fraction"]),
     ("MOPD reverse KL per domain", ["reverse_kl/"]),
     ("reward model accuracy", ["accuracy", "rm_accuracy", "train_accuracy", "heldout_accuracy"]),
     # RLHF: a reward model's score beside the hidden rubric it should track; reward hacking is where they part

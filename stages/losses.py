@@ -102,19 +102,43 @@ def groups_with_signal(rewards: Tensor) -> Tensor:
     return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
 
 
-def grpo_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, num_tokens: int) -> Tensor:
+def grpo_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, num_tokens: int, weight: Tensor | None = None
+) -> Tensor:
     """Token-level GRPO policy-gradient loss without KL.
 
-        L = -sum_{i,t} mask_it * rho_it * A_i / num_tokens,   rho_it = exp(logp_it - old_logp_it)
+        L = -sum_{i,t} mask_it * w_it * rho_it * A_i / num_tokens,   rho_it = exp(logp_it - old_logp_it)
 
     logp: [N, T] log pi_theta of the sampled tokens (with grad); old_logp: [N, T] the same under the policy
     that sampled (no grad); advantages: [N] one per sequence; mask: [N, T] 1 on completion tokens;
-    num_tokens: global count of completion tokens in the optimizer batch. Strictly on-policy, old_logp is
-    logp.detach(), so rho == 1 in value and grad L = -sum mask * A * grad logp / num_tokens (REINFORCE).
-    One update per rollout batch makes PPO clipping a no-op, so it is not applied.
+    num_tokens: global count of completion tokens in the optimizer batch; weight: [N, T] the importance
+    correction of the train/inference mismatch (`tis_weights`, `mis_weights`; no grad), None for w = 1.
+    Strictly on-policy, old_logp is logp.detach(), so rho == 1 in value and grad L = -sum mask * w * A *
+    grad logp / num_tokens (REINFORCE). One update per rollout batch makes PPO clipping a no-op: not applied.
     """
     ratio = torch.exp(logp - old_logp)
+    if weight is not None:
+        ratio = ratio * weight
     return -(ratio * advantages.unsqueeze(-1) * mask).sum() / num_tokens
+
+
+def tis_weights(logp: Tensor, inf_logp: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling of the train/inference mismatch (Yao et al. 2025, "TIS"):
+
+        w_t = min(sg[pi_train(y_t) / pi_inf(y_t)], cap)
+
+    logp: [N, T] log pi_train of the sampled tokens; inf_logp: [N, T] the engine's log pi_inf of them -> [N, T]."""
+    return torch.exp(logp.detach() - inf_logp).clamp(max=cap)
+
+
+def mis_weights(logp: Tensor, inf_logp: Tensor, low: float, high: float) -> Tensor:
+    """Masked importance sampling (IcePop; MOPD's truncation): the ratio, and 0 outside the band, not clipped:
+
+        r_t = sg[pi_train(y_t) / pi_inf(y_t)],   w_t = r_t * 1[low <= r_t <= high]
+
+    logp: [N, T] log pi_train of the sampled tokens; inf_logp: [N, T] the engine's log pi_inf of them -> [N, T]."""
+    ratio = torch.exp(logp.detach() - inf_logp)
+    return ratio * ((ratio >= low) & (ratio <= high))
 
 
 def mopd_loss(
@@ -138,8 +162,7 @@ def mopd_loss(
     With r = 1 the gradient is the per-token policy gradient of -KL(pi_train || pi_teacher).
     """
     advantage = (teacher_logp - logp).detach()
-    ratio = torch.exp(logp.detach() - inf_logp)
-    weight = ratio * ((ratio >= eps_low) & (ratio <= eps_high))
+    weight = mis_weights(logp, inf_logp, eps_low, eps_high)
     return -(mask * weight * advantage * logp).sum() / num_tokens
 
 

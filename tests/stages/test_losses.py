@@ -12,7 +12,9 @@ from cascade.stages.losses import (
     grpo_loss,
     kl_k3,
     length_normalized_rewards,
+    mis_weights,
     sft_loss,
+    tis_weights,
     token_entropy,
     token_logprobs,
 )
@@ -49,6 +51,30 @@ def test_grpo_loss_off_policy_ratio():
     old = torch.tensor([[math.log(0.25)]])
     loss = grpo_loss(logp, old, torch.tensor([1.0]), torch.ones(1, 1), 1)
     assert loss.item() == pytest.approx(-2.0, abs=1e-6)  # ratio 2
+
+
+def test_importance_weights_hand_computed():
+    """rho = pi_train / pi_inf per token: 0.25, 0.8, 1, 3, 6. tis caps at 2; mis keeps [0.5, 5] and zeroes the rest."""
+    rho = torch.tensor([[0.25, 0.8, 1.0, 3.0, 6.0]])
+    inf_logp = torch.log(torch.tensor([[0.4, 0.5, 0.3, 0.1, 0.05]]))
+    logp = (inf_logp + torch.log(rho)).requires_grad_()
+    torch.testing.assert_close(tis_weights(logp, inf_logp, 2.0), torch.tensor([[0.25, 0.8, 1.0, 2.0, 2.0]]))
+    torch.testing.assert_close(mis_weights(logp, inf_logp, 0.5, 5.0), torch.tensor([[0.0, 0.8, 1.0, 3.0, 0.0]]))
+    assert not tis_weights(logp, inf_logp, 2.0).requires_grad  # a weight, not a path for the gradient
+
+
+def test_grpo_loss_with_token_weights_value_and_gradient():
+    """L = -sum mask * w * A / N on-policy; grad = -mask * w * A / N. w = 1 is the unweighted loss bit for bit."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]], requires_grad=True)
+    adv, mask = torch.tensor([2.0, -1.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    weight = torch.tensor([[0.5, 2.0, 7.0], [1.0, 0.0, 1.5]])
+    loss = grpo_loss(logp, logp.detach(), adv, mask, 5, weight)
+    # -(2 * (0.5 + 2.0) + (-1) * (1.0 + 0.0 + 1.5)) / 5 = -(5 - 2.5) / 5 = -0.5
+    assert loss.item() == pytest.approx(-0.5, abs=1e-7)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.2, -0.8, 0.0], [0.2, 0.0, 0.3]]))
+    ones = grpo_loss(logp, logp.detach(), adv, mask, 5, torch.ones_like(mask))
+    assert torch.equal(ones, grpo_loss(logp, logp.detach(), adv, mask, 5))
 
 
 def test_sft_loss_uses_global_count():

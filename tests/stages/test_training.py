@@ -1,5 +1,7 @@
 """Training stages: micro-batching equals one batch, resume parity, and GRPO learning on a tiny task."""
 
+import dataclasses
+import math
 import random
 
 import pytest
@@ -14,10 +16,11 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.engines.base import Completion
 from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds.sft.run import pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
-from cascade.stages.losses import grpo_loss, sft_loss, token_logprobs
+from cascade.stages.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
 from cascade.stages.model import build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
@@ -347,3 +350,49 @@ def test_an_on_policy_warmup_ramps_the_learning_rate_then_holds_it(tmp_path, mon
     sink = ListSink()
     run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), StageInputs())
     assert sink.series("lr") == [5e-3, 1e-2, 1e-2]  # the stage's lr 1e-2, reached at the second step
+
+
+def test_importance_correction_auto_is_tis_where_the_mismatch_is_real():
+    from cascade.stages.kinds.grpo.run import importance_weighting
+
+    recipe_stage = {"kind": "grpo", "name": "rl", "domains": ["math"]}
+    auto = GRPOConfig(**recipe_stage)
+    assert importance_weighting(auto, "hf", "fp32") is None
+    assert importance_weighting(auto, "hf", "bf16").func is tis_weights
+    assert importance_weighting(auto, "vllm", "fp32").keywords == {"cap": 2.0}
+    assert importance_weighting(GRPOConfig(**recipe_stage, importance_correction="none"), "vllm", "bf16") is None
+    mis = importance_weighting(GRPOConfig(**recipe_stage, importance_correction="mis"), "hf", "fp32")
+    assert mis.func is mis_weights and mis.keywords == {"low": 0.5, "high": 5.0}
+    for bad in ({"is_cap": 0.5}, {"mis_band": (1.0, 5.0)}, {"mis_band": (0.5, 0.9)}):
+        with pytest.raises(ValueError, match="is_cap|mis_band"):
+            GRPOConfig(**recipe_stage, **bad)
+
+
+@pytest.mark.parametrize(
+    ("correction", "engine_ratio", "corrected"),
+    [("tis", 4.0, 1.0), ("tis", 1.5, 0.0), ("mis", 0.25, 1.0), ("mis", 2.0, 0.0), ("none", 4.0, None)],
+)
+def test_grpo_weights_each_token_by_its_correction_and_logs_the_share_corrected(
+    tmp_path, monkeypatch, correction, engine_ratio, corrected
+):
+    """The engine's logprobs are shifted so that every token's rho = pi_train / pi_inf is engine_ratio: tis
+    truncates every token of rho 4 at its cap of 2 and none of rho 1.5; mis masks every token of rho 0.25 and none
+    of rho 2; none logs no share. The mismatch is logged as |log rho|, mean and max."""
+    import cascade.stages.kinds.grpo.run as grpo_run
+
+    real_batch = grpo_run.completion_batch
+
+    def shifted_batch(*args, **kwargs):
+        batch = real_batch(*args, **kwargs)
+        return dataclasses.replace(batch, inf_logp=batch.inf_logp - math.log(engine_ratio) * batch.mask)
+
+    monkeypatch.setattr(grpo_run, "completion_batch", shifted_batch)
+    recipe = vowel_recipe(tmp_path, monkeypatch, steps=2, importance_correction=correction)
+    sink = ListSink()
+    run_grpo(recipe.stage("rl"), stage_ctx(recipe, tmp_path, "rl", sink), StageInputs())
+    assert sink.series("logprob_mismatch") == pytest.approx([abs(math.log(engine_ratio))] * 2, abs=1e-4)
+    assert sink.series("logprob_mismatch_max") == pytest.approx([abs(math.log(engine_ratio))] * 2, abs=1e-4)
+    if corrected is None:
+        assert sink.series("is_corrected") == []
+    else:
+        assert sink.series("is_corrected") == [corrected, corrected]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from cascade.stages.config_base import DataSource, NonNegative, OnPolicyConfig, Positive, Read, ReadsDataFiles
 from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
@@ -40,6 +40,22 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     # group whose rewards are all equal has zero advantage and adds no gradient: it costs compute and, counted in
     # the loss's token normalizer, scales the gradient down.
     drop_flat_groups: bool = True
+    # The train/inference mismatch (pi_train != pi_inf: bf16, vLLM's kernels): each sampled token's loss weighted
+    # by rho = pi_train / pi_inf, truncated at `is_cap` (tis) or zeroed outside `mis_band` (mis, IcePop's
+    # band); none takes rho as 1, the paper's loss. auto: tis where the engine is vLLM or the stage trains in
+    # bf16, else none (fp32 in one process: rho is 1 to float rounding).
+    importance_correction: Literal["auto", "none", "tis", "mis"] = "auto"
+    is_cap: Positive = 2.0
+    mis_band: tuple[Positive, Positive] = (0.5, 5.0)
+
+    @model_validator(mode="after")
+    def _correction_bounds(self) -> GRPOConfig:
+        if self.is_cap < 1.0:
+            raise ValueError(f"stage {self.name!r}: is_cap {self.is_cap} is below 1: it would clip on-policy tokens")
+        low, high = self.mis_band
+        if not low < 1.0 < high:
+            raise ValueError(f"stage {self.name!r}: mis_band {list(self.mis_band)} must hold 1 strictly inside")
+        return self
 
     def reads(self) -> list[Read]:
         reads = [Read("prompts", self.prompts, "prompts")] if isinstance(self.prompts, str) else []

@@ -6,7 +6,12 @@ For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i wit
     A_i = (r_i - mean(r)) / (std(r) + eps)
     L(theta) = -(1 / sum_i |o_i|) * sum_i sum_t A_i * pi_theta(o_it) / sg[pi_theta(o_it)]
 
-One gradient step per rollout batch, so the importance ratio is exactly 1 and PPO clipping never engages. With
+One gradient step per rollout batch, so the importance ratio is exactly 1 and PPO clipping never engages.
+Deviation, as the peers ship it: the engine's logprob pi_inf of each sampled token is the behaviour policy, and
+`importance_correction` weights the token's term by w_t = min(pi_train / pi_inf, is_cap) (tis) or by the ratio
+zeroed outside mis_band (mis, IcePop); none (w = 1) is the paper's loss, and auto picks tis where a mismatch is
+real (vLLM rollouts, bf16 training). The step logs the mismatch's mean and max and the share of tokens
+corrected (`is_corrected`). With
 `kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere else), L gains kl_coef * KL(pi_theta || pi_ref), the k3
 estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoint (`reference`, default the
 stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
@@ -26,9 +31,12 @@ Each phase of a step runs in a `torch.profiler.record_function` range named `grp
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
+from torch import Tensor
 from torch.profiler import record_function
 
 from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
@@ -39,7 +47,15 @@ from cascade.stages.domains import Item
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty.run import load_kept_prompts
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.losses import groups_with_signal, grpo_advantages, grpo_loss, kl_k3, token_entropy
+from cascade.stages.losses import (
+    groups_with_signal,
+    grpo_advantages,
+    grpo_loss,
+    kl_k3,
+    mis_weights,
+    tis_weights,
+    token_entropy,
+)
 from cascade.stages.rewards import make_reward_source
 from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups, sync_metrics
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
@@ -163,7 +179,8 @@ def policy_update(
     measured = batch.mask if cfg.mismatch_over_dropped else batch.mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
     gap = mismatch_sum(run, cfg, batch.select(~kept)) if cfg.mismatch_over_dropped else 0.0
-    stats = {"entropy": 0.0, "gap": gap, "kl": 0.0}
+    stats = {"entropy": 0.0, "gap": gap, "kl": 0.0, "gap_max": 0.0, "corrected": 0.0}
+    weighting = importance_weighting(cfg, ctx.recipe.engine.kind, world.dtype)
     if world.all_sum(float(kept.sum())) == 0:
         return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
     batch = batch.select(kept)
@@ -173,11 +190,16 @@ def policy_update(
     def micro_loss(part: slice) -> torch.Tensor:
         with record_function("grpo.logprob_forward"), world.autocast():
             logp, logits = completion_logprobs(run.model, batch, part, pad)  # [n, C], [n, C, V]
-        m = batch.mask[part]
+        m, inf_logp = batch.mask[part], batch.inf_logp[part]
+        weight = None if weighting is None else weighting(logp, inf_logp)  # [n, C]
         with torch.no_grad():
             stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
-            stats["gap"] += float(((logp - batch.inf_logp[part]).abs() * m).sum())
-        loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens)
+            gap = (logp - inf_logp).abs() * m
+            stats["gap"] += float(gap.sum())
+            stats["gap_max"] = max(stats["gap_max"], float(gap.max()))
+            if weight is not None:  # tokens whose weight is not their ratio: truncated (tis) or masked (mis)
+                stats["corrected"] += float(((weight != torch.exp(logp - inf_logp)) * m).sum())
+        loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens, weight)
         if reference is None:
             return loss
         with torch.no_grad(), world.autocast():
@@ -197,9 +219,24 @@ def policy_update(
         "lr": lr,
         "entropy": world.all_sum(stats["entropy"]),
         "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
+        "logprob_mismatch_max": max(world.all_gather(stats["gap_max"])),
+        **({"is_corrected": world.all_sum(stats["corrected"]) / num_tokens} if weighting is not None else {}),
         "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
         **({"kl": world.all_sum(stats["kl"])} if reference is not None else {}),
     }
+
+
+def importance_weighting(cfg: GRPOConfig, engine: str, dtype: str) -> Callable[[Tensor, Tensor], Tensor] | None:
+    """The stage's correction of the train/inference mismatch, (logp, inf_logp) -> token weights, or None for
+    none. auto: tis where the engine is vLLM or the stage trains in bf16 (the mismatch is real there), else none."""
+    choice = cfg.importance_correction
+    if choice == "auto":
+        choice = "tis" if engine == "vllm" or dtype == "bf16" else "none"
+    if choice == "tis":
+        return partial(tis_weights, cap=cfg.is_cap)
+    if choice == "mis":
+        return partial(mis_weights, low=cfg.mis_band[0], high=cfg.mis_band[1])
+    return None
 
 
 @torch.no_grad()
