@@ -375,9 +375,13 @@ def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
 
 
 def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
-    """The run's stored recipe when it has one (a resume, or a Retry of the flow run), else `recipe`, stored."""
+    """The run's stored recipe when it has one (a resume, or a Retry of the flow run), else `recipe` with its
+    `compute.dtype: auto` decided for this host, stored."""
     key = layout.recipe_key(run_id)
     if not store.exists(key):
+        from cascade.stages.precision import pin_run_dtype  # torch: only once a run starts
+
+        recipe = pin_run_dtype(recipe)
         store.write_bytes(key, recipe.model_dump_json(indent=1).encode())
         return recipe
     stored = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key))
