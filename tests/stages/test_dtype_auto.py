@@ -160,7 +160,8 @@ def test_a_run_pins_auto_to_this_hosts_decision_where_every_stage_trains_here(mo
     assert precision.pin_run_dtype(recipe).compute.dtype == "bf16"
     explicit = micro_recipe(tmp_path, "compute.dtype=fp32")
     assert precision.pin_run_dtype(explicit).compute.dtype == "fp32"
-    on_gpu = micro_recipe(tmp_path, "compute.dtype=auto", "compute.device=cuda")  # a GPU decides by its own flag, where it runs
+    # a GPU decides by its own flag, where it runs
+    on_gpu = micro_recipe(tmp_path, "compute.dtype=auto", "compute.device=cuda")
     assert precision.pin_run_dtype(on_gpu).compute.dtype == "auto"
     one_stage_on_ray = micro_recipe(tmp_path, "compute.dtype=auto", "stages.sft.compute.launcher=ray")
     assert precision.pin_run_dtype(one_stage_on_ray).compute.dtype == "auto"
