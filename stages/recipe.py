@@ -187,7 +187,7 @@ def _stage_config(path: str, entry: Any) -> StageConfig:
     try:
         return KINDS[kind].config.model_validate(entry)
     except ValidationError as e:
-        raise _stage_error(first_error(e, path, kind)) from None
+        raise _stage_error(first_error(e, path, kind, model=KINDS[kind].config)) from None
 
 
 def _stage_error(message: str) -> PydanticCustomError:
@@ -292,12 +292,21 @@ def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
     try:
         raw = load_bounded_yaml(text, source)
     except yaml.YAMLError as e:
-        raise RecipeError(f"{source}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise RecipeError(f"{source}: not valid YAML{yaml_error_position(e)}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: a recipe is a mapping of sections, not a {type(raw).__name__}")
     return raw
+
+
+def yaml_error_position(e: yaml.YAMLError) -> str:
+    """` at line L, column C: <problem> (<context>)` of a YAML syntax error (1-based, as editors count), or its
+    first line where it has no position."""
+    mark, problem, context = (getattr(e, name, None) for name in ("problem_mark", "problem", "context"))
+    if mark is None:
+        return f": {str(e).splitlines()[0]}"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
 
 
 class _DepthBoundLoader(yaml.SafeLoader):
@@ -367,7 +376,7 @@ def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
         err = e.errors()[0]
         if err["type"] == "stage":  # a stage's own error carries its full path
             raise RecipeError(f"{source}: {err['msg']}") from None
-        raise RecipeError(f"{source}: {first_error(e)}") from None
+        raise RecipeError(f"{source}: {first_error(e, model=Recipe)}") from None
 
 
 def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) -> Recipe:
@@ -376,7 +385,25 @@ def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) 
     raw = read_recipe_file(path)
     for item in overrides or []:
         apply_override(raw, item)
-    return validate_recipe(raw, source=str(path))
+    try:
+        return validate_recipe(raw, source=str(path))
+    except RecipeError as e:
+        raise blamed_override(path, overrides or [], str(e)) or e from None
+
+
+def blamed_override(path: Path, overrides: list[str], error: str) -> RecipeError | None:
+    """The error again, naming the override that brought it (`bad override 'k=v': ...`), where the recipe file
+    alone validates and applying the overrides one by one first gives this very error after that one; else None."""
+    reason = error.removeprefix(f"{path}: ")
+    raw = read_recipe_file(path)
+    for item in overrides:
+        apply_override(raw, item)
+        try:
+            validate_recipe(raw)
+        except RecipeError as e:
+            if str(e).removeprefix("recipe: ") == reason:
+                return RecipeError(f"bad override {item!r}: {reason}")
+    return None
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -90,7 +90,7 @@ def test_the_recipe_checks_what_a_new_kind_reads(tmp_path):
     ):
         validate_recipe(raw)
     raw["stages"][-1]["fator"] = 2.0
-    with pytest.raises(RecipeError, match=r"stages\.2\.shrink\.fator: Extra inputs are not permitted"):
+    with pytest.raises(RecipeError, match=r"stages\.2\.shrink\.fator: unknown key; did you mean 'factor'\?"):
         validate_recipe(raw)
 
 
