@@ -71,3 +71,5 @@ def test_the_runnable_readme_blocks_run_as_written(tmp_path, prefect_harness):
     assert "Forgetting matrix" in out and f"html report: {tmp_path / 'report.html'}" in out
     assert (tmp_path / "report.html").exists() and (tmp_path / "home" / "runs" / "first" / "report.html").exists()
     assert "resuming first" in out and "regression eval against baseline 'nightly'" in out
+    # no terminal here: each stage's progress is plain lines, its first step and its last among them
+    assert re.search(r"^01 sft:sft: 1/6 steps, 0:\d\d$", out, re.M) and re.search(r"^01 sft:sft: 6/6 steps", out, re.M)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -42,8 +43,7 @@ def execute(recipe, run_id: str) -> None:
     from cascade.stages.kinds import gain_targets
     from cascade.tasks.progress import set_progress_factory
 
-    with (
-        api,
+    bars_or_lines = (
         Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -51,8 +51,11 @@ def execute(recipe, run_id: str) -> None:
             TimeElapsedColumn(),
             console=console,
             transient=False,
-        ) as progress,
-    ):
+        )
+        if console.is_terminal
+        else contextlib.nullcontext()
+    )
+    with api, bars_or_lines as progress:
         if api.embedded:
             # One run in this process, its stages one after another: no slot to take. (A limit on the embedded
             # server is shared through PREFECT_HOME's database with every other `cascade run` on the host, which
@@ -70,7 +73,7 @@ def execute(recipe, run_id: str) -> None:
 
             return update
 
-        set_progress_factory(factory)
+        set_progress_factory(factory if progress is not None else progress_lines(console))
         logs_to_file(cascade_home() / "logs" / f"{run_id}.log")
         try:
             report = cascade_flow(recipe, run_id)
@@ -155,6 +158,32 @@ def column_groups(widths: list[int], room: int) -> list[list[int]]:
         groups[-1].append(i)
         used += width
     return groups
+
+
+# Without a terminal (nohup, a redirect, CI) a stage's progress is a plain line: its first step, then at most one
+# line per interval, and its last.
+PROGRESS_LINE_EVERY_S = 30.0
+
+
+def progress_lines(console: Any, every: float = PROGRESS_LINE_EVERY_S):
+    """A progress factory that prints `<stage>: <done>/<total> steps, <elapsed>` lines, for a console that is not
+    a terminal (where rich draws its bars only once, at the end)."""
+    shown: dict[str, float] = {}
+    started: dict[str, float] = {}
+
+    def factory(label: str):
+        def update(done: int, total: int) -> None:
+            now = time.monotonic()
+            started.setdefault(label, now)
+            if label in shown and done < total and now - shown[label] < every:
+                return
+            shown[label] = now
+            elapsed = int(now - started[label])
+            console.print(f"{label}: {done}/{total} steps, {elapsed // 60}:{elapsed % 60:02d}", highlight=False)
+
+        return update
+
+    return factory
 
 
 @app.command()

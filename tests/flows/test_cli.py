@@ -369,3 +369,25 @@ def test_any_other_failure_of_a_run_is_one_line_and_exit_1_with_its_traceback_in
         f"cascade: error: RuntimeError: an eval's data file went missing (log: {log})"
     ]
     assert "Traceback" in log.read_text() and "second line" in log.read_text()
+
+
+def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    import cascade.flows.cli.runs as runs
+
+    clock = [100.0]
+    monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
+    out = io.StringIO()
+    update = runs.progress_lines(Console(file=out, width=200), every=30.0)("01 sft:sft")
+    for step in range(1, 101):  # a step every 0.7 s: 70 s in all
+        clock[0] += 0.7
+        update(step, 100)
+    assert out.getvalue().splitlines() == [
+        "01 sft:sft: 1/100 steps, 0:00",
+        "01 sft:sft: 44/100 steps, 0:30",
+        "01 sft:sft: 87/100 steps, 1:00",
+        "01 sft:sft: 100/100 steps, 1:09",
+    ]
