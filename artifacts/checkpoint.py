@@ -187,6 +187,14 @@ def adoptable(store: Store, key: str) -> tuple[CheckpointRef | None, list[str]]:
     return (None, problems) if problems else (committed(store, key), [])
 
 
+def committed_steps(store: Store, stage_key: str, config: str | None = None) -> list[int]:
+    """The steps of a stage's committed step checkpoints, in order; with `config`, only those written under that
+    config hash (the ones a resume of the stage can continue from)."""
+    steps = sorted(int(s) for s in store.list_dirs(steps_dir(stage_key)) if s.isdigit())
+    refs = {s: committed(store, step_key(stage_key, s)) for s in steps}
+    return [s for s, ref in refs.items() if ref is not None and (config is None or ref.config_hash == config)]
+
+
 def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]:
     """Delete all but the newest `keep` committed step checkpoints of a stage while it runs; returns the steps
     deleted. Resume needs only the newest valid one; a long run must not fill the store with the rest."""

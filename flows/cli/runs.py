@@ -240,7 +240,30 @@ def resume(
     quiet_services()
     with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up
         console.print(f"resuming [bold]{run_id}[/bold]")
+        for name, where, _ in stage_positions(Store.from_config(loaded.storage), run_id, loaded):
+            console.print(f"  {name}: {where}", highlight=False)
         execute(loaded, run_id)
+
+
+def stage_positions(store, run_id: str, recipe) -> list[tuple[str, str, int | None]]:
+    """Where each stage of a run stands, as a resume takes it up: (name, what a resume does, the step it continues
+    from): committed (skipped), continuing from its newest step checkpoint under its config, or starting."""
+    from cascade.artifacts.checkpoint import committed, committed_steps
+    from cascade.artifacts.config import config_hash
+    from cascade.artifacts.layout import stage_key
+
+    positions = []
+    for index, cfg in enumerate(recipe.stages):
+        key = stage_key(run_id, index, cfg.name)
+        steps = committed_steps(store, key, config_hash(cfg))
+        if committed(store, key) is not None:
+            positions.append((cfg.name, "committed, skipped", None))
+        elif steps:
+            of = getattr(cfg, "steps", "?")
+            positions.append((cfg.name, f"continues from its step checkpoint {steps[-1]} of {of}", steps[-1]))
+        else:
+            positions.append((cfg.name, "starts", None))
+    return positions
 
 
 def _load_report(st, run_id: str):
@@ -291,19 +314,33 @@ def status(
     if as_json:
         typer.echo(report.model_dump_json())
         return
+    console.print(run_process(st, run_id, report), highlight=False)
     table = Table("stage", "kind", "status", "seconds", "checkpoint", title=f"run {run_id}")
     done = {s["name"]: s for s in report.stages}
+    resumes_at = {name: step for name, _, step in stage_positions(st, run_id, recipe)}
     for index, cfg in enumerate(recipe.stages):
         s = done.get(cfg.name, {})
-        table.add_row(
-            cfg.name,
-            cfg.kind,
-            stage_status(st, run_id, index, cfg.name, s.get("status", "pending")),
-            str(s.get("seconds", "")),
-            s.get("checkpoint") or "",
-        )
+        status = stage_status(st, run_id, index, cfg.name, s.get("status", "pending"))
+        if resumes_at[cfg.name] is not None:  # a stage cut off mid-way: where a resume takes it up
+            status = f"{status} (step checkpoint {resumes_at[cfg.name]})"
+        table.add_row(cfg.name, cfg.kind, status, str(s.get("seconds", "")), s.get("checkpoint") or "")
     console.print(table)
     print_matrix(report, st, gain_targets(recipe.stages))
+
+
+def run_process(store, run_id: str, report) -> str:
+    """Whether a process is running the run now: its lease's owner, alive or gone."""
+    from cascade.artifacts.lease import describe, is_live, owner_gone, read_lease
+
+    lease = read_lease(store, run_id)
+    if lease is not None and is_live(lease):
+        return f"running: {describe(lease)}"
+    if lease is not None:
+        why = "its process is gone" if owner_gone(lease) else "its lease expired"
+        return f"not running: {why} ({describe(lease)}); `cascade resume {run_id}` continues it"
+    if report.status is None or report.status == "FAILED":
+        return f"not running; `cascade resume {run_id}` continues it"
+    return f"not running: {report.status.lower()}"
 
 
 def stage_status(store, run_id: str, index: int, name: str, recorded: str) -> str:

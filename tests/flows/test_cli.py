@@ -1,8 +1,11 @@
 """Bad input: one line on stderr, exit code 2, no traceback, nothing written."""
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -342,6 +345,7 @@ def test_a_transformers_warning_goes_to_the_run_log_not_the_terminal(tmp_path, c
 
 UNEXPECTED = """
 import sys
+import time
 from pathlib import Path
 import typer
 from cascade.flows.cli.common import guarded, logs_to_file
@@ -391,3 +395,44 @@ def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeyp
         "01 sft:sft: 87/100 steps, 1:00",
         "01 sft:sft: 100/100 steps, 1:09",
     ]
+
+
+@pytest.mark.slow
+def test_status_and_resume_say_where_a_cut_off_run_stands(tmp_path, prefect_api):
+    """SFT fails at its last step (the test-only fault hook) after its step checkpoint 3: status says no process
+    runs the run and shows the step checkpoint; resume names what each stage does, then finishes the run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CASCADE_STORE", "MLFLOW_TRACKING_URI")}
+    env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200", PREFECT_API_URL=prefect_api)
+
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        command = [*CASCADE, *args]
+        return subprocess.run(command, capture_output=True, text=True, env={**env, **extra}, cwd=ROOT, timeout=600)
+
+    failed = cli("run", "micro", "--run-id", "cut", CASCADE_TEST_FAIL_STAGE="cut/sft")
+    assert failed.returncode == 1, (failed.stdout + failed.stderr)[-3000:]
+    status = cli("status", "cut")
+    assert "not running; `cascade resume cut` continues it" in status.stdout, status.stdout
+    assert re.search(r"│ sft +│ sft +│ \w+ \(step checkpoint 3\)", status.stdout), status.stdout
+    resumed = cli("resume", "cut")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    lines = resumed.stdout.splitlines()
+    assert lines[1:3] == ["  sft_data: committed, skipped", "  sft: continues from its step checkpoint 3 of 6"]
+    assert lines[3:6] == ["  difficulty: starts", "  if_rl: starts", "  math_rl: starts"]
+    assert "running" not in cli("status", "cut").stdout.splitlines()[0].replace("not running", "")
+
+
+def test_status_tells_a_live_owner_from_one_whose_process_is_gone(tmp_path):
+    import socket
+
+    from cascade.artifacts.report import RunReport
+    from cascade.artifacts.store import Store
+    from cascade.flows.cli.runs import run_process
+
+    store = Store(f"file://{tmp_path}")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lease = {"token": "t" * 16, "expires": time.time() + 60, "host": socket.gethostname()}
+    report = RunReport(run_id="r", recipe="micro")
+    store.write_bytes("runs/r/LEASE.json", json.dumps({**lease, "pid": int(gone.stdout)}).encode())
+    assert run_process(store, "r", report).startswith("not running: its process is gone (host ")
+    store.write_bytes("runs/r/LEASE.json", json.dumps({**lease, "pid": os.getpid()}).encode())
+    assert run_process(store, "r", report).startswith(f"running: host {socket.gethostname()} pid {os.getpid()}")
