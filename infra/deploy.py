@@ -94,6 +94,8 @@ def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Call
             f"training stages share global concurrency limit {limit_name!r} (1 slot)"
         )
         say(f"Prefect UI: {ui_url(api_url)}")
+        # the terminal's `prefect deployment run ...` and other shells reach this server only through it
+        say(f"in another shell: export PREFECT_API_URL={api_url}")
         if serve:
             say("serving: flow runs of these deployments execute here until Ctrl-C")
             serve_deployments(*deployments, print_starting_message=False)

@@ -39,6 +39,7 @@ class Deployed:
     home: Path  # CASCADE_HOME of the serving process: the store is file://home
     env: dict[str, str]
     deployment: dict
+    log: Path  # what `cascade deploy` printed
 
     def start(self, **request) -> str:
         return (
@@ -117,7 +118,7 @@ def deployed(tmp_path_factory):
             )
         api = httpx.Client(base_url=api_url, timeout=30)
         deployment = _wait_for_deployment(api, deployer, root / "deploy.log")
-        yield Deployed(api, api_url, f"http://127.0.0.1:{port}", root / "home", env, deployment)
+        yield Deployed(api, api_url, f"http://127.0.0.1:{port}", root / "home", env, deployment, root / "deploy.log")
     finally:
         if deployer is not None:
             stop(deployer, grace=20)
@@ -129,7 +130,7 @@ def _wait_for_deployment(api: httpx.Client, deployer: subprocess.Popen, log: Pat
     while time.monotonic() < deadline:
         assert deployer.poll() is None, f"cascade deploy exited: {log.read_text()[-2000:]}"
         r = api.get("/deployments/name/cascade/cascade")
-        if r.status_code == 200 and "Prefect UI: " in log.read_text():
+        if r.status_code == 200 and "export PREFECT_API_URL=" in log.read_text():
             return r.json()
         time.sleep(1)
     raise AssertionError(f"cascade deployment not registered: {log.read_text()[-2000:]}")
@@ -142,6 +143,11 @@ def api_runs(deployed):
         "ok": deployed.start(recipe="micro", run_id="deploy-ok"),
         "fault": deployed.start(recipe="micro", run_id=FAULT_RUN),
     }
+
+
+def test_deploy_says_how_another_shell_reaches_its_server(deployed):
+    lines = deployed.log.read_text().splitlines()
+    assert f"in another shell: export PREFECT_API_URL={deployed.api_url}" in lines
 
 
 def test_cascade_deployment_has_a_typed_form(deployed):
