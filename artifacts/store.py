@@ -231,6 +231,10 @@ class Store:
         _REACHED.add((self.endpoint, bucket))
 
     def path(self, key: str) -> str:
+        """The key's path under the root. A key with a '..' segment would leave the store: refused, whatever
+        validated the names it was built from."""
+        if ".." in key.split("/"):
+            raise StoreError(f"key {key!r} leaves the store {self.uri('')}")
         return f"{self.root}/{key.strip('/')}" if key else self.root
 
     def uri(self, key: str) -> str:

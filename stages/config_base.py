@@ -15,13 +15,14 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
+import re
 import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
 
 from cascade.artifacts.config import Strict
 
@@ -288,12 +289,27 @@ TeacherConfig = Annotated[OracleTeacher | ModelTeacher | OpenAITeacher, Field(di
 # --- stage configs: every kind's config derives from StageConfig ---
 
 
+def _path_segment_name(value: object, chars: str = "_-") -> object:
+    """A name that becomes a key segment of the store, a local path and an MLflow run name: letters, digits and
+    `chars`, at most 64, starting with a letter or digit (so never '..', '/', a space or markup)."""
+    if isinstance(value, str) and not re.fullmatch(rf"[A-Za-z0-9][A-Za-z0-9{re.escape(chars)}]{{0,63}}", value):
+        allowed = ", ".join(f"'{c}'" for c in chars)
+        raise ValueError(f"{value!r} is not a name: letters, digits, {allowed}, at most 64, from a letter or digit")
+    return value
+
+
+# A stage's name: part of paths in the store (and on disk) and of MLflow run names.
+Name = Annotated[str, AfterValidator(_path_segment_name)]
+# A recipe's name (by default its file's name): part of run ids; a dot as in file names.
+RecipeName = Annotated[str, AfterValidator(lambda value: _path_segment_name(value, "._-"))]
+
+
 class StageConfig(Strict):
     """What every stage config has. `reads()` names the earlier stages whose checkpoints the stage takes as
     inputs, and what each must have made; the recipe checks them, the flow hands their checkpoints over."""
 
     kind: str
-    name: str
+    name: Name
 
     def reads(self) -> list[Read]:
         return []

@@ -35,6 +35,7 @@ from cascade.stages.config_base import (
     FileSource,
     OracleTeacher,
     ReadsDataFiles,
+    RecipeName,
     Seed,
     SharedSource,
     StageConfig,
@@ -57,7 +58,7 @@ class RecipeError(ValueError):
 
 
 class Recipe(Strict):
-    name: str = "recipe"
+    name: RecipeName = "recipe"
     seed: Seed = 0
     model: ModelConfig = ModelConfig()
     storage: StorageConfig = StorageConfig()

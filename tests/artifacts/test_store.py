@@ -167,3 +167,15 @@ def test_requests_have_timeouts_and_one_retry_layer(monkeypatch, tmp_path):
     assert opts["config_kwargs"]["read_timeout"] == READ_TIMEOUT_S
     assert opts["config_kwargs"]["retries"]["max_attempts"] == BOTO_ATTEMPTS
     assert Store.from_config(StorageConfig(root="s3://b/p", endpoint_url="http://127.0.0.1:9")).fs.retries == 1
+
+
+def test_a_key_that_would_leave_the_store_is_refused(tmp_path):
+    from cascade.artifacts.store import StoreError
+
+    store = Store(f"file://{tmp_path}/store")
+    for key in ("../x", "runs/r/../../../tmp/x", "a/.."):
+        with pytest.raises(StoreError, match="leaves the store"):
+            store.write_bytes(key, b"x")
+    assert not (tmp_path / "x").exists() and not list(tmp_path.iterdir())
+    store.write_bytes("runs/r..s/x", b"x")  # a name with dots in it is a name
+    assert (tmp_path / "store" / "runs" / "r..s" / "x").read_bytes() == b"x"

@@ -30,6 +30,11 @@ def files_under(path: Path) -> list[Path]:
         (["run", "tiny", "nonsense.key=1"], "bad override 'nonsense.key=1': nonsense: unknown key; known: "),
         (["run", "tiny", "stages.sft.stepz=1"], "stages.1.sft.stepz: unknown key; did you mean 'steps'?"),
         (["run", "/no/such/recipe.yaml"], "recipe file not found: /no/such/recipe.yaml"),
+        (
+            ["run", "micro", "stages.math_rl.name=../../../../tmp/cascade-escape", "tracking.enabled=false"],
+            "stages.4.grpo.name: '../../../../tmp/cascade-escape' is not a name: letters, digits, '_', '-'",
+        ),
+        (["run", "micro", "stages.math_rl.name=math rl (v2)"], "'math rl (v2)' is not a name"),
         (["run", "nope"], "unknown recipe 'nope'"),
         (["run", "tiny", "stages.sft.steps"], "bad override 'stages.sft.steps': expected key=value"),
         (["run", "tiny", "stages.sft.steps=lots"], "Input should be a valid integer"),

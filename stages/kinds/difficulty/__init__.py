@@ -15,6 +15,7 @@ from cascade.stages.config_base import (
     SMOLLM2,
     Count,
     Fraction,
+    Name,
     Read,
     StageConfig,
     Temperature,
@@ -27,7 +28,7 @@ class DifficultyConfig(StageConfig):
     """k rollouts of a reference model per train prompt; prompts it solves too often are dropped."""
 
     kind: Literal["difficulty"] = "difficulty"
-    name: str = "difficulty"
+    name: Name = "difficulty"
     domains: list[str]
     # an earlier model stage | an HF model dir | "smollm2-135m" | http(s)://host:port of an OpenAI-compatible server
     reference: str = "sft"

@@ -11,13 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from cascade.stages.config_base import DataSource, NonNegative, OnPolicyConfig, Positive, Read, ReadsDataFiles
+from cascade.stages.config_base import DataSource, Name, NonNegative, OnPolicyConfig, Positive, Read, ReadsDataFiles
 from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
 
 
 class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     kind: Literal["grpo"] = "grpo"
-    name: str
+    name: Name
     domains: list[str]
     std_eps: Positive = 1e-6
     # None: each domain's synthetic train split; a name: the prompts an earlier difficulty stage kept; a mapping:

@@ -11,12 +11,12 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from cascade.stages.config_base import Count, Fraction, OnPolicyConfig, Read, Steps, _no_bool
+from cascade.stages.config_base import Count, Fraction, Name, OnPolicyConfig, Read, Steps, _no_bool
 
 
 class MOPDConfig(OnPolicyConfig):
     kind: Literal["mopd"] = "mopd"
-    name: str = "mopd"
+    name: Name = "mopd"
     domains: list[str] | None = None  # None: every domain that has a teacher
     # domain -> earlier stage whose checkpoint teaches it; "auto": per domain, the stage with the best held-out score
     # in the evals before this stage (chosen when the stage starts, as the gate's recovery chooses them)

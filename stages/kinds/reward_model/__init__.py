@@ -20,6 +20,7 @@ from cascade.stages.config_base import (
     Fraction,
     LearningRate,
     MicroBatched,
+    Name,
     NonNegative,
     Read,
     Steps,
@@ -69,7 +70,7 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
     """A Bradley-Terry reward model: a one-label sequence classifier trained on preference pairs."""
 
     kind: Literal["reward_model"] = "reward_model"
-    name: str = "rm"
+    name: Name = "rm"
     init: str = "sft"  # an earlier policy stage, an HF model dir or "smollm2-135m": the backbone
     pairs: PairSource = DomainPairs()
     steps: Steps = 300

@@ -16,6 +16,7 @@ from cascade.stages.config_base import (
     Fraction,
     LearningRate,
     MicroBatched,
+    Name,
     NonNegative,
     Read,
     Steps,
@@ -25,7 +26,7 @@ from cascade.stages.config_base import (
 
 class SFTConfig(TrainingConfig, MicroBatched):
     kind: Literal["sft"] = "sft"
-    name: str = "sft"
+    name: Name = "sft"
     data: str = "sft_data"  # the sft_data stage whose dataset this trains on
     steps: Steps = 600
     batch_size: BatchSize = 32

@@ -16,6 +16,7 @@ from cascade.stages.config_base import (
     Count,
     DataSource,
     Fraction,
+    Name,
     OracleTeacher,
     ReadsDataFiles,
     StageConfig,
@@ -39,7 +40,7 @@ class DecontaminationConfig(Strict):
 
 class SFTDataConfig(StageConfig, ReadsDataFiles):
     kind: Literal["sft_data"] = "sft_data"
-    name: str = "sft_data"
+    name: Name = "sft_data"
     domains: list[str] | None = None  # None: every recipe domain
     sources: dict[str, list[DataSource]] = {}  # domain -> sources; a domain not listed: its synthetic generator
     teacher: TeacherConfig = OracleTeacher()
