@@ -7,10 +7,12 @@ and stages.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -33,6 +35,20 @@ def fail(message: str, code: int = 2) -> None:
     where = f" (log: {LOG_FILE[0]})" if LOG_FILE else ""
     typer.echo(f"cascade: error: {message}{where}", err=True)
     raise typer.Exit(code)
+
+
+@contextlib.contextmanager
+def flow_logs(path: Path) -> Iterator[None]:
+    """Library log lines into `path` (logs_to_file) while this command's flows run; on the way out, the flow
+    runs' own log lines drained to the Prefect API before a server this command started stops (else Prefect's
+    log worker retried for about a minute after the result, then printed its failure on the terminal)."""
+    logs_to_file(path)
+    try:
+        yield
+    finally:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)
 
 
 def logs_to_file(path) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
-from cascade.flows.cli.common import CLIError, app, console, guarded, quiet_services
+from cascade.flows.cli.common import CLIError, app, console, flow_logs, guarded, quiet_services
 
 baseline_app = typer.Typer(add_completion=False, help="Stored per-domain baselines of regression evals.")
 app.add_typer(baseline_app, name="baseline")
@@ -34,6 +35,7 @@ def regression_eval_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Evaluate checkpoints against a stored baseline, locally; exit code 1 when any domain regressed."""
+    from cascade.artifacts.home import cascade_home
     from cascade.flows.recipes import load_recipe
     from cascade.flows.regression_eval import default_checkpoints, regression_eval_flow
     from cascade.infra.prefect_server import LocalAPI
@@ -46,7 +48,8 @@ def regression_eval_cmd(
     for name in names:
         resolve_checkpoint(loaded, name)  # an unknown checkpoint is one line before Prefect starts
     quiet_services()
-    with LocalAPI():
+    log = cascade_home() / "logs" / f"regression-eval-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    with LocalAPI(), flow_logs(log):
         rows = regression_eval_flow(recipe, names, baseline, update_baseline)
     if as_json:
         typer.echo(json.dumps(rows))

@@ -19,8 +19,8 @@ from cascade.flows.cli.common import (
     CLIError,
     app,
     console,
+    flow_logs,
     guarded,
-    logs_to_file,
     quiet_services,
     store_for,
     stored_recipe,
@@ -74,15 +74,11 @@ def execute(recipe, run_id: str) -> None:
             return update
 
         set_progress_factory(factory if progress is not None else progress_lines(console))
-        logs_to_file(cascade_home() / "logs" / f"{run_id}.log")
         try:
-            report = cascade_flow(recipe, run_id)
+            with flow_logs(cascade_home() / "logs" / f"{run_id}.log"):
+                report = cascade_flow(recipe, run_id)
         finally:
             set_progress_factory(None)
-            # the run's log lines reach the API before its server stops (else Prefect writes its failure to stderr)
-            from prefect.logging.handlers import APILogWorker
-
-            APILogWorker.drain_all(timeout=5)
     print_matrix(report, Store.from_config(recipe.storage), gain_targets(recipe.stages))
     console.print(f"report: {Store.from_config(recipe.storage).uri(report_key(run_id))}")
 

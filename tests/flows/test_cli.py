@@ -292,6 +292,16 @@ def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warni
     assert result.returncode == 0, out[-3000:]
     assert "Forgetting matrix" in out and "report: file://" in out
     assert "WARNING" not in out and "Warning" not in out, out[-3000:]
+    # a regression eval on its own Prefect server, as a crontab line runs it: its table and nothing of Prefect's
+    # (its log lines used to reach the terminal, and to fail to reach the server it had already stopped)
+    for args in (
+        ["baseline", "set", "b", "runs/first/evals/04-math_rl.json", "--recipe", "micro"],
+        ["regression-eval", "--recipe", "micro", "--checkpoint", "runs/first/04-math_rl", "--baseline", "b"],
+    ):
+        done = subprocess.run([*CASCADE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "regression eval against baseline 'b'" in done.stdout
+    assert "| INFO" not in done.stdout + done.stderr and "Error logging to API" not in done.stdout + done.stderr
 
 
 @pytest.mark.slow
