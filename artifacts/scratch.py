@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -74,9 +75,8 @@ def gc_local(delete: bool, tmp: Path | None = None) -> LocalPlan:
     for path in sorted(plan.tmp.glob(f"{PREFIX}*")):
         if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
             continue
-        try:
-            owner = open(path / OWNER)
-        except FileNotFoundError:
+        owner = _open_owner(path / OWNER)
+        if owner is None:
             plan.unknown.append(path)
             continue
         with owner:
@@ -89,6 +89,19 @@ def gc_local(delete: bool, tmp: Path | None = None) -> LocalPlan:
             if delete:
                 shutil.rmtree(path, ignore_errors=True)
     return plan
+
+
+def _open_owner(path: Path):
+    """The OWNER file opened for reading, or None where there is none or it is not a regular file: a directory
+    or a FIFO (which a plain open would wait on forever) in its place is not an owner, and the directory is kept."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:  # missing, a dangling or any other symlink, unreadable
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd)
 
 
 def _bytes_under(path: Path) -> int:

@@ -125,7 +125,10 @@ def cpu_model_and_flags() -> tuple[str, str]:
 
 
 def read_cache(path: Path) -> dict[str, Any]:
-    """The cached decisions; a missing, unreadable or corrupt file holds none."""
+    """The cached decisions; a missing, unreadable or corrupt file holds none, and so does anything that is not a
+    regular file (reading a FIFO would wait for a writer forever)."""
+    if not path.is_file():
+        return {}
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):  # ValueError: bad JSON or bytes that are not UTF-8

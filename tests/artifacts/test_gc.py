@@ -1,5 +1,7 @@
 """gc: orphaned partial uploads go, the last K step checkpoints per stage stay, leased runs are left alone."""
 
+import os
+
 import pytest
 
 from cascade.artifacts.checkpoint import MANIFEST, committed, write_checkpoint
@@ -76,3 +78,19 @@ def test_a_torn_manifest_is_kept_and_listed_not_deleted(store, tmp_path):
 def test_keep_last_must_leave_resume_something(store):
     with pytest.raises(ValueError):
         plan_gc(store, keep_last=0)
+
+
+@pytest.mark.timeout(30)  # a FIFO opened as a file waits for a writer forever
+def test_gc_local_keeps_a_scratch_dir_whose_owner_file_is_not_a_file_and_never_hangs(tmp_path):
+    from cascade.artifacts.scratch import OWNER, PREFIX, gc_local
+
+    as_dir, as_fifo, orphan = (tmp_path / f"{PREFIX}{name}" for name in ("dir", "fifo", "orphan"))
+    for path in (as_dir, as_fifo, orphan):
+        path.mkdir()
+    (as_dir / OWNER).mkdir()
+    os.mkfifo(as_fifo / OWNER)
+    (orphan / OWNER).write_text("123456")  # a regular owner file that no process holds a lock on
+    plan = gc_local(delete=True, tmp=tmp_path)
+    assert sorted(plan.unknown) == [as_dir, as_fifo]
+    assert [path for path, _, _ in plan.unowned] == [orphan]
+    assert as_dir.exists() and as_fifo.exists() and not orphan.exists()

@@ -191,3 +191,14 @@ def test_a_run_stores_the_decided_dtype_and_a_resume_keeps_it_when_the_host_deci
     probe.seconds = (1.0, 2.0)
     assert resolve_dtype(ComputeConfig(), CPU) == "fp32"
     assert adopt() == "bf16"  # the resumed run keeps the dtype it started in
+
+
+@pytest.mark.timeout(30)
+def test_a_cache_that_is_not_a_regular_file_is_measured_again_without_waiting_on_it(monkeypatch):
+    path = cache_path()
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)  # read as a file, a FIFO waits for a writer forever
+    probe = Probe(2.0, 1.0)
+    monkeypatch.setattr(precision, "time_probe", probe)
+    assert resolve_dtype(ComputeConfig(), CPU) == "bf16" and probe.calls == 1
+    assert path.is_file()  # replaced by the written cache
