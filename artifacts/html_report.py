@@ -464,7 +464,26 @@ def template_env():
         loader=jinja2.PackageLoader(__package__, "templates"), autoescape=jinja2.select_autoescape(["html", "j2"])
     )
     env.filters["num"] = _num
+    env.filters["link"] = _link
     return env
+
+
+def _link(url: str) -> Any:
+    """A link cell that works: an http(s) URL as a link; a local MLflow store as the command that serves it,
+    with the run's page; anything else (a `javascript:` URL included) as plain text, never a link."""
+    import jinja2
+    from markupsafe import escape
+
+    scheme = url.split(":", 1)[0].lower()
+    if scheme in ("http", "https"):
+        return jinja2.utils.markupsafe.Markup(f'<a href="{escape(url)}">{escape(url)}</a>')
+    if scheme == "sqlite":
+        store, _, page = url.partition("#")
+        command = f"mlflow ui --backend-store-uri {store}"
+        return jinja2.utils.markupsafe.Markup(
+            f"<code>{escape(command)}</code>, then open <code>http://127.0.0.1:5000/#{escape(page)}</code>"
+        )
+    return jinja2.utils.markupsafe.Markup(f"<code>{escape(url)}</code>")
 
 
 def _num(value: Any, digits: int = 3) -> str:

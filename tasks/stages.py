@@ -52,6 +52,9 @@ from cascade.stages.recipe import Recipe, validate_recipe
 from cascade.tasks.progress import stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
+# Set while the Prefect API is a server that the CLI command started and stops with itself: a link to its UI
+# would be dead once the command ends, so the run's report gets none.
+EPHEMERAL_API_ENV = "CASCADE_PREFECT_API_EPHEMERAL"
 NO_COMPUTE_LIMIT = "none"  # stages take no slot: `cascade run`'s own server, one run in one process
 
 
@@ -329,7 +332,7 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     if tracking_on(recipe.tracking):
         links["mlflow"] = Tracker(recipe, run_id).run_url()
         lines.append(f"| MLflow run | {links['mlflow']} |")
-    if flow_run.ui_url:
+    if flow_run.ui_url and not os.environ.get(EPHEMERAL_API_ENV):
         links["prefect"] = flow_run.ui_url
     if links:  # the HTML report links them
         _, report = open_report(recipe, run_id)

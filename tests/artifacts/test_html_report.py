@@ -321,3 +321,23 @@ def test_gain_targets_come_from_the_stage_kind_registry():
     from tests.conftest import micro_recipe
 
     assert gain_targets(micro_recipe(Path("/tmp/unused")).stages) == {"if_rl": ["instruct"], "math_rl": ["math"]}
+
+
+def test_links_work_where_they_are_links_and_are_text_elsewhere(tmp_path):
+    """An http(s) URL is a link; a local MLflow store is the command that serves it and the run's page; any other
+    scheme (a `javascript:` PREFECT_UI_URL) is text, never a link."""
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "r")
+    report = RunReport.load(store, "r")
+    report.links = {
+        "mlflow": "sqlite:////home/you/.cascade/mlflow.db#/experiments/1/runs/abc",
+        "prefect": "javascript:alert(1)//",
+    }
+    report.save(store)
+    html = render([collect(store, "r")]).html
+    assert (
+        "<code>mlflow ui --backend-store-uri sqlite:////home/you/.cascade/mlflow.db</code>, then open "
+        "<code>http://127.0.0.1:5000/#/experiments/1/runs/abc</code>"
+    ) in html
+    assert "<code>javascript:alert(1)//</code>" in html and 'href="javascript' not in html
+    assert "<a href=" not in html[html.index('<section id="links">') :]  # neither is a link

@@ -292,6 +292,9 @@ def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warni
     assert result.returncode == 0, out[-3000:]
     assert "Forgetting matrix" in out and "report: file://" in out
     assert "WARNING" not in out and "Warning" not in out, out[-3000:]
+    links = json.loads((tmp_path / "home" / "runs" / "first" / "report.json").read_text())["links"]
+    assert "prefect" not in links  # the command's own server is gone once it ends: no dead link
+    assert links["mlflow"].startswith(f"sqlite:///{tmp_path}/home/mlflow.db#/experiments/")
     # a regression eval on its own Prefect server, as a crontab line runs it: its table and nothing of Prefect's
     # (its log lines used to reach the terminal, and to fail to reach the server it had already stopped)
     for args in (
