@@ -1,0 +1,117 @@
+"""Each RL stage's gain across seeds: the training variance that one run's paired standard error leaves out.
+
+    .venv/bin/python bench/bench_seeds.py tiny --seeds 5 [--first-seed 100] [--home DIR] [key=value ...]
+
+Runs `cascade run RECIPE seed=S --run-id seeds-<recipe>-<S>` for S = first_seed .. first_seed + seeds - 1, one
+after another (a run of that id that already finished is read, not run again; one that stopped is resumed), in
+CASCADE_HOME (--home, default: the current one). From each run's eval records it takes every RL stage's paired
+gain on its own domains (the primary metric and greedy, as `cascade report` prints them), then prints per stage
+and domain each seed's gain, the mean over seeds and its standard error across seeds: sd(gains) / sqrt(N). A
+stage "gains" when the mean exceeds twice that SE; where greedy does not move while the sampled metric does, the
+stage sharpens sampling rather than adding capability. The recorded results use seeds that appear nowhere in the
+repository (--first-seed): the recipe is tuned, not a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cascade.artifacts.html_report import Gain, item_scores, stage_gains
+from cascade.artifacts.layout import report_key
+from cascade.artifacts.report import RunReport
+from cascade.artifacts.store import Store
+from cascade.flows.recipes import load_recipe
+from cascade.stages.kinds import gain_targets
+
+
+@dataclass(frozen=True)
+class AcrossSeeds:
+    """One stage's gain on one column (a domain, or greedy/<domain>) over seeds: each seed's paired gain, their
+    mean and the standard error of that mean across seeds (None under two seeds)."""
+
+    stage: str
+    domain: str
+    gains: tuple[float, ...]
+    mean: float
+    se: float | None
+
+    @property
+    def in_se(self) -> float | None:
+        return self.mean / self.se if self.se else None
+
+
+def across_seeds(per_seed: list[list[Gain]]) -> list[AcrossSeeds]:
+    """The gains of each (stage, column) that every seed's run has, in the first run's order."""
+    keyed = [{(g.stage, g.domain): g.gain for g in gains} for gains in per_seed]
+    rows = []
+    for g in per_seed[0] if per_seed else []:
+        values = tuple(run[(g.stage, g.domain)] for run in keyed if (g.stage, g.domain) in run)
+        if len(values) < len(keyed):
+            continue
+        se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+        rows.append(AcrossSeeds(g.stage, g.domain, values, statistics.fmean(values), se))
+    return rows
+
+
+def run_gains(store: Store, run_id: str, recipe) -> list[Gain]:
+    """A finished run's paired gains of each RL stage on its own domains, as `cascade report` prints them."""
+    _, rows = RunReport.load(store, run_id).forgetting_matrix()
+    return stage_gains([stage for stage, _ in rows], item_scores(store, run_id), gain_targets(recipe.stages))
+
+
+def ensure_run(recipe_name: str, seed: int, overrides: list[str], env: dict[str, str]) -> str:
+    """The run of this seed, run (or resumed) here unless it finished already; its id."""
+    run_id = f"seeds-{recipe_name}-{seed}".lower()
+    recipe = load_recipe(recipe_name, [f"seed={seed}", *overrides])
+    store = Store.from_config(recipe.storage)
+    report = RunReport.load(store, run_id) if store.exists(report_key(run_id)) else None
+    if report is not None and report.status == "FINISHED":
+        return run_id
+    command = ["resume", run_id] if report is not None else ["run", recipe_name, f"seed={seed}", *overrides]
+    if report is None:
+        command += ["--run-id", run_id]
+    print(f"seed {seed}: cascade {' '.join(command)}", flush=True)
+    subprocess.run([sys.executable, "-m", "cascade.flows.cli", *command], env=env, check=True)
+    return run_id
+
+
+def table(rows: list[AcrossSeeds], seeds: list[int]) -> str:
+    head = ["stage", "domain", *(f"seed {s}" for s in seeds), "mean ± SE across seeds", "in SE"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        mean = f"{r.mean:+.3f} ± {r.se:.3f}" if r.se else f"{r.mean:+.3f}"
+        in_se = f"{r.in_se:+.1f}" if r.in_se is not None else "-"
+        lines.append("| " + " | ".join([r.stage, r.domain, *(f"{g:+.3f}" for g in r.gains), mean, in_se]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipe")
+    parser.add_argument("overrides", nargs="*", help="key=value recipe overrides, the same for every seed")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--home", type=Path, default=None, help="CASCADE_HOME of the runs")
+    args = parser.parse_args()
+    env = dict(os.environ)
+    if args.home is not None:
+        env["CASCADE_HOME"] = os.environ["CASCADE_HOME"] = str(args.home)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    per_seed = []
+    for seed in seeds:
+        run_id = ensure_run(args.recipe, seed, args.overrides, env)
+        recipe = load_recipe(args.recipe, [f"seed={seed}", *args.overrides])
+        per_seed.append(run_gains(Store.from_config(recipe.storage), run_id, recipe))
+    print(f"\n{args.recipe}, seeds {seeds[0]}-{seeds[-1]}: each RL stage's paired gain on its own domains")
+    print(table(across_seeds(per_seed), seeds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""bench/bench_seeds.py: gains across seeds, against hand-computed means and standard errors."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+from bench_seeds import across_seeds, table  # noqa: E402
+
+from cascade.artifacts.html_report import Gain  # noqa: E402
+
+
+def gains(if_rl: float, greedy: float, math_rl: float | None = None) -> list[Gain]:
+    rows = [
+        Gain("if_rl", "instruct", 0.2, 0.2 + if_rl, if_rl, 0.01),
+        Gain("if_rl", "greedy/instruct", 0, 0, greedy, 0.02),
+    ]
+    return rows + ([Gain("math_rl", "math", 0.3, 0.3 + math_rl, math_rl, 0.01)] if math_rl is not None else [])
+
+
+def test_the_mean_gain_and_its_standard_error_across_seeds_by_hand():
+    """IF-RL gains 0.04, 0.02, 0.06: mean 0.04, sd 0.02, SE 0.02 / sqrt(3); a column a seed lacks is left out."""
+    rows = across_seeds([gains(0.04, -0.01, 0.05), gains(0.02, 0.01), gains(0.06, 0.0, 0.03)])
+    assert [(r.stage, r.domain) for r in rows] == [("if_rl", "instruct"), ("if_rl", "greedy/instruct")]
+    instruct, greedy = rows
+    assert instruct.gains == (0.04, 0.02, 0.06) and instruct.mean == pytest.approx(0.04)
+    assert instruct.se == pytest.approx(0.02 / math.sqrt(3)) and instruct.in_se == pytest.approx(2 * math.sqrt(3))
+    assert greedy.mean == pytest.approx(0.0, abs=1e-12) and greedy.se == pytest.approx(0.01 / math.sqrt(3))
+    assert across_seeds([gains(0.04, 0.0)])[0].se is None  # one seed: no spread to measure
+    printed = table(rows, [7, 8, 9]).splitlines()
+    assert printed[0] == "| stage | domain | seed 7 | seed 8 | seed 9 | mean ± SE across seeds | in SE |"
+    assert printed[2] == "| if_rl | instruct | +0.040 | +0.020 | +0.060 | +0.040 ± 0.012 | +3.5 |"
