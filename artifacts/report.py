@@ -76,11 +76,24 @@ class RunReport(BaseModel):
 
 
 GREEDY_COLUMN = "greedy/"  # greedy pass@1 beside a domain's sampled primary metric, e.g. "greedy/math"
+# pass@k of the same k sampled answers, e.g. "pass@8/math": an item counts when any of its answers is fully right
+PASS_AT_COLUMN = "pass@"
 
 
-def column_order(column: str) -> tuple[str, bool]:
-    """A domain's greedy column sorts right after its primary one."""
-    return column.removeprefix(GREEDY_COLUMN), column.startswith(GREEDY_COLUMN)
+def pass_at_column(domain: str, k: int) -> str:
+    return f"{PASS_AT_COLUMN}{k}/{domain}"
+
+
+def is_side_column(column: str) -> bool:
+    """A column shown beside a domain's primary metric (greedy, pass@k), never a bar the gate or a baseline
+    holds a checkpoint to."""
+    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN))
+
+
+def column_order(column: str) -> tuple[str, int]:
+    """A domain's greedy column sorts right after its primary one, then its pass@k."""
+    side = 1 if column.startswith(GREEDY_COLUMN) else 2 if column.startswith(PASS_AT_COLUMN) else 0
+    return column.split("/", 1)[1] if side else column, side
 
 
 def _upsert(rows: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:

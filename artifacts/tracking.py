@@ -153,7 +153,7 @@ class MLflowSink:
 
         now = int(time.time() * 1000)
         self.buffer += [
-            Metric(self.prefix + k, float(v), now, step)
+            Metric(metric_name(self.prefix + k), float(v), now, step)
             for k, v in metrics.items()
             if isinstance(v, (int, float)) and v == v
         ]
@@ -333,6 +333,12 @@ class Tracker:
         query = f"tags.`{RUN_TAG}` = '{self.run_id}' and tags.`{STAGE_TAG}` = '{stage}'"
         found = self.client.search_runs([self.experiment_id], query, max_results=1)
         return found[0].info.run_id if found else None
+
+
+def metric_name(key: str) -> str:
+    """key as an MLflow metric name: MLflow takes letters, digits, '_', '-', '.', ' ', ':' and '/'; any other
+    character (the '@' of a pass@k column) becomes '_'."""
+    return re.sub(r"[^\w\-. :/]", "_", key)
 
 
 def _cell(value: Any) -> Any:

@@ -14,7 +14,7 @@ import hashlib
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.report import GREEDY_COLUMN
+from cascade.artifacts.report import GREEDY_COLUMN, pass_at_column
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.config import BENCHMARK_COLUMN
@@ -45,20 +45,24 @@ def evaluate_domains(
         for column, t, samples in columns:
             sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
             groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
-            grades = item_grades(domain, items, groups)
-            scores[column] = sum(grades) / len(grades)
-            rows += [
-                {"domain": column, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
-                for it, g, s in zip(items, groups, grades)
-            ]
+            grades = answer_grades(domain, items, groups)  # [item][answer]
+            per_item = {column: [sum(g) / len(g) for g in grades]}
+            if samples > 1:  # the same answers: is any of them fully right
+                per_item[pass_at_column(name, samples)] = [float(max(g) >= 1.0) for g in grades]
+            for col, item_scores in per_item.items():
+                scores[col] = sum(item_scores) / len(item_scores)
+                rows += [
+                    {"domain": col, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
+                    for it, g, s in zip(items, groups, item_scores)
+                ]
     return scores, rows
 
 
-def item_grades(domain, items, groups: list[list[str]]) -> list[float]:
-    """Each item's score: the mean grade of its answers (groups[i]: item i's k answers)."""
+def answer_grades(domain, items, groups: list[list[str]]) -> list[list[float]]:
+    """Each item's grades of its answers (groups[i]: item i's k answers)."""
     k = len(groups[0]) if groups else 1
     flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
-    return [sum(flat[i * k : (i + 1) * k]) / k for i in range(len(items))]
+    return [flat[i * k : (i + 1) * k] for i in range(len(items))]
 
 
 def item_seeds(seed: int, domain: str, items) -> list[int]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import GREEDY_COLUMN
+from cascade.artifacts.report import is_side_column
 from cascade.artifacts.store import Store
 
 Verdict = Literal["regressed", "ok", "no baseline"]
@@ -109,8 +109,8 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
     return {
         d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
         for d, s in record.scores.items()
-        if not d.startswith(GREEDY_COLUMN)
-    }  # greedy: shown, not a bar
+        if not is_side_column(d)
+    }  # greedy and pass@k: shown, not bars
 
 
 def read_eval_record(blob: bytes, where: str) -> EvalRecord:

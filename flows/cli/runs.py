@@ -113,7 +113,8 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     if any(d.startswith(GREEDY_COLUMN) for d in domains):
         console.print(
             "each domain: the mean grade of k answers sampled at its RL temperature (the primary metric, "
-            "gated); greedy/<domain>: greedy pass@1 beside it"
+            "gated); greedy/<domain>: greedy pass@1 beside it; pass@k/<domain>: the share of items with a fully "
+            "right answer among the same k"
         )
     for g in report.gate:
         console.print(

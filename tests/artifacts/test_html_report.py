@@ -341,3 +341,24 @@ def test_links_work_where_they_are_links_and_are_text_elsewhere(tmp_path):
     ) in html
     assert "<code>javascript:alert(1)//</code>" in html and 'href="javascript' not in html
     assert "<a href=" not in html[html.index('<section id="links">') :]  # neither is a link
+
+
+def test_a_stages_gains_are_its_primary_metric_then_greedy_then_pass_at_k():
+    from cascade.artifacts.html_report import stage_gains
+
+    before = {
+        "instruct": {"a": 0.25, "b": 0.5},
+        "greedy/instruct": {"a": 0.0, "b": 1.0},
+        "pass@4/instruct": {"a": 1.0, "b": 1.0},
+    }
+    after = {
+        "pass@4/instruct": {"a": 0.0, "b": 1.0},
+        "instruct": {"a": 0.5, "b": 0.75},
+        "greedy/instruct": {"a": 0.0, "b": 1.0},
+    }
+    gains = stage_gains(["sft", "if_rl"], {"sft": before, "if_rl": after}, {"if_rl": ["instruct"]})
+    assert [(g.domain, g.gain) for g in gains] == [
+        ("instruct", 0.25),
+        ("greedy/instruct", 0.0),
+        ("pass@4/instruct", -0.5),
+    ]

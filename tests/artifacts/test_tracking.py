@@ -126,3 +126,14 @@ def test_runs_that_start_together_on_a_fresh_machine_share_one_db_and_experiment
     ]
     results = [(p.wait(timeout=120), p.stdout.read().strip(), p.stderr.read()[-300:]) for p in procs]
     assert all(rc == 0 for rc, _, _ in results) and len({out for _, out, _ in results}) == 1, results
+
+
+def test_a_score_column_becomes_a_metric_name_mlflow_takes():
+    from mlflow.utils.validation import _validate_metric_name
+
+    from cascade.artifacts.tracking import metric_name
+
+    assert metric_name("eval/pass@8/math") == "eval/pass_8/math"
+    assert metric_name("eval/greedy/math") == "eval/greedy/math"
+    for name in ("eval/pass@8/math", "reward/tool", "a b:c-d.e"):
+        _validate_metric_name(metric_name(name))  # raises on a name MLflow refuses

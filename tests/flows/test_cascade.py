@@ -36,12 +36,26 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
     assert all(s["status"] == "completed" for s in on_disk["stages"])
     assert [e["after_stage"] for e in on_disk["evals"]] == ["sft", "if_rl", "math_rl"]
     for e in on_disk["evals"]:
-        assert set(e["scores"]) == {"math", "instruct", "greedy/math", "greedy/instruct"}
+        assert set(e["scores"]) == {
+            "math",
+            "instruct",
+            "greedy/math",
+            "greedy/instruct",
+            "pass@4/math",
+            "pass@4/instruct",
+        }
         assert all(0.0 <= v <= 1.0 for v in e["scores"].values())
     grpo = on_disk["stages"][3]["metrics"]
     assert grpo["engine"] == "hf" and grpo["steps"] == 2
     assert on_disk["stages"][1]["metrics"]["steps"] == 6
-    assert report.forgetting_matrix()[0] == ["instruct", "greedy/instruct", "math", "greedy/math"]
+    assert report.forgetting_matrix()[0] == [
+        "instruct",
+        "greedy/instruct",
+        "pass@4/instruct",
+        "math",
+        "greedy/math",
+        "pass@4/math",
+    ]
     # every stage's checkpoint is an ordinary HF checkpoint transformers loads
     from transformers import AutoModelForCausalLM
 

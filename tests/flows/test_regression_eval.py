@@ -237,7 +237,9 @@ def test_ensure_automations_is_idempotent(deployed, prefect_api):
 def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
     store, rows, before = toy["store"], regression_run["rows"], regression_run["before"]
     cascade_eval = json.loads(store.read_bytes("runs/toy/evals/00-vowel_rl.json"))
-    gated = {d: s for d, s in cascade_eval["scores"].items() if not d.startswith("greedy/")}  # greedy: not a bar
+    gated = {
+        d: s for d, s in cascade_eval["scores"].items() if not d.startswith(("greedy/", "pass@"))
+    }  # greedy: not a bar
     assert {d: e.score for d, e in before.domains.items()} == gated and len(gated) == 2
     assert {e.uri for e in before.domains.values()} == {cascade_eval["model"]}
     table = {(r["checkpoint"], r["domain"]): r for r in rows}
@@ -342,7 +344,7 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     result = cli.invoke(app, ["baseline", "set", "cli", "runs/toy/00-vowel_rl", "--recipe", toy["path"]])
     assert result.exit_code == 0, result.output
     cascade_eval = json.loads(toy["store"].read_bytes("runs/toy/evals/00-vowel_rl.json"))["scores"]
-    gated = {d: s for d, s in cascade_eval.items() if not d.startswith("greedy/")}  # greedy: shown, not a bar
+    gated = {d: s for d, s in cascade_eval.items() if not d.startswith(("greedy/", "pass@"))}  # shown, not bars
     assert {d: e.score for d, e in load_baseline(toy["store"], "cli").domains.items()} == gated
     ok = cli.invoke(
         app,

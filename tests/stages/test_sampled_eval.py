@@ -47,6 +47,22 @@ def test_an_items_score_is_the_mean_of_its_samples_with_greedy_beside_it():
     # greedy beside it: one answer per item at T = 0 (the scripted first answer is right for every item)
     assert (greedy_n, greedy.temperature, scores["greedy/math"]) == (1, 0.0, 1.0)
     assert [r["score"] for r in rows if r["domain"] == "greedy/math"] == [1.0, 1.0, 1.0]
+    # pass@4 of the same 4 answers: every item has a right one; no other answers were drawn for it
+    assert scores["pass@4/math"] == 1.0 and [r["score"] for r in rows if r["domain"] == "pass@4/math"] == [1.0] * 3
+    assert len(engine.calls) == 2
+
+
+def test_pass_at_k_counts_an_item_with_any_fully_right_answer():
+    """Right answers 0, 1 and 3 of 4: mean grades 0, 0.25, 0.75, pass@4 0, 1, 1."""
+    recipe = load_recipe("micro", ["domains.math.heldout_size=3", "domains.math.eval_samples=4"])
+    recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
+    items = recipe.domain("math").generate("heldout", 3, recipe.seed)
+    scores, rows = evaluate_domains(
+        ScriptedEngine([it.reference for it in items], right=[0, 1, 3]), load_tokenizer(), recipe
+    )
+    assert [r["score"] for r in rows if r["domain"] == "math"] == [0.0, 0.25, 0.75]
+    assert [r["score"] for r in rows if r["domain"] == "pass@4/math"] == [0.0, 1.0, 1.0]
+    assert scores["pass@4/math"] == pytest.approx(2 / 3)
 
 
 def test_the_primary_metric_samples_at_the_temperature_rl_trains_the_domain_at():
