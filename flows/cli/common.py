@@ -21,7 +21,9 @@ from rich.console import Console
 from cascade.artifacts.layout import valid_run_id
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Cascade: multi-stage post-training on Prefect.")
-console = Console()
+# No markup: what it prints holds user strings (paths, run ids, recipe names) whose `[...]` would be read as
+# markup tags (a '[/x]' raised MarkupError; a '[word]' vanished).
+console = Console(markup=False)
 
 
 class CLIError(Exception):

@@ -213,7 +213,7 @@ def run(
     with hold_run(store, run_id):  # before anything of the run is written: a racing writer is refused here
         if store.exists(recipe_key(run_id)):
             raise CLIError(f"run {run_id!r} already exists; continue it with `cascade resume {run_id}`")
-        console.print(f"run [bold]{run_id}[/bold]: recipe {loaded.name}, store {store.uri(run_dir(run_id))}")
+        console.print(f"run {run_id}: recipe {loaded.name}, store {store.uri(run_dir(run_id))}")
         execute(loaded, run_id)
 
 
@@ -236,7 +236,7 @@ def resume(
     tracking_on(loaded.tracking)
     quiet_services()
     with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up
-        console.print(f"resuming [bold]{run_id}[/bold]")
+        console.print(f"resuming {run_id}")
         for name, where, _ in stage_positions(Store.from_config(loaded.storage), run_id, loaded):
             console.print(f"  {name}: {where}", highlight=False)
         execute(loaded, run_id)

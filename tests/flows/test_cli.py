@@ -454,3 +454,11 @@ def test_status_tells_a_live_owner_from_one_whose_process_is_gone(tmp_path):
     assert run_process(store, "r", report).startswith("not running: its process is gone (host ")
     store.write_bytes("runs/r/LEASE.json", json.dumps({**lease, "pid": os.getpid()}).encode())
     assert run_process(store, "r", report).startswith(f"running: host {socket.gethostname()} pid {os.getpid()}")
+
+
+def test_the_terminal_prints_brackets_in_user_strings_as_they_are(capsys):
+    """A path or name holding `[/x]` or `[word]` is text, not a markup tag (one raised, the other vanished)."""
+    from cascade.flows.cli.common import console
+
+    console.print("store file:///tmp/mk[/x]home/runs/[draft]", highlight=False)
+    assert capsys.readouterr().out == "store file:///tmp/mk[/x]home/runs/[draft]\n"
