@@ -393,7 +393,7 @@ def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) 
 
 
 def blamed_override(path: Path, overrides: list[str], error: str) -> RecipeError | None:
-    """The error again, naming the override that brought it (`bad override 'k=v': ...`), where the recipe file
+    """The error again, naming the key of the override that brought it (`bad override of 'k': ...`), where the file
     alone validates and applying the overrides one by one first gives this very error after that one; else None."""
     reason = error.removeprefix(f"{path}: ")
     raw = read_recipe_file(path)
@@ -402,8 +402,8 @@ def blamed_override(path: Path, overrides: list[str], error: str) -> RecipeError
         try:
             validate_recipe(raw)
         except RecipeError as e:
-            if str(e).removeprefix("recipe: ") == reason:
-                return RecipeError(f"bad override {item!r}: {reason}")
+            if str(e).removeprefix("recipe: ") == reason:  # the key, not the value: it may hold a credential
+                return RecipeError(f"bad override of {item.partition('=')[0].strip()!r}: {reason}")
     return None
 
 

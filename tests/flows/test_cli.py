@@ -27,7 +27,7 @@ def files_under(path: Path) -> list[Path]:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["run", "tiny", "nonsense.key=1"], "bad override 'nonsense.key=1': nonsense: unknown key; known: "),
+        (["run", "tiny", "nonsense.key=1"], "bad override of 'nonsense.key': nonsense: unknown key; known: "),
         (["run", "tiny", "stages.sft.stepz=1"], "stages.1.sft.stepz: unknown key; did you mean 'steps'?"),
         (["run", "/no/such/recipe.yaml"], "recipe file not found: /no/such/recipe.yaml"),
         (

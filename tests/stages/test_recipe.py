@@ -25,17 +25,17 @@ def test_tiny_is_the_paper_shape_in_miniature():
     [
         (
             ["stages.sft.stepz=3"],
-            "bad override 'stages.sft.stepz=3': stages.1.sft.stepz: unknown key; did you mean 'steps'?",
+            "bad override of 'stages.sft.stepz': stages.1.sft.stepz: unknown key; did you mean 'steps'?",
         ),
         (
             ["nonsense=1"],
-            "bad override 'nonsense=1': nonsense: unknown key; known: compute, domains, engine, eval, gate",
+            "bad override of 'nonsense': nonsense: unknown key; known: compute, domains, engine, eval, gate",
         ),
-        (["compute.dtyp=fp32"], "bad override 'compute.dtyp=fp32': compute.dtyp: unknown key; did you mean 'dtype'?"),
+        (["compute.dtyp=fp32"], "bad override of 'compute.dtyp': compute.dtyp: unknown key; did you mean 'dtype'?"),
         (["domains.math.train_sise=3"], "domains.math.train_sise: unknown key; did you mean 'train_size'?"),
         (
             ["seed=1", "stages.if_rl.lr=0"],
-            "bad override 'stages.if_rl.lr=0': stages.3.grpo.lr: Input should be greater",
+            "bad override of 'stages.if_rl.lr': stages.3.grpo.lr: Input should be greater",
         ),
         (["stages.nope.steps=3"], "no stage named 'nope'"),
         (["stages.sft.steps"], "expected key=value"),

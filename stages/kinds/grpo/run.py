@@ -75,6 +75,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
     reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
+    weighting = importance_weighting(cfg, ctx.recipe.engine.kind, run.world.dtype)
     try:
         while run.step < cfg.steps:
             # rollout and score: P prompts x G samples from the current policy, scored by the stage's reward source
@@ -89,7 +90,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             advantages = grpo_advantages(rewards, cfg.std_eps)
 
             # update: one on-policy step, token-level loss over the kept groups
-            update = policy_update(run, cfg, ctx, prompts, groups, advantages, keep, reference)
+            update = policy_update(run, cfg, weighting, prompts, groups, advantages, keep, reference)
             update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
             with record_function("grpo.weight_sync"):
@@ -158,18 +159,19 @@ def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch
 def policy_update(
     run: TrainRun,
     cfg: GRPOConfig,
-    ctx: StageContext,
+    weighting: Callable[[Tensor, Tensor], Tensor] | None,
     prompts,
     groups,
     advantages,
     keep,
     reference: torch.nn.Module | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on the kept groups. Returns loss, grad norm, entropy, and the train/inference
-    logprob mismatch over the kept groups' tokens, read off the update's own forward (by default), or over every
-    sampled token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank
-    takes its share of the prompts; counts and sums are all-reduced, so N ranks make the update of one process.
-    Each prompt goes through the model once for its group (stages/completions.py)."""
+    """One optimizer step on the kept groups, each token weighted by `weighting` (importance_weighting; None: 1).
+    Returns loss, grad norm, entropy, and the train/inference logprob mismatch over the kept groups' tokens, read
+    off the update's own forward (by default), or over every sampled token with cfg.mismatch_over_dropped
+    (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and sums
+    are all-reduced, so N ranks make the update of one process. Each prompt goes through the model once for its
+    group (stages/completions.py)."""
     world, pad = run.world, run.tokenizer.pad_token_id
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
     batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature, cfg.top_p).to(
@@ -180,7 +182,6 @@ def policy_update(
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
     gap = mismatch_sum(run, cfg, batch.select(~kept)) if cfg.mismatch_over_dropped else 0.0
     stats = {"entropy": 0.0, "gap": gap, "kl": 0.0, "gap_max": 0.0, "corrected": 0.0}
-    weighting = importance_weighting(cfg, ctx.recipe.engine.kind, world.dtype)
     if world.all_sum(float(kept.sum())) == 0:
         return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
     batch = batch.select(kept)
