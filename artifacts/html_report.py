@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cascade.artifacts import layout
+from cascade.artifacts.html_template import template_env
 from cascade.artifacts.records import EvalRecord, EvalRecordError
 from cascade.artifacts.report import Breakdown, ReportCard, RunReport, column_order, is_side_column
 from cascade.artifacts.steplog import read_run
@@ -458,49 +459,6 @@ def render(runs: list[RunData]) -> Rendered:
         )
     )
     return Rendered(html, images)
-
-
-def template_env():
-    """The report's jinja2 templates, from this package's templates/ (installed or in a checkout)."""
-    import jinja2
-
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader(__package__, "templates"), autoescape=jinja2.select_autoescape(["html", "j2"])
-    )
-    env.filters["num"] = _num
-    env.filters["link"] = _link
-    return env
-
-
-def _link(url: str) -> Any:
-    """A link cell that works: an http(s) URL as a link; a local MLflow store as the command that serves it,
-    with the run's page; anything else (a `javascript:` URL included) as plain text, never a link."""
-    import jinja2
-    from markupsafe import escape
-
-    scheme = url.split(":", 1)[0].lower()
-    if scheme in ("http", "https"):
-        return jinja2.utils.markupsafe.Markup(f'<a href="{escape(url)}">{escape(url)}</a>')
-    if scheme == "sqlite":
-        store, _, page = url.partition("#")
-        command = f"mlflow ui --backend-store-uri {store}"
-        return jinja2.utils.markupsafe.Markup(
-            f"<code>{escape(command)}</code>, then open <code>http://127.0.0.1:5000/#{escape(page)}</code>"
-        )
-    return jinja2.utils.markupsafe.Markup(f"<code>{escape(url)}</code>")
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    """A table cell: numbers rounded (integers with thousands separators), None as a dash."""
-    import jinja2
-
-    if value is None or isinstance(value, jinja2.Undefined) or (isinstance(value, float) and value != value):
-        return "—"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, int) or (float(value).is_integer() and abs(value) >= 1):
-        return f"{int(value):,}"
-    return f"{value:.{digits}f}"
 
 
 def write_run_report(

@@ -142,7 +142,7 @@ for name in DOMAIN_CLASSES:
 for kind in KINDS.values():
     module, _, function = kind.run.__qualname__.rpartition(".")
     getattr(importlib.import_module(module), function)
-from cascade.artifacts.html_report import template_env
+from cascade.artifacts.html_template import template_env
 template_env().get_template("report.html.j2")  # a package named by string: PackageLoader imports it
 print(sorted(n for n in sys.modules if n.split(".")[0] in {folders}))
 """
