@@ -198,8 +198,7 @@ def committed_steps(store: Store, stage_key: str, config: str | None = None) -> 
 def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]:
     """Delete all but the newest `keep` committed step checkpoints of a stage while it runs; returns the steps
     deleted. Resume needs only the newest valid one; a long run must not fill the store with the rest."""
-    steps = sorted(int(s) for s in store.list_dirs(steps_dir(stage_key)) if s.isdigit())
-    valid = [s for s in steps if committed(store, step_key(stage_key, s)) is not None]
+    valid = committed_steps(store, stage_key)
     doomed = valid[:-keep] if keep > 0 else valid
     for step in doomed:
         store.delete(f"{step_key(stage_key, step)}/{MANIFEST}")  # uncommit first: a crash leaves an orphan
