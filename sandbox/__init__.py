@@ -65,7 +65,7 @@ script ("bootstrap", B), which forks an init (I) that forks the user program (U)
 
 Always: a minimal environment built from scratch (no AWS_*, MLFLOW_*, tokens,
 keys or passwords of the caller), ``-I -B`` isolated interpreter, a fresh
-working directory removed afterwards, its own session/process group, a wall
+working directory removed afterwards, its own process session and group, a wall
 clock limit enforced by I and, as a backstop, by the caller killing the whole
 process group (after killing every process of the sandbox uid when there is
 no pid namespace), stdout/stderr each read through a bounded reader (the rest is
