@@ -78,6 +78,9 @@ class RunReport(BaseModel):
 GREEDY_COLUMN = "greedy/"  # greedy pass@1 beside a domain's sampled primary metric, e.g. "greedy/math"
 # pass@k of the same k sampled answers, e.g. "pass@8/math": an item counts when any of its answers is fully right
 PASS_AT_COLUMN = "pass@"
+# a domain's primary metric on its dev split, e.g. "dev/math": what selects (gate, teachers, baselines) where the
+# eval's own column is the held-out split, which then only feeds the recorded tables
+DEV_COLUMN = "dev/"
 
 
 def pass_at_column(domain: str, k: int) -> str:
@@ -87,12 +90,20 @@ def pass_at_column(domain: str, k: int) -> str:
 def is_side_column(column: str) -> bool:
     """A column shown beside a domain's primary metric (greedy, pass@k), never a bar the gate or a baseline
     holds a checkpoint to."""
-    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN))
+    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN))
+
+
+def selection_column(domain: str, scores: dict[str, float]) -> str:
+    """The column that selects for a domain (the gate, teachers, baselines): its dev score where the eval has one,
+    else the domain's own column."""
+    dev = DEV_COLUMN + domain
+    return dev if dev in scores else domain
 
 
 def column_order(column: str) -> tuple[str, int]:
-    """A domain's greedy column sorts right after its primary one, then its pass@k."""
-    side = 1 if column.startswith(GREEDY_COLUMN) else 2 if column.startswith(PASS_AT_COLUMN) else 0
+    """A domain's greedy column sorts right after its primary one, then its pass@k, then its dev score."""
+    prefixes = (GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN)
+    side = next((i + 1 for i, prefix in enumerate(prefixes) if column.startswith(prefix)), 0)
     return column.split("/", 1)[1] if side else column, side
 
 

@@ -25,6 +25,7 @@ from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import RunRequest, request_recipe
+from cascade.stages.config import SOURCE_EVAL
 from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
 from cascade.tasks.stages import (
@@ -81,6 +82,8 @@ def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
         recoveries = 0
         _named(links_task, recipe, run_id, "links")(recipe, run_id)
         evaluated: str | None = None  # the newest stage with an eval: `teachers: auto` reads the evals through it
+        if recipe.eval.enabled and recipe.eval.source:
+            _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None)
         for index, stage in enumerate(recipe.stages):
             if getattr(stage, "teachers", None) == "auto":
                 stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(

@@ -114,6 +114,7 @@ class DomainSpec(Strict):
 
 DEFAULT_EVAL_SAMPLES = 4  # a sampled eval's answers per item (DomainSpec.eval_samples unset)
 BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
+SOURCE_EVAL = "source"  # the eval row of the model source, before the first stage (eval.source)
 
 
 class BenchmarkEval(Strict):
@@ -130,6 +131,9 @@ class EvalConfig(Strict):
     # setting is chosen. Both are disjoint from train and from each other (stages/domains/base.py).
     split: Literal["heldout", "dev"] = "heldout"
     benchmarks: dict[str, BenchmarkEval] = {}  # name (as `cascade eval --benchmark` takes it) -> settings
+    # also evaluate the model source before the first stage: the eval row `source`, the "before" of the first
+    # stage's gain (a recipe that starts from a pretrained model has no earlier eval to compare with)
+    source: bool = False
     data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
 
     def resolved_data_root(self) -> Path:

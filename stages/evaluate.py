@@ -14,7 +14,7 @@ import hashlib
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.report import GREEDY_COLUMN, pass_at_column
+from cascade.artifacts.report import DEV_COLUMN, GREEDY_COLUMN, pass_at_column
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.config import BENCHMARK_COLUMN
@@ -29,32 +29,50 @@ def evaluate_domains(
     engine: RolloutEngine, tokenizer, recipe: Recipe, domains: list[str] | None = None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Scores per column in [0, 1] (each domain's primary metric, and `greedy/<domain>` beside a sampled one) and
-    one row per item and column (prompt, first completion, score)."""
+    one row per item and column (prompt, first completion, score). Where the eval split is held-out, each domain's
+    primary metric is also scored on its dev split (`dev/<domain>`): that column selects, the held-out one records."""
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
-        spec, domain = recipe.domains[name], recipe.domain(name)
-        items = domain.generate(recipe.eval.split, spec.heldout_size, recipe.seed)
-        prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-        # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
-        # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
-        # so their paired difference is not sampling noise of the eval itself.
-        seeds = item_seeds(recipe.seed, name, items)
         temperature, k = recipe.eval_sampling(name)
-        columns = [(name, temperature, k)] + ([(GREEDY_COLUMN + name, 0.0, 1)] if temperature > 0 else [])
-        for column, t, samples in columns:
-            sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
-            groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
-            grades = answer_grades(domain, items, groups)  # [item][answer]
-            per_item = {column: [sum(g) / len(g) for g in grades]}
-            if samples > 1:  # the same answers: is any of them fully right
-                per_item[pass_at_column(name, samples)] = [float(max(g) >= 1.0) for g in grades]
-            for col, item_scores in per_item.items():
-                scores[col] = sum(item_scores) / len(item_scores)
-                rows += [
-                    {"domain": col, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
-                    for it, g, s in zip(items, groups, item_scores)
-                ]
+        columns = [(recipe.eval.split, name, temperature, k)]
+        if temperature > 0:
+            columns.append((recipe.eval.split, GREEDY_COLUMN + name, 0.0, 1))
+        if recipe.eval.split == "heldout":
+            columns.append(("dev", DEV_COLUMN + name, temperature, k))
+        for split, column, t, samples in columns:
+            column_scores, column_rows = score_column(engine, tokenizer, recipe, name, split, column, t, samples)
+            scores.update(column_scores)
+            rows += column_rows
+    return scores, rows
+
+
+def score_column(
+    engine: RolloutEngine, tokenizer, recipe: Recipe, name: str, split: str, column: str, t: float, samples: int
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One column of a domain: each item's mean grade over `samples` answers at temperature t, and beside a sampled
+    column its pass@k over the same answers."""
+    spec, domain = recipe.domains[name], recipe.domain(name)
+    items = domain.generate(split, spec.heldout_size, recipe.seed)
+    prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
+    # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
+    # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
+    # so their paired difference is not sampling noise of the eval itself.
+    seeds = item_seeds(recipe.seed, name, items)
+    sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
+    groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
+    grades = answer_grades(domain, items, groups)  # [item][answer]
+    per_item = {column: [sum(g) / len(g) for g in grades]}
+    if samples > 1 and not column.startswith(DEV_COLUMN):  # the same answers: is any of them fully right
+        per_item[pass_at_column(name, samples)] = [float(max(g) >= 1.0) for g in grades]
+    scores: dict[str, float] = {}
+    rows: list[dict[str, Any]] = []
+    for col, item_scores in per_item.items():
+        scores[col] = sum(item_scores) / len(item_scores)
+        rows += [
+            {"domain": col, "id": it.id, "prompt": it.prompt, "completion": g[0], "score": s}
+            for it, g, s in zip(items, groups, item_scores)
+        ]
     return scores, rows
 
 
@@ -114,8 +132,8 @@ def open_policy(
 def evaluate_model(
     recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Every recipe domain's held-out score of a checkpoint (None: the recipe's model source), and every
-    benchmark column of `eval.benchmarks`."""
+    """Every recipe domain's scores on its eval split (and dev, see evaluate_domains) of a checkpoint (None: the
+    recipe's model source), and every benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store)
     try:
         scores, rows = evaluate_domains(engine, tokenizer, recipe)

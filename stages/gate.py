@@ -1,6 +1,8 @@
 """Regression gate: after every stage, compare each domain with its best score so far in the run.
 
-A domain fires when best - now > tolerance (absolute score points, per domain in the recipe). The policy says
+Each domain is compared on its selection column: its dev split where the eval scores one (`dev/<domain>`), so the
+held-out split never selects anything; a domain without a dev split (a benchmark) on its own column. A domain
+fires when best - now > tolerance (absolute score points, per domain in the recipe). The policy says
 what the flow does: `warn` records and continues, `fail` stops the run, `recover` runs MOPD with the best
 checkpoint per domain as teachers. This module only decides; the flow acts.
 """
@@ -9,12 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from cascade.artifacts.report import selection_column
+
 Policy = Literal["recover", "warn", "fail"]
 
 
 def best_so_far(evals: list[dict[str, Any]], domain: str) -> tuple[float, str] | None:
-    """(best score, stage that holds it) over earlier evals, or None if the domain was never scored."""
-    scored = [(e["scores"][domain], e["after_stage"]) for e in evals if domain in e["scores"]]
+    """(best score, stage that holds it) over earlier evals, or None if the domain was never scored. The score is
+    the domain's selection column: its dev split where the eval scored one."""
+    scored = [
+        (e["scores"][selection_column(domain, e["scores"])], e["after_stage"]) for e in evals if domain in e["scores"]
+    ]
     return max(scored, key=lambda s: s[0]) if scored else None
 
 
@@ -23,16 +30,19 @@ def decide(
 ) -> list[dict[str, Any]]:
     """One decision per regressed domain; `evals` are the evals before this stage's."""
     decisions = []
-    for domain, score in sorted(now.items()):
+    for domain in sorted(now):
         best = best_so_far(evals, domain)
         if best is None or domain not in tolerances:  # greedy/<domain>: shown beside the primary metric, not gated
             continue
+        column = selection_column(domain, now)
+        score = now[column]
         drop = best[0] - score
         if drop > tolerances[domain]:
             decisions.append(
                 {
                     "stage": stage,
                     "domain": domain,
+                    "column": column,
                     "best": best[0],
                     "best_stage": best[1],
                     "now": score,

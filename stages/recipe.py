@@ -24,6 +24,7 @@ from cascade.artifacts.urls import credential_error
 from cascade.stages.config import (
     BENCHMARK_COLUMN,
     DEFAULT_EVAL_SAMPLES,
+    SOURCE_EVAL,
     DomainSpec,
     EngineConfig,
     EvalConfig,
@@ -105,6 +106,8 @@ class Recipe(Strict):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
+        if self.eval.source and SOURCE_EVAL in names:
+            raise ValueError(f"eval.source names the model source's eval row {SOURCE_EVAL!r}: rename that stage")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
         if not kind_of(self.gate.recovery.kind).recovers:

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import is_side_column
+from cascade.artifacts.report import is_side_column, selection_column
 from cascade.artifacts.store import Store
 
 Verdict = Literal["regressed", "ok", "no baseline"]
@@ -62,11 +62,14 @@ def compare(
     checkpoint: str, scores: dict[str, float], baseline: Baseline | None, tolerances: dict[str, float]
 ) -> list[dict[str, Any]]:
     """One row per gated column (each domain's primary metric, each benchmark): score, baseline, drop (baseline -
-    score), tolerance, verdict. A column without a tolerance (greedy/<domain>) is not compared."""
+    score), tolerance, verdict. A column without a tolerance (greedy/<domain>) is not compared; a domain with a dev
+    score is compared on it."""
     rows = []
-    for domain, score in sorted(scores.items()):
+    for domain in sorted(scores):
         if domain not in tolerances:
             continue
+        column = selection_column(domain, scores)
+        score = scores[column]
         entry = baseline.domains.get(domain) if baseline else None
         drop = None if entry is None else round(entry.score - score, 4)
         verdict: Verdict = "no baseline" if drop is None else "regressed" if drop > tolerances[domain] else "ok"
@@ -74,6 +77,7 @@ def compare(
             {
                 "checkpoint": checkpoint,
                 "domain": domain,
+                "column": column,
                 "score": score,
                 "baseline": entry.score if entry else None,
                 "drop": drop,
@@ -106,11 +110,14 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
     if not record.model:
         raise BaselineError(f"{where} has no `model` (the checkpoint URI it scored)")
     name = record.checkpoint or record.model
+    scores = record.scores
     return {
-        d: BaselineEntry(score=float(s), checkpoint=name, uri=record.model, digest=record.digest)
-        for d, s in record.scores.items()
+        d: BaselineEntry(
+            score=float(scores[selection_column(d, scores)]), checkpoint=name, uri=record.model, digest=record.digest
+        )
+        for d in scores
         if not is_side_column(d)
-    }  # greedy and pass@k: shown, not bars
+    }  # greedy, pass@k and dev: shown, not bars; a domain's bar is its dev score where it has one
 
 
 def read_eval_record(blob: bytes, where: str) -> EvalRecord:

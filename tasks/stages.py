@@ -288,7 +288,7 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
 @task(name="choose-teachers", cache_policy=NO_CACHE)
 def choose_teachers_task(recipe: Recipe, run_id: str, cfg: StageConfig, through: str | None) -> StageConfig:
     """A stage that takes teachers (`teachers: auto`, or the gate's recovery) with its teachers chosen: per domain
-    (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best held-out score
+    (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best dev score
     in the evals up to the one after `through`."""
     _, report = open_report(recipe, run_id)
     evals = report.evals_through(through) if through else []
@@ -303,7 +303,7 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
     store, report = open_report(recipe, run_id)
     for decision in report.gate:
         if decision["stage"] == stage:
-            decision["after_recovery"] = scores[decision["domain"]]
+            decision["after_recovery"] = scores[decision.get("column", decision["domain"])]
     report.save(store)
     fired = [g for g in report.gate if g["stage"] == stage]
     ui_artifacts.create_table_artifact(

@@ -356,10 +356,25 @@ def ifeval_summary(details: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+GENERATORS = ("templated", "ifeval")  # domains.instruct.options.generator
+
+
 class InstructDomain(Domain):
+    """generator: "templated" (the tiny model's learnable constraints, above) or "ifeval" (IFEval's own instruction
+    types on short writing requests, decontaminated against IFEval: stages/domains/ifeval_constraints.py).
+    data_root: where the IFEval prompts are read for that decontamination (None: the default data root)."""
+
     name = "instruct"
 
+    def __init__(self, generator: str = "templated", data_root: str | None = None):
+        if generator not in GENERATORS:
+            raise ValueError(f"unknown instruct generator {generator!r}; known: {', '.join(GENERATORS)}")
+        self.generator = generator
+        self.data_root = data_root
+
     def sample(self, rng: random.Random) -> Item:
+        if self.generator == "ifeval":
+            return self._sample_constrained(rng)
         kind = rng.choice(sorted(PROMPTS))
         n = rng.choice(COUNTS)
         topic = rng.choice(sorted(TOPICS))
@@ -367,6 +382,18 @@ class InstructDomain(Domain):
         prompt = PROMPTS[kind].format(n=n, topic=topic, word=word)
         reference = oracle_response(kind, n, topic, word, rng)
         return Item(self.name, "", prompt, reference, {"kind": kind, "n": n, "word": word})
+
+    def _sample_constrained(self, rng: random.Random) -> Item:
+        from cascade.stages.config_base import resolve_data_root
+        from cascade.stages.domains.ifeval_constraints import draw_constraints, overlaps_ifeval
+
+        data_root = resolve_data_root(self.data_root)
+        for _ in range(100):
+            prompt, ids, kwargs = draw_constraints(rng)
+            if not overlaps_ifeval(prompt, data_root):
+                meta = {"benchmark": "ifeval", "instruction_id_list": ids, "kwargs": kwargs}
+                return Item(self.name, "", prompt, "", meta)
+        raise ValueError("100 generated instructions in a row overlap IFEval's prompts: the templates need changing")
 
     def grade(self, item: Item, completion: str) -> float:
         return float(self.grade_details(item, completion)["score"])

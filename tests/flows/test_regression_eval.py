@@ -237,23 +237,23 @@ def test_ensure_automations_is_idempotent(deployed, prefect_api):
 def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
     store, rows, before = toy["store"], regression_run["rows"], regression_run["before"]
     cascade_eval = json.loads(store.read_bytes("runs/toy/evals/00-vowel_rl.json"))
-    gated = {
-        d: s for d, s in cascade_eval["scores"].items() if not d.startswith(("greedy/", "pass@"))
-    }  # greedy: not a bar
-    assert {d: e.score for d, e in before.domains.items()} == gated and len(gated) == 2
+    # a domain's bar is its dev score (the held-out column only records); greedy and pass@k are not bars
+    dev = {d: cascade_eval["scores"][f"dev/{d}"] for d in ("vowels", "consonants")}
+    assert {d: e.score for d, e in before.domains.items()} == dev
     assert {e.uri for e in before.domains.values()} == {cascade_eval["model"]}
     table = {(r["checkpoint"], r["domain"]): r for r in rows}
     assert set(table) == {(c, d) for c in ("runs/toy/00-vowel_rl", ALIAS) for d in ("vowels", "consonants")}
     # vowel_rl re-evaluated by the flow scores exactly what the cascade's eval stored: drop 0, within tolerance
     for d in ("vowels", "consonants"):
-        assert table[("runs/toy/00-vowel_rl", d)]["score"] == cascade_eval["scores"][d]
+        assert table[("runs/toy/00-vowel_rl", d)]["score"] == dev[d]
+        assert table[("runs/toy/00-vowel_rl", d)]["column"] == f"dev/{d}"
         assert table[("runs/toy/00-vowel_rl", d)]["drop"] == 0.0
         assert table[("runs/toy/00-vowel_rl", d)]["verdict"] == "ok"
     # consonant_rl (by alias) lost the vowels: the drop is the baseline minus its real score
     cascade_consonant = json.loads(store.read_bytes("runs/toy/evals/01-consonant_rl.json"))["scores"]
     vowels = table[(ALIAS, "vowels")]
-    assert vowels["score"] == cascade_consonant["vowels"]
-    assert vowels["drop"] == pytest.approx(cascade_eval["scores"]["vowels"] - cascade_consonant["vowels"], abs=1e-4)
+    assert vowels["score"] == cascade_consonant["dev/vowels"]
+    assert vowels["drop"] == pytest.approx(dev["vowels"] - cascade_consonant["dev/vowels"], abs=1e-4)
     assert vowels["drop"] > vowels["tolerance"] == 0.05 and vowels["verdict"] == "regressed"
     assert table[(ALIAS, "consonants")]["verdict"] == "ok"
     # the same table is in the store; update_baseline ratcheted consonants up to consonant_rl's score
@@ -262,7 +262,7 @@ def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
     ]
     after = load_baseline(store, "nightly")
     assert after.domains["vowels"] == before.domains["vowels"]
-    assert after.domains["consonants"].score == cascade_consonant["consonants"] > before.domains["consonants"].score
+    assert after.domains["consonants"].score == cascade_consonant["dev/consonants"] > before.domains["consonants"].score
     assert after.domains["consonants"].checkpoint == ALIAS
     assert after.domains["consonants"].uri == store.uri("runs/toy/01-consonant_rl")
 
@@ -344,8 +344,8 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     result = cli.invoke(app, ["baseline", "set", "cli", "runs/toy/00-vowel_rl", "--recipe", toy["path"]])
     assert result.exit_code == 0, result.output
     cascade_eval = json.loads(toy["store"].read_bytes("runs/toy/evals/00-vowel_rl.json"))["scores"]
-    gated = {d: s for d, s in cascade_eval.items() if not d.startswith(("greedy/", "pass@"))}  # shown, not bars
-    assert {d: e.score for d, e in load_baseline(toy["store"], "cli").domains.items()} == gated
+    dev = {d: cascade_eval[f"dev/{d}"] for d in ("vowels", "consonants")}  # a domain's bar is its dev score
+    assert {d: e.score for d, e in load_baseline(toy["store"], "cli").domains.items()} == dev
     ok = cli.invoke(
         app,
         [

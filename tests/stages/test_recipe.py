@@ -42,6 +42,8 @@ def test_tiny_is_the_paper_shape_in_miniature():
         (["stages.sft.steps=many"], "stages.1.sft.steps: Input should be a valid integer"),
         (["engine.kind=tpu"], "engine.kind: Input should be 'hf' or 'vllm'"),
         (["domains.chess.train_size=3"], "unknown domain(s) ['chess']"),
+        (["eval.source=true", "stages.sft.name=source"], "eval.source names the model source's eval row 'source'"),
+        (["domains.instruct.options.generator=ifevl"], "unknown instruct generator 'ifevl'; known: templated, ifeval"),
     ],
 )
 def test_bad_overrides_are_one_line_errors(overrides, message):

@@ -41,7 +41,7 @@ def test_an_items_score_is_the_mean_of_its_samples_with_greedy_beside_it():
     assert scores["math"] == pytest.approx(1.75 / 3, abs=1e-12)
     # SE over the 3 items' means (sample sd 0.3819 / sqrt 3), not over the 12 samples
     assert standard_error(sampled) == pytest.approx(0.2205, abs=1e-4)
-    (count, n, sampling, seeds), (_, greedy_n, greedy, greedy_seeds) = engine.calls
+    (count, n, sampling, seeds), (_, greedy_n, greedy, greedy_seeds), dev_call = engine.calls
     assert (count, n, sampling.temperature) == (3, 4, 0.7)
     assert seeds == item_seeds(recipe.seed, "math", items) and len(set(seeds)) == 3  # each item its own stream
     # greedy beside it: one answer per item at T = 0 (the scripted first answer is right for every item)
@@ -49,7 +49,9 @@ def test_an_items_score_is_the_mean_of_its_samples_with_greedy_beside_it():
     assert [r["score"] for r in rows if r["domain"] == "greedy/math"] == [1.0, 1.0, 1.0]
     # pass@4 of the same 4 answers: every item has a right one; no other answers were drawn for it
     assert scores["pass@4/math"] == 1.0 and [r["score"] for r in rows if r["domain"] == "pass@4/math"] == [1.0] * 3
-    assert len(engine.calls) == 2
+    # and the primary metric once more on the dev split: the column that selects (dev/math); no pass@k beside it
+    assert dev_call[:3] == (3, 4, sampling) and "dev/math" in scores and "pass@4/dev/math" not in scores
+    assert {r["id"] for r in rows if r["domain"] == "dev/math"} == {f"math-dev-{i}" for i in range(3)}
 
 
 def test_pass_at_k_counts_an_item_with_any_fully_right_answer():
@@ -77,8 +79,9 @@ def test_the_primary_metric_samples_at_the_temperature_rl_trains_the_domain_at()
     items = recipe.domain("math").generate("heldout", 16, recipe.seed)
     engine = ScriptedEngine([it.reference for it in items], right=[1, 0] * 8)
     scores, _ = evaluate_domains(engine, load_tokenizer(), recipe)
-    ((_, n, sampling, _),) = engine.calls  # greedy only: no second column
-    assert (n, sampling.temperature, scores) == (1, 0.0, {"math": 0.5})
+    (_, n, sampling, _), (_, dev_n, dev_sampling, _) = engine.calls  # greedy only: no greedy column beside it
+    assert (n, sampling.temperature, scores["math"]) == (1, 0.0, 0.5)
+    assert (dev_n, dev_sampling.temperature, set(scores)) == (1, 0.0, {"math", "dev/math"})
 
 
 def test_several_greedy_samples_are_refused():
@@ -93,6 +96,7 @@ def test_the_dev_split_is_what_eval_split_dev_reads():
     _, rows = evaluate_domains(engine, load_tokenizer(), recipe)
     dev = {it.id for it in recipe.domain("math").generate("dev", 16, recipe.seed)}
     assert {r["id"] for r in rows} == dev and all(i.startswith("math-dev-") for i in dev)
+    assert {r["domain"] for r in rows} == {"math"}  # the eval's own column is dev: no dev/ column beside it
 
 
 def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monkeypatch):
