@@ -26,7 +26,7 @@ from typing import Any
 from cascade.artifacts import layout
 from cascade.artifacts.html_template import template_env
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import Breakdown, ReportCard, RunReport, column_order, is_side_column
+from cascade.artifacts.report import BENCHMARK_COLUMN, Breakdown, ReportCard, RunReport, column_order, is_side_column
 from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
 
@@ -167,18 +167,24 @@ def stage_gains(
     evaluated: list[str], items: dict[str, dict[str, dict[str, float]]], targets: dict[str, list[str]]
 ) -> list[Gain]:
     """Each trained domain of each evaluated stage in `targets` (stage -> its domains), against the eval just
-    before that stage: its primary metric, then its greedy and pass@k columns where it has them."""
+    before that stage: its primary metric, then its greedy and pass@k columns where it has them; then every
+    benchmark column, where forgetting (or transfer) shows."""
     gains = []
     for before, stage in zip(evaluated, evaluated[1:]):
         after = items.get(stage, {})
-        for domain in targets.get(stage, []):
+        if stage not in targets:
+            continue
+        columns = []
+        for domain in targets[stage]:
             sides = [c for c in after if is_side_column(c) and c.split("/", 1)[1] == domain]
-            for column in [domain, *sorted(sides, key=column_order)]:
-                old, new = items.get(before, {}).get(column), after.get(column)
-                paired = paired_gain(old, new) if old and new else None
-                if paired is not None:
-                    mean_old, mean_new = sum(old.values()) / len(old), sum(new.values()) / len(new)
-                    gains.append(Gain(stage, column, mean_old, mean_new, *paired))
+            columns += [domain, *sorted(sides, key=column_order)]
+        columns += sorted(c for c in after if c.startswith(BENCHMARK_COLUMN))
+        for column in columns:
+            old, new = items.get(before, {}).get(column), after.get(column)
+            paired = paired_gain(old, new) if old and new else None
+            if paired is not None:
+                mean_old, mean_new = sum(old.values()) / len(old), sum(new.values()) / len(new)
+                gains.append(Gain(stage, column, mean_old, mean_new, *paired))
     return gains
 
 

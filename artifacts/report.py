@@ -81,6 +81,7 @@ PASS_AT_COLUMN = "pass@"
 # a domain's primary metric on its dev split, e.g. "dev/math": what selects (gate, teachers, baselines) where the
 # eval's own column is the held-out split, which then only feeds the recorded tables
 DEV_COLUMN = "dev/"
+BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
 
 
 def pass_at_column(domain: str, k: int) -> str:
@@ -88,9 +89,9 @@ def pass_at_column(domain: str, k: int) -> str:
 
 
 def is_side_column(column: str) -> bool:
-    """A column shown beside a domain's primary metric (greedy, pass@k), never a bar the gate or a baseline
-    holds a checkpoint to."""
-    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN))
+    """A column shown beside a domain's primary metric (greedy, pass@k, dev) or a benchmark's (IFEval's other
+    numbers, `bench/ifeval:prompt_loose`), never a bar the gate or a baseline holds a checkpoint to."""
+    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN)) or ":" in column
 
 
 def selection_column(domain: str, scores: dict[str, float]) -> str:

@@ -113,7 +113,6 @@ class DomainSpec(Strict):
 
 
 DEFAULT_EVAL_SAMPLES = 4  # a sampled eval's answers per item (DomainSpec.eval_samples unset)
-BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
 SOURCE_EVAL = "source"  # the eval row of the model source, before the first stage (eval.source)
 
 

@@ -14,10 +14,9 @@ import hashlib
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.report import DEV_COLUMN, GREEDY_COLUMN, pass_at_column
+from cascade.artifacts.report import BENCHMARK_COLUMN, DEV_COLUMN, GREEDY_COLUMN, pass_at_column
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
-from cascade.stages.config import BENCHMARK_COLUMN
 from cascade.stages.context import load_checkpoint
 from cascade.stages.engines import make_engine
 from cascade.stages.engines.base import RolloutEngine, SamplingParams
@@ -90,6 +89,9 @@ def item_seeds(seed: int, domain: str, items) -> list[int]:
     ]
 
 
+BENCHMARK_SIDE_METRICS = ("prompt_loose", "instruction_strict", "instruction_loose")
+
+
 def evaluate_benchmarks(
     engine: RolloutEngine, tokenizer, recipe: Recipe
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
@@ -110,8 +112,11 @@ def evaluate_benchmarks(
         )
         column = BENCHMARK_COLUMN + name
         scores[column] = result.metrics["pass@1"]
+        # IFEval's other three numbers beside its prompt-level strict pass@1: shown, never gated
+        scores |= {f"{column}:{m}": result.metrics[m] for m in BENCHMARK_SIDE_METRICS if m in result.metrics}
         rows += [
             {"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"], "score": r["score"]}
+            | ({"details": r["details"]} if r.get("details") else {})  # e.g. IFEval's per-instruction verdicts
             for r in result.rows
         ]
     return scores, rows

@@ -130,9 +130,10 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
 
 
 def answers_per_item(recipe: Recipe, domain: str) -> int:
-    """The eval's answers per item of a domain: its k samples, and one greedy beside a sampled metric."""
+    """The eval's answers per item of a domain: its k samples, one greedy beside a sampled metric, and k more on
+    the dev split when the eval split is held-out (the dev/<domain> column that selects)."""
     temperature, k = recipe.eval_sampling(domain)
-    return k + (1 if temperature > 0 else 0)
+    return k + (1 if temperature > 0 else 0) + (k if recipe.eval.split == "heldout" else 0)
 
 
 def benchmark_size(name: str, recipe: Recipe) -> int | None:

@@ -20,9 +20,9 @@ from pydantic import SerializeAsAny, ValidationError, field_validator, model_val
 from pydantic_core import PydanticCustomError
 
 from cascade.artifacts.config import StorageConfig, Strict, TrackingConfig
+from cascade.artifacts.report import BENCHMARK_COLUMN
 from cascade.artifacts.urls import credential_error
 from cascade.stages.config import (
-    BENCHMARK_COLUMN,
     DEFAULT_EVAL_SAMPLES,
     SOURCE_EVAL,
     DomainSpec,

@@ -34,7 +34,14 @@ from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import Breakdown, ReportCard
-from cascade.stages.config_base import OnPolicyConfig, Product, StageConfig, TrainingConfig, imported_on_call
+from cascade.stages.config_base import (
+    OnPolicyConfig,
+    Product,
+    StageConfig,
+    SyntheticSource,
+    TrainingConfig,
+    imported_on_call,
+)
 from cascade.stages.estimate import (
     DATA_BYTES_PER_TOKEN,
     StageEstimate,
@@ -216,15 +223,40 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
 
 def _estimate_sft_data(cfg: SFTDataConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
     names = cfg.domains or list(recipe.domains)
-    rows = sum(recipe.domains[d].train_size for d in names)
+    rows, note = source_rows(cfg, recipe, names)
     generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
     return StageEstimate(
         cfg.name,
         cfg.kind,
-        tokens_sampled=sum(recipe.domains[d].train_size * recipe.domains[d].max_new_tokens for d in generated),
-        storage_bytes=rows * (prompt_tokens + int(mean_new_tokens(recipe, names))) * DATA_BYTES_PER_TOKEN,
-        notes=[f"{rows:,} synthetic rows; file sources add their own rows"],
+        tokens_sampled=sum(rows[d] * recipe.domains[d].max_new_tokens for d in generated),
+        storage_bytes=sum(rows.values()) * (prompt_tokens + int(mean_new_tokens(recipe, names))) * DATA_BYTES_PER_TOKEN,
+        notes=[note],
     )
+
+
+def source_rows(cfg: SFTDataConfig, recipe: Any, names: list[str]) -> tuple[dict[str, int], str]:
+    """(domain -> rows the estimate counts, the plan's note on them): synthetic rows and counted file rows; a file
+    read whole is named, its rows unknown until it is read."""
+    from cascade.stages.datasets.sources import draw_count, source_label
+
+    rows = dict.fromkeys(names, 0)
+    synthetic = counted = 0
+    whole: list[str] = []
+    for d in names:
+        for src in cfg.domain_sources(d):
+            n = draw_count(src, recipe.domains[d].train_size)
+            if n is None:
+                whole.append(source_label(d, src).split(":", 1)[1])
+                continue
+            rows[d] += n
+            if isinstance(src, SyntheticSource):
+                synthetic += n
+            else:
+                counted += n
+    parts = [f"{synthetic:,} synthetic rows"] if synthetic or not (counted or whole) else []
+    parts += [f"{counted:,} counted file rows"] if counted else []
+    parts += [f"every row of {', '.join(whole)}"] if whole else []
+    return rows, "; ".join(parts)
 
 
 def _estimate_sft(cfg: SFTConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:

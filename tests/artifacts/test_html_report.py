@@ -362,3 +362,30 @@ def test_a_stages_gains_are_its_primary_metric_then_greedy_then_pass_at_k():
         ("greedy/instruct", 0.0),
         ("pass@4/instruct", -0.5),
     ]
+
+
+def test_a_stages_gains_include_its_dev_column_and_every_benchmark_in_both_evals():
+    from cascade.artifacts.html_report import stage_gains
+
+    before = {
+        "instruct": {"a": 0.0, "b": 0.0},
+        "dev/instruct": {"c": 0.0, "d": 1.0},
+        "bench/ifeval": {"p": 0.0, "q": 0.0, "r": 1.0},
+        "bench/gsm8k": {"g": 1.0},
+        "math": {"m": 0.0},  # another domain: not a target of if_rl
+    }
+    after = {
+        "instruct": {"a": 1.0, "b": 0.0},
+        "dev/instruct": {"c": 1.0, "d": 1.0},
+        "bench/ifeval": {"p": 1.0, "q": 1.0, "r": 1.0},
+        "bench/gsm8k": {"g": 0.0},
+        "math": {"m": 1.0},
+    }
+    gains = stage_gains(["source", "if_rl"], {"source": before, "if_rl": after}, {"if_rl": ["instruct"]})
+    assert [(g.domain, g.before, g.after) for g in gains] == [
+        ("instruct", 0.0, 0.5),
+        ("dev/instruct", 0.5, 1.0),
+        ("bench/gsm8k", 1.0, 0.0),
+        ("bench/ifeval", 1 / 3, 1.0),
+    ]
+    assert stage_gains(["source", "if_rl"], {"source": before, "if_rl": after}, {}) == []  # no RL stage: no gains

@@ -36,8 +36,9 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     assert rows["sft"]["tokens_trained"] == 100 * 32 * (128 + int(mean_new))
     assert rows["math_rl"]["tokens_sampled"] == 40 * 16 * 8 * 24  # steps x prompts x group x math's max_new_tokens
     assert rows["if_rl_hot"]["tokens_trained"] == 40 * 16 * 8 * 32
-    # 800 items per domain, each 4 samples at the RL temperature and one greedy answer, x max_new_tokens
-    assert rows["eval after sft"]["tokens_sampled"] == 800 * (4 + 1) * 24 + 800 * (4 + 1) * 32
+    # 800 items per domain, each 4 samples at the RL temperature and one greedy answer, and 800 dev items at 4
+    # samples (the dev/<domain> column that selects), x max_new_tokens
+    assert rows["eval after sft"]["tokens_sampled"] == 800 * (4 + 1 + 4) * 24 + 800 * (4 + 1 + 4) * 32
     assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
     cpu = PROFILES["cpu"]
     assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)
@@ -177,3 +178,21 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
         "|- rollouts: managed vLLM server, a Ray actor on resources of its own (GPU: 2, rollout: 1), shared by the 2 "
         "ranks (each its share)"
     )
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "note"),
+    [
+        ("micro", [], "128 synthetic rows"),
+        ("smollm2-gsm8k", [], "every row of gsm8k_train.jsonl"),  # reads its file only: no synthetic rows
+        ("smollm2-gsm8k", ["stages.sft_data.sources.math.shared.count=100"], "100 counted file rows"),
+    ],
+)
+def test_the_sft_data_note_counts_what_the_sources_read(recipe, overrides, note):
+    from cascade.stages.kinds import source_rows
+
+    loaded = load_recipe(recipe, overrides)
+    cfg = loaded.stages[0]
+    rows, said = source_rows(cfg, loaded, cfg.domains or list(loaded.domains))
+    assert said == note
+    assert sum(rows.values()) == {"128 synthetic rows": 128, "100 counted file rows": 100}.get(note, 0)

@@ -38,6 +38,9 @@ def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_gsm
     assert report.stages[0]["metrics"]["steps"] == 1
     columns = {"instruct", "bench/ifeval", "bench/gsm8k"}
     assert all(columns <= set(e["scores"]) for e in report.evals), report.evals
+    # IFEval's four numbers: prompt-level strict is the gated column, the other three are shown beside it
+    ifeval_sides = {"bench/ifeval:prompt_loose", "bench/ifeval:instruction_strict", "bench/ifeval:instruction_loose"}
+    assert all(ifeval_sides <= set(e["scores"]) for e in report.evals)
     # the records hold every item of both models, so the paired gain can be recomputed from them
     evals = tmp_path / "store" / "runs" / "ifrl" / "evals"
     records = {p.name: json.loads(p.read_text()) for p in evals.glob("*.json")}
@@ -45,6 +48,10 @@ def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_gsm
     for record in records.values():
         ids = {(r["domain"], r["id"]) for r in record["items"]}
         assert {d for d, _ in ids} == columns and len(ids) == 6
+    ifeval_rows = [r for r in records["00-if_rl.json"]["items"] if r["domain"] == "bench/ifeval"]
+    assert all(
+        len(r["details"]["instructions"]) >= 1 for r in ifeval_rows
+    )  # per-instruction verdicts, strict and loose
     # the dev items carry IFEval's own instruction ids, so the IFEval checkers grade them
     dev = [r for r in records["00-source.json"]["items"] if r["domain"] == "instruct"]
     assert all(r["id"].startswith("instruct-dev-") for r in dev)
