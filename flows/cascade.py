@@ -21,10 +21,8 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.report import RunReport
-from cascade.artifacts.store import Store
-from cascade.flows.recipes import RunRequest, request_recipe
+from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.stages.config import SOURCE_EVAL
 from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
@@ -59,13 +57,8 @@ def _form_run_name() -> str:
 @flow(name="cascade", flow_run_name=_form_run_name, log_prints=True)
 def cascade_from_form(request: RunRequest = RunRequest()) -> RunReport:
     """Run a recipe from the deployment's run form; with the run_id of an earlier run, continue that run."""
-    recipe = request_recipe(request, read_uri=_read_uri)
+    recipe = request_recipe(request, read_uri=read_store_uri)
     return run_cascade(recipe, _form_run_id(request, recipe.name))
-
-
-def _read_uri(uri: str) -> bytes:
-    parent, name = uri.rstrip("/").rsplit("/", 1)
-    return Store.from_config(StorageConfig(root=parent)).read_bytes(name)
 
 
 def _named(task, recipe: Recipe, run_id: str, what: str):

@@ -72,6 +72,22 @@ class RunRequest(Strict):
         return refuse_url_credentials(raw)
 
 
+def read_store_uri(uri: str) -> bytes:
+    """The bytes of one file at a store URI (file://, s3://)."""
+    from cascade.artifacts.config import StorageConfig
+    from cascade.artifacts.store import Store
+
+    parent, name = uri.rstrip("/").rsplit("/", 1)
+    return Store.from_config(StorageConfig(root=parent)).read_bytes(name)
+
+
+def load_any_recipe(source: str) -> Recipe:
+    """A shipped recipe name, a YAML path, or a recipe file at a store URI (a run's `runs/<id>/recipe.json`)."""
+    if "://" in source:
+        return request_recipe(RunRequest(recipe_uri=source), read_uri=read_store_uri)
+    return load_recipe(source)
+
+
 def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = None) -> Recipe:
     """The recipe a run form asks for: the named or given recipe with the form's overrides applied.
 

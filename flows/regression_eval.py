@@ -1,12 +1,16 @@
 """The regression-eval flow: evaluate named checkpoints, compare each domain with a stored baseline, alert.
 
-Parameters: a recipe (shipped name or YAML path: domains, held-out sizes, tolerances, store, tracking), the
-checkpoints (registry aliases `models:/<model>@<alias>`, store URIs, or store keys), and a baseline name
-(`<store>/baselines/<name>.json`). Default checkpoint: the recipe's newest final stage, `models:/cascade-
-<recipe>@stage-<last model stage>`. Every checkpoint is compared with the baseline as it was when the run
-started; with `update_baseline`, each domain's baseline is then raised to the best score of this run where
-that is higher. The run writes `<store>/regression/<eval_id>/` (one eval record per checkpoint, verdicts.json),
-a table artifact `regression-<baseline>`, and one `cascade.regression.detected` event per regressed checkpoint.
+Parameters: a recipe (shipped name, YAML path, or a store URI of a run's recipe.json: domains, eval sizes,
+tolerances, store, tracking), the checkpoints (registry aliases `models:/<model>@<alias>`, store URIs, or store
+keys), and a baseline name (`<store>/baselines/<name>.json`). Without a recipe: the newest finished run in the
+default store, its own recipe and its final checkpoint, looked up when the run starts (what the scheduled
+deployment does out of the box). With a recipe and no checkpoint: the recipe's newest final stage,
+`models:/cascade-<recipe>@stage-<last model stage>`. Every checkpoint is compared with the baseline as it was when
+the run started; with `update_baseline`, or when the baseline does not exist yet, each domain's baseline is then
+raised to the best score of this run where that is higher. The run writes `<store>/regression/<eval_id>/` (one eval
+record per checkpoint, verdicts.json), a table artifact `regression-<baseline>`, one `cascade.regression.detected`
+event per regressed checkpoint, and on a regression it ends Failed (RegressionFound, naming the worst drops), a
+state an automation or a notification on flow-run failure acts on.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from prefect import flow
 
 from cascade.artifacts import layout
 from cascade.artifacts.tracking import alias_for, registered_model_name
-from cascade.flows.recipes import load_recipe
+from cascade.flows.recipes import load_any_recipe
 from cascade.stages.recipe import Recipe
-from cascade.stages.regression import regressions
+from cascade.stages.regression import RegressionFound, regressions
 from cascade.tasks.regression import (
     emit_regression_task,
+    eval_targets_task,
     evaluate_checkpoint_task,
     judge_task,
     load_baseline_task,
@@ -45,13 +50,15 @@ def new_eval_id() -> str:
 
 @flow(name="regression-eval", flow_run_name="regression-eval-{baseline}", log_prints=True)
 def regression_eval_flow(
-    recipe: str = "tiny",
+    recipe: str | None = None,
     checkpoints: list[str] | None = None,
     baseline: str = "nightly",
     update_baseline: bool = False,
 ) -> list[dict[str, Any]]:
-    """Rows of the checkpoint x domain table: score, baseline, drop, tolerance, verdict."""
-    loaded = load_recipe(recipe)
+    """Rows of the checkpoint x domain table: score, baseline, drop, tolerance, verdict; RegressionFound (the run
+    ends Failed) when a domain regressed."""
+    recipe, checkpoints = eval_targets_task(recipe, checkpoints)
+    loaded = load_any_recipe(recipe)
     names = checkpoints or default_checkpoints(loaded)
     eval_id = new_eval_id()
     stored = load_baseline_task(loaded, baseline)
@@ -69,11 +76,15 @@ def regression_eval_flow(
         rows += verdicts
         records.append(record)
     publish_verdicts_task(loaded, baseline, layout.regression_verdicts_key(eval_id), rows, "regression")
-    if update_baseline:
+    if update_baseline or stored is None:
         raise_baseline_task(loaded, baseline, records)
     for row in rows:
         print(
             f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {row['baseline']} "
             f"(drop {row['drop']}, tolerance {row['tolerance']}): {row['verdict']}"
         )
+    if stored is None:
+        print(f"baseline {baseline!r} did not exist: set from this eval")
+    if regressions(rows):
+        raise RegressionFound(baseline, rows)
     return rows

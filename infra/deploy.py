@@ -43,7 +43,7 @@ def ensure_compute_limit(name: str, slots: int = 1) -> None:
         client.upsert_global_concurrency_limit_by_name(name, slots)
 
 
-def runner_deployments(specs: list[DeploymentSpec]) -> list[Any]:
+def runner_deployments(specs: list[DeploymentSpec], paused: set[str] = frozenset()) -> list[Any]:
     from prefect.deployments.runner import EntrypointType
     from prefect.schedules import Cron
 
@@ -53,11 +53,38 @@ def runner_deployments(specs: list[DeploymentSpec]) -> list[Any]:
             description=spec.description,
             parameters=spec.parameters or None,
             schedule=Cron(spec.cron, timezone=spec.timezone) if spec.cron else None,
+            paused=spec.name in paused,
             tags=list(spec.tags),
             entrypoint_type=EntrypointType.MODULE_PATH,
         )
         for spec in specs
     ]
+
+
+def scheduled_defaults(specs: list[DeploymentSpec], say: Callable[[str], None]) -> set[str]:
+    """Says what each scheduled deployment evaluates by default; returns those to pause (no finished run yet)."""
+    from cascade.artifacts.config import StorageConfig
+    from cascade.artifacts.store import Store
+    from cascade.stages.regression import newest_finished_run
+
+    waiting = [spec for spec in specs if spec.needs_finished_run]
+    if not waiting:
+        return set()
+    store = Store.from_config(StorageConfig())
+    run = newest_finished_run(store)
+    for spec in waiting:
+        if run is None:
+            say(
+                f"{spec.name}: paused: {store.uri('')} holds no finished run to evaluate; after `cascade run`, "
+                f"run `cascade deploy` again, or resume it in the UI (Deployments > {spec.name}) with its recipe and "
+                "checkpoints set"
+            )
+        else:
+            say(
+                f"{spec.name} ({spec.cron} {spec.timezone}): evaluates the newest finished run when it fires, now "
+                f"{run.run_id} ({run.checkpoint}), against baseline {spec.parameters.get('baseline')!r}"
+            )
+    return {spec.name for spec in waiting} if run is None else set()
 
 
 def run_automations_hook(say: Callable[[str], None]) -> None:
@@ -85,7 +112,7 @@ def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Call
     with prefect_api(home, port, say) as api_url:
         ensure_compute_limit(limit_name)
         open_experiment(TrackingConfig())  # the default MLflow db and experiment, before concurrent runs race on it
-        deployments = runner_deployments(DEPLOYMENTS)
+        deployments = runner_deployments(DEPLOYMENTS, scheduled_defaults(DEPLOYMENTS, say))
         for deployment in deployments:
             deployment.apply()
         run_automations_hook(say)

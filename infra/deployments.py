@@ -20,6 +20,8 @@ class DeploymentSpec:
     timezone: str = "UTC"  # of the cron schedule
     parameters: dict[str, Any] = field(default_factory=dict)  # defaults that differ from the flow's own
     tags: tuple[str, ...] = ()
+    # its schedule starts paused while the store holds no finished run (what it evaluates by default)
+    needs_finished_run: bool = False
 
     @property
     def entrypoint(self) -> str:
@@ -42,11 +44,12 @@ DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec(
         "nightly",
         "cascade.flows.regression_eval:regression_eval_flow",
-        "Evaluate named checkpoints against a stored per-domain baseline; emit "
-        "cascade.regression.detected on a regression.",
+        "Evaluate checkpoints against a stored per-domain baseline (default: the newest finished run's final "
+        "checkpoint, its own recipe); emit cascade.regression.detected and end Failed on a regression.",
         cron="0 3 * * *",
-        parameters={"recipe": "tiny", "baseline": "nightly"},
+        parameters={"baseline": "nightly"},
         tags=("cascade", "regression-eval"),
+        needs_finished_run=True,
     ),
     DeploymentSpec(
         "recover",

@@ -13,6 +13,7 @@ Two ways to change a baseline: `replace` (all domains from one eval: `cascade ba
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -36,6 +37,21 @@ class Baseline(BaseModel):
     name: str
     domains: dict[str, BaselineEntry] = {}
     updated: float = 0.0  # unix time of the last change
+
+
+class RegressionFound(RuntimeError):
+    """A regression eval found a domain below its baseline: the flow run ends Failed with this, worst drop first."""
+
+    def __init__(self, baseline: str, rows: list[dict[str, Any]]):
+        self.baseline, self.rows = baseline, rows
+        worst = sorted(regressions(rows), key=lambda r: -r["drop"])
+        drops = "; ".join(
+            f"{r['checkpoint']} {r['domain']} {r['score']:.3f} < {r['baseline']:.3f} (drop {r['drop']})" for r in worst
+        )
+        super().__init__(f"{len(worst)} regression(s) against baseline {baseline!r}: {drops}")
+
+    def __reduce__(self):  # the flow run's state carries it: pickled with its own arguments, not the message
+        return RegressionFound, (self.baseline, self.rows)
 
 
 class BaselineError(ValueError):
@@ -128,3 +144,37 @@ def read_eval_record(blob: bytes, where: str) -> EvalRecord:
         raise BaselineError(str(e)) from None
     _entries(record, where)
     return record
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that finished, as a scheduled eval picks it up when it is given no recipe."""
+
+    run_id: str
+    recipe_uri: str  # the run's own recipe, runs/<id>/recipe.json
+    checkpoint: str  # the URI of its final policy: the stage of its last eval
+    created: float  # when that checkpoint was committed (its manifest)
+
+
+def newest_finished_run(store: Store) -> FinishedRun | None:
+    """The finished run whose final policy was committed last, or None when the store holds no finished run."""
+    from cascade.artifacts.checkpoint import read_manifest
+    from cascade.artifacts.report import RunReport
+    from cascade.stages.config import SOURCE_EVAL
+
+    found = []
+    for run_id in store.list_dirs(layout.RUNS):
+        try:
+            report = RunReport.load(store, run_id)
+        except ValueError:  # a torn or foreign report.json: not a run to evaluate
+            continue
+        if report is None or report.status != "FINISHED":
+            continue
+        evaluated = [e["after_stage"] for e in report.evals if e["after_stage"] != SOURCE_EVAL]
+        checkpoints = {s["name"]: s.get("checkpoint") for s in report.stages}
+        uri = checkpoints.get(evaluated[-1]) if evaluated else None
+        key = store.key_of(uri) if uri else None
+        manifest = read_manifest(store, key) if key else None
+        if manifest is not None:
+            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), uri, manifest["created"]))
+    return max(found, key=lambda run: run.created, default=None)

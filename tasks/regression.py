@@ -48,6 +48,29 @@ def resolve_checkpoint(recipe: Recipe, name: str) -> CheckpointRef:
     return ref
 
 
+def eval_targets(recipe: str | None, checkpoints: list[str] | None) -> tuple[str, list[str] | None]:
+    """(the recipe to load, the checkpoints to evaluate; None: the recipe's registry default). Without a recipe:
+    the newest finished run in the default store, its own recipe and its final checkpoint."""
+    if recipe is not None:
+        return recipe, checkpoints
+    from cascade.artifacts.config import StorageConfig
+    from cascade.stages.regression import newest_finished_run
+
+    store = Store.from_config(StorageConfig())
+    run = newest_finished_run(store)
+    if run is None:
+        raise LookupError(
+            f"no recipe given and no finished run in {store.uri('')} to evaluate: run a recipe first "
+            "(`cascade run`), or give the recipe and checkpoint (the deployment's parameters, or --recipe)"
+        )
+    return run.recipe_uri, checkpoints or [run.checkpoint]
+
+
+@task(name="eval-targets", cache_policy=NO_CACHE)
+def eval_targets_task(recipe: str | None, checkpoints: list[str] | None) -> tuple[str, list[str] | None]:
+    return eval_targets(recipe, checkpoints)
+
+
 @task(name="resolve-checkpoint", cache_policy=NO_CACHE)
 def resolve_task(recipe: Recipe, name: str) -> CheckpointRef:
     return resolve_checkpoint(recipe, name)

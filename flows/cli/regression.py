@@ -18,7 +18,12 @@ app.add_typer(baseline_app, name="baseline")
 @app.command("regression-eval")
 @guarded
 def regression_eval_cmd(
-    recipe: str = typer.Option("tiny", "--recipe", help="Recipe whose domains, tolerances and store to use."),
+    recipe: str | None = typer.Option(
+        None,
+        "--recipe",
+        help="Recipe whose domains, tolerances and store to use (a name, a YAML path or a store URI of a run's "
+        "recipe.json). Default: the newest finished run in the store, with its final checkpoint.",
+    ),
     checkpoints: list[str] | None = typer.Option(
         None,
         "--checkpoint",
@@ -36,21 +41,29 @@ def regression_eval_cmd(
 ) -> None:
     """Evaluate checkpoints against a stored baseline, locally; exit code 1 when any domain regressed."""
     from cascade.artifacts.home import cascade_home
-    from cascade.flows.recipes import load_recipe
+    from cascade.flows.recipes import load_any_recipe
     from cascade.flows.regression_eval import default_checkpoints, regression_eval_flow
     from cascade.infra.prefect_server import LocalAPI
-    from cascade.stages.regression import baseline_key, regressions
-    from cascade.tasks.regression import resolve_checkpoint
+    from cascade.stages.regression import RegressionFound, baseline_key, regressions
+    from cascade.tasks.regression import eval_targets, resolve_checkpoint
 
-    loaded = load_recipe(recipe)
     baseline_key(baseline)
+    try:
+        recipe, checkpoints = eval_targets(recipe, checkpoints)
+    except LookupError as e:
+        raise CLIError(str(e)) from None
+    loaded = load_any_recipe(recipe)
     names = checkpoints or default_checkpoints(loaded)
     for name in names:
         resolve_checkpoint(loaded, name)  # an unknown checkpoint is one line before Prefect starts
     quiet_services()
     log = cascade_home() / "logs" / f"regression-eval-{time.strftime('%Y%m%d-%H%M%S')}.log"
     with LocalAPI(), flow_logs(log):
-        rows = regression_eval_flow(recipe, names, baseline, update_baseline)
+        state = regression_eval_flow(recipe, names, baseline, update_baseline, return_state=True)
+    outcome = state.result(raise_on_failure=False)
+    if isinstance(outcome, BaseException) and not isinstance(outcome, RegressionFound):
+        raise outcome
+    rows = outcome.rows if isinstance(outcome, RegressionFound) else outcome
     if as_json:
         typer.echo(json.dumps(rows))
     else:

@@ -9,6 +9,7 @@ Screenshots go to tests/artifacts-out/ (`make docs-img` copies them to docs/img/
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -157,6 +158,7 @@ def test_cascade_deployment_has_a_typed_form(deployed):
         "micro",
         "nemotron-cascade-2",
         "smollm2-gsm8k",
+        "smollm2-if",
         "tiny",
         "tiny-all",
         "tiny-paper",
@@ -217,6 +219,28 @@ def test_micro_run_from_the_api_completes(deployed, api_runs):
     assert "report.html" in {a.path for a in client.list_artifacts(parent[0].info.run_id)}
     plots = {a.path for a in client.list_artifacts(parent[0].info.run_id, "plots")}
     assert {"plots/forgetting_matrix.png", "plots/curves-sft.png", "plots/curves-if_rl.png"} <= plots
+
+
+def test_the_nightly_fires_with_its_defaults_and_completes(deployed, api_runs):
+    """Deployed before any run finished, the nightly's schedule is paused and `cascade deploy` says why; fired
+    once a run has finished, with no parameters, it evaluates that run's final checkpoint with the run's own recipe
+    and, the baseline not existing yet, sets it."""
+    assert "nightly: paused:" in deployed.log.read_text()
+    nightly = deployed.call("GET", "/deployments/name/regression-eval/nightly").raise_for_status().json()
+    assert nightly["paused"] and nightly["parameters"] == {"baseline": "nightly"}
+    assert deployed.wait(api_runs["ok"])["state_type"] == "COMPLETED"
+    flow_run = deployed.post(f"/deployments/{nightly['id']}/create_flow_run", json={}).raise_for_status().json()
+    run = deployed.wait(flow_run["id"])
+    assert run["state_type"] == "COMPLETED", deployed.why(run["id"])
+    (verdicts,) = (deployed.home / "regression").glob("*/verdicts.json")
+    rows = json.loads(verdicts.read_text())
+    finals = {f"file://{deployed.home}/runs/{r}/04-math_rl" for r in ("deploy-ok", FAULT_RUN)}
+    assert {r["checkpoint"] for r in rows} <= finals and {r["verdict"] for r in rows} == {"no baseline"}
+    assert {r["domain"] for r in rows} == {"math", "instruct"}
+    baseline = json.loads((deployed.home / "baselines" / "nightly.json").read_text())
+    assert {d: e["uri"] for d, e in baseline["domains"].items()} == {
+        d: rows[0]["checkpoint"] for d in ("math", "instruct")
+    }
 
 
 def _manifests(home: Path, run_id: str) -> dict[str, bytes]:

@@ -186,8 +186,21 @@ def regression_run(toy, deployed, prefect_api):
     )
     assert result.exit_code == 0, result.output
     before = load_baseline(toy["store"], "nightly")
-    rows = regression_eval_flow(toy["path"], ["runs/toy/00-vowel_rl", ALIAS], "nightly", update_baseline=True)
-    return {"rows": rows, "before": before, "started": started}
+    state = regression_eval_flow(
+        toy["path"], ["runs/toy/00-vowel_rl", ALIAS], "nightly", update_baseline=True, return_state=True
+    )
+    found = state.result(raise_on_failure=False)
+    return {"rows": found.rows, "before": before, "started": started, "state": state, "found": found}
+
+
+def test_a_regression_ends_the_flow_run_failed_naming_the_drop(regression_run, prefect_api):
+    from cascade.stages.regression import RegressionFound
+
+    state, found = regression_run["state"], regression_run["found"]
+    assert state.is_failed() and isinstance(found, RegressionFound)
+    assert str(found).startswith(f"1 regression(s) against baseline 'nightly': {ALIAS} vowels ")
+    stored = api(prefect_api, "GET", f"/flow_runs/{state.state_details.flow_run_id}")
+    assert stored["state_type"] == "FAILED" and "regression(s) against baseline 'nightly'" in stored["state"]["message"]
 
 
 def regression_events(base: str, since: float, baseline: str) -> list[dict]:
@@ -373,6 +386,9 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
     assert "models:/cascade-toy-regression@stage-nope: Registered model alias stage-nope not found" in unknown.stderr
 
 
+TINY = ["--recipe", "tiny"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -380,12 +396,13 @@ def test_cli_sets_a_baseline_from_a_checkpoint_and_regression_eval_exits_1_on_a_
         (["baseline", "set", "nightly", "runs/nope/evals/00-x.json"], "no eval record runs/nope/evals/00-x.json"),
         (["baseline", "set", "nightly", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
         (["baseline", "show", "missing"], "no baseline 'missing'"),
-        (["regression-eval", "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
-        (["regression-eval", "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
+        (["regression-eval", *TINY, "--checkpoint", "runs/nope/00-x"], "runs/nope/00-x: no committed checkpoint at"),
+        (["regression-eval", *TINY, "--checkpoint", "models:/cascade-x@best-math"], "no model registry at"),
         (["regression-eval", "--baseline", "UPPER"], "bad baseline name 'UPPER'"),
-        (["regression-eval", "--checkpoint", "s3://elsewhere/runs/x/00-sft"], "is outside the recipe's store"),
+        (["regression-eval", *TINY, "--checkpoint", "s3://elsewhere/runs/x/00-sft"], "is outside the recipe's store"),
         (["regression-eval", "--recipe", "nope"], "unknown recipe 'nope'"),
-        (["regression-eval"], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # the default checkpoint
+        (["regression-eval", *TINY], "models:/cascade-tiny@stage-math_rl: no model registry at"),  # its default
+        (["regression-eval"], "no recipe given and no finished run in file://"),  # the newest finished run's
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home, args, message):
