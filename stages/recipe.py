@@ -252,8 +252,9 @@ def _check_first_row(cfg: ReadsDataFiles, domain: str, src: FileSource, where: s
     from cascade.stages.datasets.sources import SourceError, check_file_source
 
     oracle = isinstance(cfg, SFTDataConfig) and isinstance(cfg.domain_teacher(domain), OracleTeacher)
+    graded = not isinstance(cfg, SFTDataConfig) or cfg.verify  # an SFT build without verify never grades its rows
     try:
-        check_file_source(src, domain, needs_reference=oracle)
+        check_file_source(src, domain, needs_reference=oracle, graded=graded)
     except SourceError as e:
         raise ValueError(f"{where}: {e}") from None
 

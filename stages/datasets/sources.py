@@ -82,9 +82,10 @@ def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
             raise SourceError(f"{path}:{number}: {describe(e)}") from None
 
 
-def check_file_source(src: FileSource, domain: str, needs_reference: bool) -> None:
-    """A local file's first row must map to an item. Read when the recipe is validated, so a file that is not
-    JSONL or Parquet, a binary file or an empty one is one line before anything of the run is written."""
+def check_file_source(src: FileSource, domain: str, needs_reference: bool, graded: bool = True) -> None:
+    """A local file's first row must map to an item, and where its rows are graded, the domain's grader must read
+    that item's meta. Read when the recipe is validated, so a file that is not JSONL or Parquet, a binary or empty
+    file, or rows without the meta their grader needs are one line before anything of the run is written."""
     try:
         first = next(_file_items(src, domain, source_label(domain, src), needs_reference), None)
     except SourceError:
@@ -93,6 +94,23 @@ def check_file_source(src: FileSource, domain: str, needs_reference: bool) -> No
         raise SourceError(f"{src.path}: cannot read it as {_file_format(src)}: {e}") from None
     if first is None:
         raise SourceError(f"{src.path}: holds no rows")
+    if graded:
+        check_meta(first, src.path)
+
+
+def check_meta(item: Item, where: str) -> None:
+    """The domain's grader must read the row's meta: graded once here (a throwaway answer), so a meta it cannot read
+    is one line when the recipe validates, not a traceback after every stage before the one that grades it."""
+    from cascade.stages.domains import get_domain
+    from cascade.stages.domains.benchdata import describe
+
+    try:
+        get_domain(item.domain).grade(item, "x")
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise SourceError(
+            f"{where}: row 1: its meta is not what the {item.domain} grader reads ({describe(e)}); "
+            "docs/RECIPES.md ('RL prompts from files') lists each domain's meta"
+        ) from None
 
 
 def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool) -> Iterator[Item]:

@@ -267,3 +267,34 @@ def test_bad_rlhf_recipes_write_nothing(cascade_home, tmp_path, pairs, reward_st
 def test_arena_hard_without_a_working_judge_is_one_line(cascade_home, args, message):
     assert_one_line(*cascade("eval", "tiny", "--benchmark", "arena_hard", *args), message)
     assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize(
+    "meta, message",
+    [
+        ({"topic": "cats"}, "its meta is not what the instruct grader reads (missing field 'kind')"),
+        (
+            {"instruction_id_list": ["punctuation:no_commas"], "kwargs": [{}]},
+            "its meta is not what the instruct grader reads (unknown IFEval instruction id 'punctuation:no_commas')",
+        ),
+    ],
+)
+def test_rl_prompts_whose_meta_the_grader_cannot_read_are_refused_before_anything_is_written(
+    cascade_home, tmp_path, meta, message
+):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "Write about cats.", "meta": meta}) + "\n")
+    source = f"stages.if_rl.prompts={{instruct: [{{kind: file, path: {data}}}]}}"
+    assert_one_line(*cascade("run", "micro", source), f"stage 'if_rl': prompts.instruct.0: {data}: row 1: {message}")
+    # nothing of a run; the IFEval checkers' NLTK data may be cached (stages/domains/instruct.py)
+    assert [p for p in files_under(cascade_home) if not p.is_relative_to(cascade_home / "cache" / "nltk_data")] == []
+
+
+def test_rl_prompts_with_a_meta_the_grader_reads_validate(tmp_path):
+    from cascade.flows.recipes import load_recipe
+
+    data = tmp_path / "prompts.jsonl"
+    meta = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    data.write_text(json.dumps({"prompt": "Write about cats without commas.", "meta": meta}) + "\n")
+    recipe = load_recipe("micro", [f"stages.if_rl.prompts={{instruct: [{{kind: file, path: {data}}}]}}"])
+    assert recipe.stages[3].prompts["instruct"][0].path == str(data)
