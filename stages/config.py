@@ -117,11 +117,20 @@ SOURCE_EVAL = "source"  # the eval row of the model source, before the first sta
 
 
 class BenchmarkEval(Strict):
-    """A real benchmark evaluated after every model stage, beside the held-out splits, and gated like them."""
+    """A real benchmark evaluated after every model stage, beside the held-out splits, and gated like them. Its
+    key in `eval.benchmarks` is a registered benchmark's name, or with `file`, any column name of the user's."""
 
     limit: Count | None = None  # the benchmark's first N items; None: all of them
     max_new_tokens: Count = 256
     tolerance: Fraction = 0.05  # the gate fires when pass@1 drops more than this below its best
+    # a user's file (a local path or an fsspec URL: s3://, hf://datasets/...), read in `format`: a registered
+    # benchmark's name (its row format and grader) or a domain's (rows {prompt, meta, reference?, id?})
+    file: str | None = None
+    format: str | None = None  # with `file`; None: the key, when the key is a registered benchmark
+
+    def source(self, key: str) -> str:
+        """The benchmark (or domain) whose rows and grader this column uses."""
+        return self.format or key
 
 
 class EvalConfig(Strict):

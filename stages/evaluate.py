@@ -104,9 +104,10 @@ def evaluate_benchmarks(
         result = evaluate_benchmark(
             engine,
             tokenizer,
-            name,
+            spec.source(name),
             spec.limit,
             data_root=recipe.eval.resolved_data_root(),
+            data_file=spec.file,
             max_new_tokens=spec.max_new_tokens,
             seed=recipe.seed,
         )

@@ -139,8 +139,11 @@ def answers_per_item(recipe: Recipe, domain: str) -> int:
 def benchmark_size(name: str, recipe: Recipe) -> int | None:
     """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
     sets up their checkers); None: it has no file here."""
-    from cascade.stages.domains.benchdata import benchmark_registry, read_rows
+    from cascade.stages.domains.benchdata import benchmark_registry, is_url, read_rows
 
+    user_file = recipe.eval.benchmarks[name].file
+    if user_file is not None:
+        return None if is_url(user_file) else len(read_rows(Path(user_file)))
     relpath = getattr(benchmark_registry()[name].loader, "relpath", None)
     path = recipe.eval.resolved_data_root() / relpath if relpath else None
     return len(read_rows(path)) if path is not None and path.is_file() else None

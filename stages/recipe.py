@@ -118,17 +118,7 @@ class Recipe(Strict):
         if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
-            from cascade.stages.domains.benchdata import benchmark_registry, missing_data
-
-            known = benchmark_registry()
-            unknown = sorted(set(self.eval.benchmarks) - set(known))
-            if unknown:
-                raise ValueError(f"eval.benchmarks: unknown benchmark(s) {unknown}; known: {', '.join(sorted(known))}")
-            # here, not at the first eval: a missing file found there had cost the run its SFT stage
-            root = self.eval.resolved_data_root()
-            for name in self.eval.benchmarks:
-                if missing := missing_data(known[name], root):
-                    raise ValueError(f"eval.benchmarks.{name}: {missing} (eval.data_root sets where they are)")
+            _check_benchmarks(self.eval)
         return self
 
     def domain(self, name: str):
@@ -215,6 +205,36 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
         row.check(stage, earlier, domains)
     if isinstance(stage, ReadsDataFiles):
         _check_sources(stage)
+
+
+def _check_benchmarks(cfg: EvalConfig) -> None:
+    """Every benchmark column loads: a registered benchmark's file is under the data root, a user's file exists
+    (when local) in a known format. Here, not at the first eval: a missing file found there had cost the run its SFT
+    stage."""
+    from cascade.stages.domains import domain_names
+    from cascade.stages.domains.benchdata import benchmark_registry, is_url, missing_data
+
+    known = benchmark_registry()
+    for name, spec in cfg.benchmarks.items():
+        where = f"eval.benchmarks.{name}"
+        if spec.file is None:
+            if name not in known:
+                raise ValueError(
+                    f"{where}: unknown benchmark {name!r}; known: {', '.join(sorted(known))} (or give `file` and "
+                    "`format` for a file of your own)"
+                )
+            if spec.format is not None:
+                raise ValueError(f"{where}: `format` names the format of a `file`; this entry has no file")
+            if missing := missing_data(known[name], cfg.resolved_data_root()):
+                raise ValueError(f"{where}: {missing} (eval.data_root sets where they are)")
+            continue
+        if spec.source(name) not in known and spec.source(name) not in domain_names():
+            raise ValueError(
+                f"{where}: format {spec.source(name)!r} is neither a benchmark ({', '.join(sorted(known))}) nor a "
+                f"domain ({', '.join(domain_names())})"
+            )
+        if not is_url(spec.file) and not Path(spec.file).is_file():
+            raise ValueError(f"{where}: file not found: {spec.file}")
 
 
 def _check_sources(cfg: ReadsDataFiles) -> None:
