@@ -11,6 +11,7 @@ the RL reward, so a training gain and an eval gain measure one thing.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
@@ -22,6 +23,8 @@ from cascade.stages.engines import make_engine
 from cascade.stages.engines.base import RolloutEngine, SamplingParams
 from cascade.stages.model import prompt_ids
 from cascade.stages.recipe import Recipe
+
+ProgressFactory = Callable[[str], Callable[[int, int], None]]  # a part's name -> its (done, total) callback
 
 
 def evaluate_domains(
@@ -93,9 +96,10 @@ BENCHMARK_SIDE_METRICS = ("prompt_loose", "instruction_strict", "instruction_loo
 
 
 def evaluate_benchmarks(
-    engine: RolloutEngine, tokenizer, recipe: Recipe
+    engine: RolloutEngine, tokenizer, recipe: Recipe, progress: ProgressFactory | None = None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"."""
+    """pass@1 (greedy) of every benchmark in `eval.benchmarks`, as score columns "bench/<name>"; `progress(name)`
+    gives each benchmark's (done, total) callback, items answered so far."""
     from cascade.stages.benchmarks import evaluate_benchmark
 
     scores: dict[str, float] = {}
@@ -110,6 +114,7 @@ def evaluate_benchmarks(
             data_file=spec.file,
             max_new_tokens=spec.max_new_tokens,
             seed=recipe.seed,
+            progress=progress(name) if progress else None,
         )
         column = BENCHMARK_COLUMN + name
         scores[column] = result.metrics["pass@1"]
@@ -136,14 +141,17 @@ def open_policy(
 
 
 def evaluate_model(
-    recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None
+    recipe: Recipe,
+    checkpoint: CheckpointRef | None = None,
+    store: Store | None = None,
+    progress: ProgressFactory | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Every recipe domain's scores on its eval split (and dev, see evaluate_domains) of a checkpoint (None: the
     recipe's model source), and every benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store)
     try:
         scores, rows = evaluate_domains(engine, tokenizer, recipe)
-        bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe)
+        bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe, progress)
         return {**scores, **bench_scores}, rows + bench_rows
     finally:
         engine.close()

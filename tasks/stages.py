@@ -49,7 +49,7 @@ from cascade.stages.gate import best_stages, decide
 from cascade.stages.kinds import StageInputs, gain_targets, kind_of
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.recipe import Recipe, validate_recipe
-from cascade.tasks.progress import stage_progress
+from cascade.tasks.progress import progress_for, stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
 # Set while the Prefect API is a server that the CLI command started and stops with itself: a link to its UI
@@ -243,7 +243,7 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
     if stored is not None and stored.digest == digest:  # a re-trained stage must be re-evaluated
         scores = stored.scores
     else:
-        scores, rows = evaluate_model(recipe, model, store)
+        scores, rows = evaluate_model(recipe, model, store, lambda part: progress_for(f"eval {stage}: {part}"))
         record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
         store.write_bytes(key, record.to_json())
         if tracking_on(recipe.tracking):

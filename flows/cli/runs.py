@@ -163,8 +163,9 @@ PROGRESS_LINE_EVERY_S = 30.0
 
 
 def progress_lines(console: Any, every: float = PROGRESS_LINE_EVERY_S):
-    """A progress factory that prints `<stage>: <done>/<total> steps, <elapsed>` lines, for a console that is not
-    a terminal (where rich draws its bars only once, at the end)."""
+    """A progress factory that prints `<stage>: <done>/<total> steps, <elapsed>` lines (an eval's benchmark:
+    `eval <stage>: <benchmark>: <done>/<total> items`), for a console that is not a terminal (where rich draws its
+    bars only once, at the end)."""
     shown: dict[str, float] = {}
     started: dict[str, float] = {}
 
@@ -176,7 +177,8 @@ def progress_lines(console: Any, every: float = PROGRESS_LINE_EVERY_S):
                 return
             shown[label] = now
             elapsed = int(now - started[label])
-            console.print(f"{label}: {done}/{total} steps, {elapsed // 60}:{elapsed % 60:02d}", highlight=False)
+            unit = "items" if label.startswith("eval ") else "steps"  # an eval's benchmark answers items
+            console.print(f"{label}: {done}/{total} {unit}, {elapsed // 60}:{elapsed % 60:02d}", highlight=False)
 
         return update
 

@@ -413,6 +413,9 @@ def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeyp
         "01 sft:sft: 87/100 steps, 1:00",
         "01 sft:sft: 100/100 steps, 1:09",
     ]
+    evals = runs.progress_lines(Console(file=out, width=200), every=30.0)("eval sft: ifeval")
+    evals(541, 541)
+    assert out.getvalue().splitlines()[-1] == "eval sft: ifeval: 541/541 items, 0:00"
 
 
 @pytest.mark.slow

@@ -30,7 +30,10 @@ def test_a_users_item_file_is_a_benchmark_column_graded_by_its_domain(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = load_recipe("micro", [f"eval.benchmarks={{mine: {{file: {data}, format: math, tolerance: 0.02}}}}"])
     assert recipe.tolerances()["bench/mine"] == 0.02
-    scores, items = evaluate_benchmarks(Answers("so \\boxed{4}"), load_tokenizer(), recipe)
+    seen = []
+    progress = lambda part: lambda done, total: seen.append((part, done, total))  # noqa: E731
+    scores, items = evaluate_benchmarks(Answers("so \\boxed{4}"), load_tokenizer(), recipe, progress)
+    assert seen[-1] == ("mine", 3, 3)  # the eval's progress, per benchmark, in items
     assert scores == {"bench/mine": pytest.approx(1 / 3)}  # only 2+2 is 4
     assert [(r["domain"], r["id"], r["score"]) for r in items] == [
         ("bench/mine", "q1", 0.0),
