@@ -34,13 +34,14 @@ from typing import Any, Protocol
 
 from cascade.artifacts.config import SettingError, TrackingConfig, cascade_home
 from cascade.artifacts.store import Store
+from cascade.artifacts.urls import USERINFO_AFTER_SCHEME
 
 log = logging.getLogger("cascade.tracking")
 RUN_TAG = "cascade.run_id"
 STAGE_TAG = "cascade.stage"
 CHECKPOINT_TAG = "cascade.checkpoint"  # on a model version: the store URI of the checkpoint it is
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api_?key|access_?key)", re.I)
-URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+URL_USERINFO = USERINFO_AFTER_SCHEME  # a password with a "/" included
 FLUSH_EVERY = 50
 # A tracking server's first answer (per process). MLflow's own client retries a dead server for minutes.
 PROBE_TIMEOUT_S = 10

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# scheme://<userinfo>@ : the '@' must come before the first '/', '?' or '#' (the authority ends there), so
-# `s3://bucket/key@v2` is a key holding '@', not credentials.
-USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*@")
+# scheme://<userinfo>@ : the '@' comes before the first '/', '?' or '#' (the authority ends there), so
+# `s3://bucket/key@v2` is a key holding '@', not credentials. A password may hold a '/' all the same (AWS secret
+# keys often do, pasted unescaped): `user:pa/ss@`, a ':' in the authority followed by anything but a port.
+USERINFO_PART = r"(?:[^/?#@\s]*@|[^/?#@\s:]*:(?!\d*(?:[/?#]|$))[^@\s]*?@)"
+USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://" + USERINFO_PART)
+USERINFO_AFTER_SCHEME = re.compile(r"(?<=://)" + USERINFO_PART)  # what redaction removes
 
 
 def has_credentials(text: str) -> bool:

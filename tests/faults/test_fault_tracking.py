@@ -31,8 +31,9 @@ def holding(root: Path, needle: str) -> list[str]:
         ("MLFLOW_TRACKING_URI", f"http://u:{PASSWORD}@127.0.0.1:1", "MLFLOW_TRACKING_PASSWORD"),
         ("AWS_ENDPOINT_URL", f"http://u:{PASSWORD}@127.0.0.1:1", "AWS_ACCESS_KEY_ID"),
         ("CASCADE_STORE", f"s3://u:{PASSWORD}@b/x", "AWS_ACCESS_KEY_ID"),
+        ("MLFLOW_TRACKING_URI", f"http://u:ab/{PASSWORD}@127.0.0.1:1", "MLFLOW_TRACKING_PASSWORD"),
     ],
-    ids=["mlflow-uri", "aws-endpoint", "cascade-store"],
+    ids=["mlflow-uri", "aws-endpoint", "cascade-store", "mlflow-uri-slash"],
 )  # not the values: the password is random per process
 def test_a_password_in_an_environment_url_is_refused_and_appears_nowhere(tmp_path, variable, value, field):
     home = tmp_path / "home"

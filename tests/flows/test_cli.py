@@ -98,6 +98,14 @@ def test_bad_input_is_reported_without_importing_torch_or_prefect(tmp_path, args
             "api_key_env",
         ),
         (["status", "--store", f"s3://user:{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
+        # a secret holding '/', as AWS secret keys often do
+        (["status", "--store", f"s3://KEY:ab/{PASSWORD}@bucket/x"], "storage.root", "AWS_ACCESS_KEY_ID"),
+        (["run", "micro", f"tracking.uri=http://bob:x/{PASSWORD}@mlflow:5000"], "tracking.uri", "MLFLOW_TRACKING"),
+        (
+            ["run", "micro", f"storage.endpoint_url=http://AKIA:a/{PASSWORD}@minio:9000"],
+            "storage.endpoint_url",
+            "AWS_ACCESS_KEY_ID",
+        ),
     ],
 )
 def test_credentials_in_a_url_are_refused_without_echoing_them(tmp_path, args, field, instead):

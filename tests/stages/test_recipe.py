@@ -165,7 +165,9 @@ def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
     from cascade.flows.recipes import RunRequest
 
     found = ["s3://u:p@b/x", "http://token@host:8000/v1", "see https://a:b@host/x", "git+ssh://git@host/r"]
+    found += ["s3://KEY:ab/cd@bucket/x", "http://user:pa/ss@mlflow:5000", "https://u:Zx9/+q@h"]  # '/' in a password
     clean = ["s3://bucket/key@v2", "file:///data/a@b.jsonl", "http://host:8000/v1?u=a@b", "user@host", "x"]
+    clean += ["http://host:5000/runs/a@b", "http://127.0.0.1:5000"]  # a port, then a path holding '@'
     assert [u for u in found if not has_credentials(u)] == []
     assert [u for u in clean if has_credentials(u)] == []
     assert RunRequest(storage_root="s3://bucket/key@v2").storage_root == "s3://bucket/key@v2"
