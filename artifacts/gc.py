@@ -110,14 +110,16 @@ def _unreadable_manifest(store: Store, key: str) -> bool:
 
 def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
     sizes = store.sizes(key)
-    top = {p: n for p, n in sizes.items() if not p.startswith("steps/")}
+    top = {p: n for p, n in sizes.items() if not p.startswith(("steps/", "shards/"))}
     if _unreadable_manifest(store, key):
         plan.unreadable.append(key)
-    elif top and committed(store, key) is None:
-        # The stage's own checkpoint is partial: its files go, its steps/ stay (resume needs them).
+    elif (top or any(p.startswith("shards/") for p in sizes)) and committed(store, key) is None:
+        # The stage's own checkpoint is partial: its files go; its steps/ and its committed shards/ stay (resume
+        # needs them), and a shard cut off mid-upload goes.
         for name in sorted({p.split("/", 1)[0] for p in top}):
             nbytes = sum(n for p, n in top.items() if p == name or p.startswith(name + "/"))
             plan.orphans.append(GCItem(f"{key}/{name}", f"stage checkpoint without a valid {MANIFEST}", nbytes))
+        _plan_shards(store, key, sizes, plan)
     steps = sorted({int(p.split("/")[1]) for p in sizes if p.startswith("steps/") and p.split("/")[1].isdigit()})
     valid: list[int] = []
     for step in steps:
@@ -132,6 +134,17 @@ def _plan_stage(store: Store, key: str, keep_last: int, plan: GCPlan) -> None:
         nbytes = sum(n for p, n in sizes.items() if p.startswith(f"steps/{step}/"))
         plan.pruned.append(GCItem(step_key(key, step), f"older than the last {keep_last} step checkpoints", nbytes))
     plan.kept += [step_key(key, s) for s in valid[-keep_last:]]
+
+
+def _plan_shards(store: Store, key: str, sizes: dict[str, int], plan: GCPlan) -> None:
+    """A data build's shards (`shards/<n>/`) of a stage that has not committed: each is its own commit."""
+    for shard in sorted({p.split("/")[1] for p in sizes if p.startswith("shards/") and p.count("/") >= 2}):
+        shard_key = f"{key}/shards/{shard}"
+        nbytes = sum(n for p, n in sizes.items() if p.startswith(f"shards/{shard}/"))
+        if _unreadable_manifest(store, shard_key):
+            plan.unreadable.append(shard_key)
+        elif committed(store, shard_key) is None:
+            plan.orphans.append(GCItem(shard_key, f"data shard without a valid {MANIFEST}", nbytes))
 
 
 def gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2, delete: bool = False) -> GCPlan:

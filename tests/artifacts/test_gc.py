@@ -94,3 +94,14 @@ def test_gc_local_keeps_a_scratch_dir_whose_owner_file_is_not_a_file_and_never_h
     assert sorted(plan.unknown) == [as_dir, as_fifo]
     assert [path for path, _, _ in plan.unowned] == [orphan]
     assert as_dir.exists() and as_fifo.exists() and not orphan.exists()
+
+
+def test_a_cut_off_data_build_keeps_its_committed_shards(store, tmp_path):
+    """kill -9 during the SFT data build: shard 0 committed (its own manifest), shard 1 cut off, no stage manifest."""
+    ckpt(store, tmp_path, "runs/d/00-sft_data/shards/00000")
+    store.write_bytes("runs/d/00-sft_data/shards/00001/rows.parquet", b"r" * 30)  # no manifest
+    store.write_bytes("runs/d/00-sft_data/card.json", b"{}")  # a stage file written before the stage commits
+    plan = gc(store, delete=True)
+    assert {i.key for i in plan.orphans} == {"runs/d/00-sft_data/shards/00001", "runs/d/00-sft_data/card.json"}
+    assert committed(store, "runs/d/00-sft_data/shards/00000") is not None  # never deleted
+    assert not store.exists("runs/d/00-sft_data/shards/00001/rows.parquet")
