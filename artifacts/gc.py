@@ -1,5 +1,8 @@
 """Store garbage collection: orphaned partial uploads, and step checkpoints beyond the last K per stage.
 
+Orphans are also a cut-off data build's shards without a valid manifest (its committed shards stay: each is its
+own commit) and the temporary files of atomic writes cut off before their rename, wherever they are.
+
 A checkpoint directory without a manifest that verifies (present, valid JSON, every listed file present with its
 size) is an orphan: a writer died mid-upload, and nothing will ever adopt it. Committed step checkpoints
 (`<stage>/steps/<n>/`) are pruned to the newest `keep_last` per stage; the stage's own checkpoint, the run's
@@ -28,6 +31,7 @@ from cascade.artifacts.lease import describe, is_live, read_lease
 from cascade.artifacts.store import Store
 
 STAGE_DIR = re.compile(r"^\d{2}-.+$")
+TEMP_FILE = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]{8}$")  # artifacts/store.py's atomic writes
 
 
 @dataclass
@@ -96,7 +100,18 @@ def plan_gc(store: Store, run_ids: list[str] | None = None, keep_last: int = 2) 
         for stage in store.list_dirs(run_dir(run_id)):
             if STAGE_DIR.match(stage):
                 _plan_stage(store, f"{run_dir(run_id)}/{stage}", keep_last, plan)
+        _plan_temp_files(store, run_id, plan)
     return plan
+
+
+def _plan_temp_files(store: Store, run_id: str, plan: GCPlan) -> None:
+    """The temporary files of atomic writes cut off before their rename (`.<name>.tmp-<pid>-<hex>`), wherever
+    they are in the run, committed checkpoints included: no manifest lists them and no reader opens them."""
+    planned = [i.key for i in plan.items]
+    for path, nbytes in sorted(store.sizes(run_dir(run_id)).items()):
+        key = f"{run_dir(run_id)}/{path}"
+        if TEMP_FILE.match(path.rsplit("/", 1)[-1]) and not any(key.startswith(p + "/") for p in planned):
+            plan.orphans.append(GCItem(key, "temporary file of a write cut off before its rename", nbytes))
 
 
 def _unreadable_manifest(store: Store, key: str) -> bool:

@@ -105,3 +105,16 @@ def test_a_cut_off_data_build_keeps_its_committed_shards(store, tmp_path):
     assert {i.key for i in plan.orphans} == {"runs/d/00-sft_data/shards/00001", "runs/d/00-sft_data/card.json"}
     assert committed(store, "runs/d/00-sft_data/shards/00000") is not None  # never deleted
     assert not store.exists("runs/d/00-sft_data/shards/00001/rows.parquet")
+
+
+def test_temp_files_of_cut_off_writes_go_even_inside_committed_checkpoints(store, tmp_path):
+    build_run(store, tmp_path)
+    inside = "runs/r/00-sft_data/model/.w.bin.tmp-4242-0badf00d"  # a committed checkpoint's folder
+    store.write_bytes(inside, b"t" * 7)
+    store.write_bytes("runs/r/evals/.00-sft.json.tmp-17-deadbeef", b"t" * 3)
+    store.write_bytes("runs/r/evals/.notes.tmp", b"kept")  # not the writer's pattern
+    plan = gc(store, keep_last=2, delete=True)
+    temp = {i.key for i in plan.orphans if "temporary" in i.reason}
+    assert temp == {inside, "runs/r/evals/.00-sft.json.tmp-17-deadbeef"}
+    assert not store.exists(inside) and store.exists("runs/r/evals/.notes.tmp")
+    assert committed(store, "runs/r/00-sft_data") is not None  # the checkpoint itself is untouched
