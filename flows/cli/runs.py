@@ -234,7 +234,15 @@ def resume(
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
 
-    loaded = stored_recipe(store_for(store), run_id, overrides or [])
+    found = store_for(store)
+    loaded = stored_recipe(found, run_id, overrides or [])
+    if Store.from_config(loaded.storage).uri("") != found.uri(""):  # the store was moved since the run began
+        console.print(
+            f"{run_id} began in {Store.from_config(loaded.storage).uri('')} and is in {found.uri('')} now: "
+            "it continues there",
+            highlight=False,
+        )
+        loaded = loaded.model_copy(update={"storage": loaded.storage.model_copy(update={"root": found.uri("")})})
     tracking_on(loaded.tracking)
     quiet_services()
     with hold_run(Store.from_config(loaded.storage), run_id):  # refused before paying Prefect start-up

@@ -473,3 +473,25 @@ def test_the_terminal_prints_brackets_in_user_strings_as_they_are(capsys):
 
     console.print("store file:///tmp/mk[/x]home/runs/[draft]", highlight=False)
     assert capsys.readouterr().out == "store file:///tmp/mk[/x]home/runs/[draft]\n"
+
+
+@pytest.mark.slow
+def test_a_run_whose_store_moved_resumes_where_it_is_now_and_writes_nothing_at_the_old_path(tmp_path, prefect_api):
+    env = {k: v for k, v in os.environ.items() if k not in ("CASCADE_STORE", "MLFLOW_TRACKING_URI")}
+    env.update(OMP_NUM_THREADS="1", COLUMNS="200", PREFECT_API_URL=prefect_api)
+    old, new = tmp_path / "home", tmp_path / "moved"
+
+    def cli(home, *args: str, **extra: str) -> subprocess.CompletedProcess:
+        command = [*CASCADE, *args]
+        run_env = {**env, "CASCADE_HOME": str(home), **extra}
+        return subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=600)
+
+    failed = cli(old, "run", "micro", "--run-id", "mv", "tracking.enabled=false", CASCADE_TEST_FAIL_STAGE="mv/sft")
+    assert failed.returncode == 1, (failed.stdout + failed.stderr)[-3000:]
+    old.rename(new)
+    resumed = cli(new, "resume", "mv", "--store", f"file://{new}")
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert f"mv began in file://{old} and is in file://{new} now: it continues there" in resumed.stdout
+    assert not old.exists()  # not one file written at the old path
+    report = json.loads((new / "runs" / "mv" / "report.json").read_text())
+    assert report["status"] == "FINISHED" and [s["name"] for s in report["stages"]][-1] == "math_rl"
