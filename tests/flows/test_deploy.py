@@ -243,6 +243,31 @@ def test_the_nightly_fires_with_its_defaults_and_completes(deployed, api_runs):
     }
 
 
+def test_the_terminal_trigger_in_the_docs_works_as_written(deployed):
+    """DEPLOYMENTS.md's `prefect deployment run ...` line, run in a shell with the exported PREFECT_API_URL that
+    `cascade deploy` printed, starts a run of the deployment, which completes."""
+    import re
+    import shlex
+
+    doc = (ROOT / "docs" / "DEPLOYMENTS.md").read_text()
+    command = re.search(r"`(prefect deployment run\s+cascade/cascade [^`]+)`", doc).group(1)
+    export = next(line for line in deployed.log.read_text().splitlines() if "export PREFECT_API_URL=" in line)
+    api_url = export.split("export PREFECT_API_URL=", 1)[1]
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    done = subprocess.run(
+        [prefect, *shlex.split(" ".join(command.split()))[1:]],
+        capture_output=True,
+        text=True,
+        env=dict(deployed.env, PREFECT_API_URL=api_url),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
+    run = deployed.wait(flow_run_id)
+    assert run["state_type"] == "COMPLETED", deployed.why(flow_run_id)
+    assert run["parameters"]["request"] == {"recipe": "micro", "steps": 3}
+
+
 def _manifests(home: Path, run_id: str) -> dict[str, bytes]:
     return {
         str(p.relative_to(home / "runs" / run_id)): p.read_bytes()
