@@ -265,10 +265,10 @@ def _check_sources(cfg: ReadsDataFiles) -> None:
                 if src.format is None and not src.path.endswith((".jsonl", ".jsonl.gz", ".parquet")):
                     raise ValueError(f"{where}: cannot tell the format of {src.path}: set format: jsonl or parquet")
                 if "://" not in local:  # a remote file's rows are read when the stage runs
-                    _check_first_row(cfg, domain, src, where)
+                    _check_file_rows(cfg, domain, src, where)
 
 
-def _check_first_row(cfg: ReadsDataFiles, domain: str, src: FileSource, where: str) -> None:
+def _check_file_rows(cfg: ReadsDataFiles, domain: str, src: FileSource, where: str) -> None:
     from cascade.stages.datasets.sources import SourceError, check_file_source
 
     oracle = isinstance(cfg, SFTDataConfig) and isinstance(cfg.domain_teacher(domain), OracleTeacher)

@@ -83,11 +83,14 @@ def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
 
 
 def check_file_source(src: FileSource, domain: str, needs_reference: bool, graded: bool = True) -> None:
-    """A local file's first row must map to an item, and where its rows are graded, the domain's grader must read
-    that item's meta. Read when the recipe is validated, so a file that is not JSONL or Parquet, a binary or empty
-    file, or rows without the meta their grader needs are one line before anything of the run is written."""
+    """Every row of a local file must map to an item (read as a stream: a large file costs time, not memory), and
+    where its rows are graded, the domain's grader must read the first one's meta. Read when the recipe is
+    validated, so a file that is not JSONL or Parquet, a binary or empty file, a bad row anywhere, or rows without
+    the meta their grader needs are one line before anything of the run is written."""
+    first = None
     try:
-        first = next(_file_items(src, domain, source_label(domain, src), needs_reference), None)
+        for item in _file_items(src, domain, source_label(domain, src), needs_reference):  # every row, streamed
+            first = first or item
     except SourceError:
         raise
     except (OSError, ValueError) as e:  # undecodable bytes, not gzip, not Parquet

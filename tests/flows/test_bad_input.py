@@ -298,3 +298,13 @@ def test_rl_prompts_with_a_meta_the_grader_reads_validate(tmp_path):
     data.write_text(json.dumps({"prompt": "Write about cats without commas.", "meta": meta}) + "\n")
     recipe = load_recipe("micro", [f"stages.if_rl.prompts={{instruct: [{{kind: file, path: {data}}}]}}"])
     assert recipe.stages[3].prompts["instruct"][0].path == str(data)
+
+
+def test_a_bad_row_deep_in_a_data_file_is_found_before_anything_is_written(cascade_home, tmp_path):
+    data = tmp_path / "data.jsonl"
+    good = {"prompt": "Compute 1+1.", "reference": "\\boxed{2}", "meta": {"answer": "2"}}
+    rows = [json.dumps(good)] * 50 + [json.dumps({"question": "no prompt field"})] + [json.dumps(good)] * 10
+    data.write_text("\n".join(rows) + "\n")
+    source = f"stages.sft_data.sources={{math: [{{kind: file, path: {data}}}]}}"
+    assert_one_line(*cascade("run", "micro", source), f"stage 'sft_data': sources.math.0: {data}: row 51: no 'prompt'")
+    assert files_under(cascade_home) == []
