@@ -16,7 +16,7 @@ from typing import Any
 from prefect import flow
 
 from cascade.artifacts import layout
-from cascade.flows.recipes import load_recipe
+from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
 from cascade.stages.kinds import StageInputs
 from cascade.tasks.regression import (
@@ -37,7 +37,7 @@ def recover_flow(
     student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None
 ) -> dict[str, Any]:
     """The recovered checkpoint's URI, scores and verdicts against the baseline."""
-    loaded = load_recipe(recipe)
+    loaded = load_any_recipe(recipe)  # a name, a path, or the URI of a run's recipe.json (the nightly's default)
     run_id = run_id or f"recover-{new_eval_id()}"
     best = load_baseline_task(loaded, baseline)
     if best is None or not set(best.domains) & set(loaded.domains):
