@@ -272,7 +272,7 @@ def _check_file_rows(cfg: ReadsDataFiles, domain: str, src: FileSource, where: s
     from cascade.stages.datasets.sources import SourceError, check_file_source
 
     oracle = isinstance(cfg, SFTDataConfig) and isinstance(cfg.domain_teacher(domain), OracleTeacher)
-    graded = not isinstance(cfg, SFTDataConfig) or cfg.verify  # an SFT build without verify never grades its rows
+    graded = not isinstance(cfg, SFTDataConfig) or (cfg.verify and not oracle)  # SFT grades generated answers only
     try:
         check_file_source(src, domain, needs_reference=oracle, graded=graded)
     except SourceError as e:

@@ -388,6 +388,8 @@ def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
         store.write_bytes(key, recipe.model_dump_json(indent=1).encode())
         return recipe
     stored = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key))
+    if stored.storage != recipe.storage:  # the store moved since the run began: it continues where it was found
+        stored = stored.model_copy(update={"storage": recipe.storage})
     if stored != recipe:
         get_run_logger().info(f"continuing run {run_id} with its stored recipe {store.uri(key)}")
     return stored

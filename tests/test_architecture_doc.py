@@ -305,9 +305,10 @@ def drive_evaluate_domains(recipe, toy) -> None:
 
     tokenizer = load_tokenizer()
     items = toy.generate(recipe.eval.split, 4, recipe.seed)
-    engine = OracleEngine({tuple(prompt_ids(tokenizer, it.prompt)): it.reference for it in items})
+    dev = toy.generate("dev", 4, recipe.seed)  # the dev/<domain> column that selects, beside held-out
+    engine = OracleEngine({tuple(prompt_ids(tokenizer, it.prompt)): it.reference for it in items + dev})
     scores, rows = evaluate_domains(engine, tokenizer, recipe)
-    assert scores[DOMAIN] == 1.0 and {r["id"] for r in rows} == {it.id for it in items}
+    assert scores[DOMAIN] == 1.0 and {r["id"] for r in rows if r["domain"] == DOMAIN} == {it.id for it in items}
 
 
 ENTRY_POINT_DRIVERS = {

@@ -241,6 +241,7 @@ def resume(
             f"{run_id} began in {Store.from_config(loaded.storage).uri('')} and is in {found.uri('')} now: "
             "it continues there",
             highlight=False,
+            soft_wrap=True,
         )
         loaded = loaded.model_copy(update={"storage": loaded.storage.model_copy(update={"root": found.uri("")})})
     tracking_on(loaded.tracking)

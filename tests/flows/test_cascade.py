@@ -43,6 +43,8 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
             "greedy/instruct",
             "pass@4/math",
             "pass@4/instruct",
+            "dev/math",
+            "dev/instruct",
         }
         assert all(0.0 <= v <= 1.0 for v in e["scores"].values())
     grpo = on_disk["stages"][3]["metrics"]
@@ -52,9 +54,11 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
         "instruct",
         "greedy/instruct",
         "pass@4/instruct",
+        "dev/instruct",
         "math",
         "greedy/math",
         "pass@4/math",
+        "dev/math",
     ]
     # every stage's checkpoint is an ordinary HF checkpoint transformers loads
     from transformers import AutoModelForCausalLM
