@@ -42,25 +42,40 @@ def evaluate_domains(
             columns.append((recipe.eval.split, GREEDY_COLUMN + name, 0.0, 1))
         if recipe.eval.split == "heldout":
             columns.append(("dev", DEV_COLUMN + name, temperature, k))
+        prepared: dict[str, tuple] = {}  # split -> (items, prompts, seeds): the greedy column reuses the primary's
         for split, column, t, samples in columns:
-            column_scores, column_rows = score_column(engine, tokenizer, recipe, name, split, column, t, samples)
+            if split not in prepared:
+                prepared[split] = eval_items(tokenizer, recipe, name, split)
+            column_scores, column_rows = score_column(engine, recipe, name, *prepared[split], column, t, samples)
             scores.update(column_scores)
             rows += column_rows
     return scores, rows
 
 
-def score_column(
-    engine: RolloutEngine, tokenizer, recipe: Recipe, name: str, split: str, column: str, t: float, samples: int
-) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """One column of a domain: each item's mean grade over `samples` answers at temperature t, and beside a sampled
-    column its pass@k over the same answers."""
-    spec, domain = recipe.domains[name], recipe.domain(name)
-    items = domain.generate(split, spec.heldout_size, recipe.seed)
+def eval_items(tokenizer, recipe: Recipe, name: str, split: str) -> tuple[list, list[list[int]], list[int]]:
+    """A domain's eval items of one split, their prompt ids, and each item's seed."""
+    items = recipe.domain(name).generate(split, recipe.domains[name].heldout_size, recipe.seed)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
     # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
     # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
     # so their paired difference is not sampling noise of the eval itself.
-    seeds = item_seeds(recipe.seed, name, items)
+    return items, prompts, item_seeds(recipe.seed, name, items)
+
+
+def score_column(
+    engine: RolloutEngine,
+    recipe: Recipe,
+    name: str,
+    items: list,
+    prompts: list[list[int]],
+    seeds: list[int],
+    column: str,
+    t: float,
+    samples: int,
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """One column of a domain: each item's mean grade over `samples` answers at temperature t, and beside a sampled
+    column its pass@k over the same answers."""
+    spec, domain = recipe.domains[name], recipe.domain(name)
     sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
     groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
     grades = answer_grades(domain, items, groups)  # [item][answer]

@@ -236,10 +236,10 @@ def resume(
 
     found = store_for(store)
     loaded = stored_recipe(found, run_id, overrides or [])
-    if Store.from_config(loaded.storage).uri("") != found.uri(""):  # the store was moved since the run began
+    began = Store.from_config(loaded.storage).uri("")
+    if began != found.uri(""):  # the store was moved since the run began
         console.print(
-            f"{run_id} began in {Store.from_config(loaded.storage).uri('')} and is in {found.uri('')} now: "
-            "it continues there",
+            f"{run_id} began in {began} and is in {found.uri('')} now: it continues there",
             highlight=False,
             soft_wrap=True,
         )
