@@ -25,6 +25,7 @@ class Strict(BaseModel):
 def config_hash(cfg: BaseModel) -> str:
     """Stable short hash of a config: part of every checkpoint's provenance and cache key."""
     exclude = set(getattr(cfg, "not_hashed", ()))  # fields a config declares irrelevant to its result
+    exclude |= {name for name in getattr(cfg, "hashed_when_set", ()) if getattr(cfg, name) is None}
     blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

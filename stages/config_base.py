@@ -326,6 +326,17 @@ class OptimizerConfig(Strict):
     grad_clip: Positive = 1.0
 
 
+class LoraConfig(Strict):
+    """A stage's `lora:`: rank r, scale alpha (the update is scaled by alpha / r), dropout on the adapter's input,
+    and the linear layers that get an adapter (module names, or peft's `all-linear`: every linear layer but the
+    output head)."""
+
+    rank: Annotated[int, Field(strict=True, ge=1, le=4096)] = 16
+    alpha: Annotated[float, Field(gt=0, le=1e6)] = 32.0
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    target_modules: Literal["all-linear"] | Annotated[list[str], Field(min_length=1)] = "all-linear"
+
+
 class TrainingConfig(StageConfig, OptimizerConfig):
     """What every training stage has: a step budget, a peak learning rate, its optimizer, step checkpoints."""
 
@@ -334,9 +345,13 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     checkpoint_every: Every = 20  # a step checkpoint every this many steps (0: none)
     keep_step_checkpoints: Count = 2  # committed step checkpoints kept per stage while it runs
     compute: ComputeOverride | None = None  # replaces keys of the recipe's `compute` for this stage
+    lora: LoraConfig | None = None  # train low-rank adapters instead of every weight (stages/lora.py)
     # Where and how a stage runs does not change what it computes (up to float rounding): the config hash
     # leaves `compute` out, so a step checkpoint written by 2 processes resumes in 1 and the reverse.
     not_hashed: ClassVar[frozenset[str]] = frozenset({"compute"})
+    # Hashed only when set, so that a stage without it keeps the hash (and the step checkpoints) it had before
+    # the field existed.
+    hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
 
 
 class MicroBatched(Strict):

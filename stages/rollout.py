@@ -87,10 +87,10 @@ def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
 
 
 def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine:
-    """The engine an on-policy stage samples with: on the trainer's own module in one process, else
-    `ShardedRollouts` (run: a stages.training.TrainRun)."""
+    """The engine an on-policy stage samples with: on the trainer's policy in one process (with LoRA, a merged
+    copy of it), else `ShardedRollouts` (run: a stages.training.TrainRun)."""
     if not run.world.distributed:
-        return make_engine(cfg, run.model, run.tokenizer, seed=seed)
+        return make_engine(cfg, run.policy_for_sampling(), run.tokenizer, seed=seed)
     if cfg.kind == "vllm":
         return SharedServerRollouts(cfg, run, seed)
     return ShardedRollouts(cfg, run, seed)

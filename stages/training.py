@@ -42,13 +42,16 @@ from cascade.stages.distributed import (
     world_for,
 )
 from cascade.stages.errors import NonFiniteSteps
+from cascade.stages.lora import ADAPTER_DIR, MergedCopy, add_lora, merged_state_dict, save_adapter
 from cascade.stages.model import load_hf
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: OptimizerConfig) -> torch.optim.AdamW:
-    """AdamW with cfg's betas, its weight decay on the matrices (ndim >= 2) and none on norm gains and biases."""
-    matrices = [p for p in model.parameters() if p.ndim >= 2]
-    vectors = [p for p in model.parameters() if p.ndim < 2]
+    """AdamW over the trainable tensors (with LoRA: the adapters), with cfg's betas, its weight decay on the
+    matrices (ndim >= 2) and none on norm gains and biases."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    matrices = [p for p in trained if p.ndim >= 2]
+    vectors = [p for p in trained if p.ndim < 2]
     groups = [{"params": matrices, "weight_decay": cfg.weight_decay}, {"params": vectors, "weight_decay": 0.0}]
     # fused: one kernel for all parameters; the per-tensor loop cost a third of a tiny-model step on CPU
     return torch.optim.AdamW(groups, lr=lr, betas=cfg.adam_betas, fused=True)
@@ -125,7 +128,9 @@ class TrainRun:
 
     The model is a causal LM that starts from `start` (None: the recipe's initial model). A stage that trains
     another model gives `fresh`, which returns its starting model and tokenizer, and `load`, which reads the model
-    of one of its step checkpoints (a reward model: a one-label classifier; `start` is then only the parent)."""
+    of one of its step checkpoints (a reward model: a one-label classifier; `start` is then only the parent).
+    With `cfg.lora` the model trains through adapters (stages/lora.py) and `heads` (modules the stage made fresh,
+    such as a reward model's score) train whole beside them."""
 
     def __init__(
         self,
@@ -134,19 +139,22 @@ class TrainRun:
         start: CheckpointRef | None,
         fresh: Callable[[], tuple[torch.nn.Module, Any]] | None = None,
         load: ModelLoad = load_hf,
+        heads: tuple[str, ...] = (),
     ):
         self.ctx, self.cfg, self.start = ctx, cfg, start
         self.world = world_for(ctx.recipe.compute_for(cfg))
+        self._merged: MergedCopy | None = None
         resume = latest_step_checkpoint(ctx, cfg)
         if resume is None:
             model, self.tokenizer = load_policy(ctx, start) if fresh is None else fresh()
-            self.model = prepare_model(model, self.world)
+            self.model = prepare_model(self._adapted(model, heads), self.world)
             self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             self.step, self.history = 0, []
             torch.manual_seed(ctx.recipe.seed)
         else:
+            # with LoRA the step's model/ is merged; the train state below restores the unmerged weights exactly
             model, self.tokenizer, state, local = load_step_state(ctx, resume, load)
-            self.model = prepare_model(model, self.world)
+            self.model = prepare_model(self._adapted(model, heads), self.world)
             self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             if "optimizer" in state:  # a step checkpoint from before DCP train state: one process's optimizer
                 self.optimizer.load_state_dict(state["optimizer"])
@@ -160,6 +168,19 @@ class TrainRun:
         self.resumed_from = resume
         self.model.train()
         self._step_started = time.perf_counter()
+
+    def _adapted(self, model: torch.nn.Module, heads: tuple[str, ...]) -> torch.nn.Module:
+        return model if self.cfg.lora is None else add_lora(model, self.cfg.lora, self.ctx.recipe.seed, heads)
+
+    def policy_for_sampling(self) -> torch.nn.Module:
+        """The module an engine samples from, with the current weights: the trained module itself, or with LoRA a
+        plain copy holding its merged weights, refreshed on each call (after each update)."""
+        if self.cfg.lora is None:
+            return self.model
+        if self._merged is None:
+            self._merged = MergedCopy(self.model)
+            return self._merged.module
+        return self._merged.refresh()
 
     def record_step(self, metrics: dict[str, float]) -> None:
         """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint.
@@ -210,6 +231,9 @@ class TrainRun:
         if state is not None:
             save_train_state(self.model, self.optimizer, local / "state" / TRAIN_STATE_DIR)
         weights = full_state_dict(self.model, self.world)  # a collective; None in one process
+        if self.cfg.lora is not None:  # one process (the recipe refuses LoRA on more ranks)
+            weights = merged_state_dict(self.model)
+            save_adapter(self.model, local / ADAPTER_DIR)
         self.world.barrier()
         ref = None
         if self.world.is_main:

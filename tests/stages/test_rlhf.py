@@ -182,14 +182,17 @@ def test_a_pairs_shared_prompt_runs_once_and_scores_equal_each_sequence_alone(de
     assert not allowed[1, 7, 6] and allowed[1, 7, 4] and allowed[1, 6, 5]  # rejected's rest never reads chosen's
 
 
-def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path):
+@pytest.mark.parametrize("lora", [None, {"rank": 4, "alpha": 8.0}], ids=["full", "lora"])
+def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path, lora):
     """With `checkpoint_every` (none by default), a cut-off stage continues from its newest step checkpoint, read
-    back as the one-label classifier it trains, and ends where the straight run ended."""
+    back as the one-label classifier it trains, and ends where the straight run ended. With LoRA the fresh score
+    head trains whole beside the adapters, and the checkpoint is a plain classifier all the same."""
     from safetensors.torch import load_file
 
     from cascade.artifacts.checkpoint import MANIFEST
 
-    stages = [{**s, "checkpoint_every": 3} if s["kind"] == "reward_model" else s for s in MICRO_RLHF["stages"]]
+    changes = {"checkpoint_every": 3, **({"lora": lora} if lora else {})}
+    stages = [{**s, **changes} if s["kind"] == "reward_model" else s for s in MICRO_RLHF["stages"]]
     recipe = micro_rlhf(tmp_path, stages=stages)
     made, sinks = run_stages(recipe, tmp_path, "rm")
     store = Store.from_config(recipe.storage)
@@ -201,7 +204,9 @@ def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path)
     assert [step for step, _ in sink.rows] == [4, 5, 6, 6]  # steps 4-6, then the held-out metrics
     assert sink.series("loss") == pytest.approx(sinks["rm"].series("loss")[3:], abs=1e-6)
     weights = load_file(store.path(f"{resumed.key}/model/model.safetensors"))
+    assert set(weights) == set(straight) and not any("lora" in k for k in weights)
     assert all(torch.allclose(weights[k], straight[k], atol=1e-6) for k in straight)
+    assert float(weights["score.weight"].abs().sum()) > 0  # the head left its zero start
 
 
 def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patience(tmp_path):

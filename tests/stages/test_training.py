@@ -153,11 +153,13 @@ def weights(ctx):
     return load_file(ctx.store.path(f"{ctx.key}/model/model.safetensors"))
 
 
-def test_sft_resume_parity(tmp_path, monkeypatch):
-    """6 steps straight == 3 steps, crash, resume from the step-3 checkpoint, 3 more steps."""
+@pytest.mark.parametrize("overrides", [(), ("stages.sft.lora={rank: 4, alpha: 8}",)], ids=["full", "lora"])
+def test_sft_resume_parity(tmp_path, monkeypatch, overrides):
+    """6 steps straight == 3 steps, crash, resume from the step-3 checkpoint, 3 more steps. With LoRA the step
+    checkpoint's model is merged, and the resume must restore the unmerged weights and the adapters' moments."""
     finals, losses = [], []
     for attempt, crash in (("straight", False), ("resumed", True)):
-        recipe = micro_recipe(tmp_path / attempt)
+        recipe = micro_recipe(tmp_path / attempt, *overrides)
         data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "sft", sink)

@@ -94,7 +94,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
             with record_function("grpo.weight_sync"):
-                engine.sync_weights(run.model)
+                engine.sync_weights(run.policy_for_sampling())
 
             # log
             with record_function("grpo.logging"):

@@ -71,7 +71,7 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
                 run, cfg, batch, teacher_logp, row_domains[mine.start : mine.stop], sorted(set(row_domains))
             )
             run.step += 1
-            engine.sync_weights(run.model)
+            engine.sync_weights(run.policy_for_sampling())
 
             # log: per-domain reverse KL and reward, truncation, memory
             rewards = score_groups(items, groups)

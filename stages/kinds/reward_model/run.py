@@ -63,7 +63,12 @@ def run_reward_model(cfg: RewardModelConfig, ctx: StageContext, inputs: StageInp
     """Trains a scalar head (and the backbone) from cfg.init on cfg.pairs; the checkpoint is the reward model."""
     started = time.time()
     run = TrainRun(
-        ctx, cfg, inputs.stages.get(cfg.init), fresh=lambda: load_backbone(ctx, cfg, inputs), load=load_reward_model
+        ctx,
+        cfg,
+        inputs.stages.get(cfg.init),
+        fresh=lambda: load_backbone(ctx, cfg, inputs),
+        load=load_reward_model,
+        heads=("score",),  # made fresh by load_backbone: with LoRA it trains whole
     )
     world = run.world
     train, heldout = load_pairs(cfg, ctx, inputs)

@@ -1,0 +1,123 @@
+"""LoRA through peft: a step moves the adapters only, a checkpoint is a plain HF model with its adapter beside it,
+GRPO learns through adapters while its engine samples the adapted policy, and a resumed LoRA stage equals an
+uninterrupted one."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cascade.artifacts.config import config_hash
+from cascade.stages.config_base import LoraConfig, OptimizerConfig
+from cascade.stages.context import ListSink
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.lora import add_lora, merged_state_dict, save_adapter
+from cascade.stages.model import build_tiny_model
+from cascade.stages.recipe import RecipeError
+from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.training import clip_and_step, make_optimizer
+from tests.conftest import micro_recipe
+from tests.stages.test_training import SMALL, stage_ctx, vowel_recipe
+
+Q_PROJ = "model.layers.0.self_attn.q_proj"
+
+
+def adapted_model(rank: int = 4, alpha: float = 8.0, target="all-linear"):
+    tok = load_tokenizer()
+    model = build_tiny_model(SMALL, len(tok), seed=0)
+    return add_lora(model, LoraConfig(rank=rank, alpha=alpha, target_modules=target), seed=0), tok
+
+
+def test_a_lora_step_moves_only_the_adapters():
+    model, tok = adapted_model()
+    optimizer = make_optimizer(model, 1e-2, OptimizerConfig())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([tok.encode("Say hello to the adapters.")])
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    clip_and_step(model, optimizer, 1e-2, 1.0, float(loss.detach()))
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(".lora_" in k for k in changed)
+    assert any(".lora_B." in k for k in changed)  # B starts at zero: the first step moves it
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    adapters = {id(p) for name, p in model.named_parameters() if ".lora_" in name}
+    assert optimized == adapters
+
+
+def test_the_merged_weights_are_w_plus_scaled_ba_and_give_the_adapted_model(tmp_path):
+    from peft import PeftModel
+
+    model, tok = adapted_model(rank=4, alpha=8.0, target=["q_proj", "v_proj"])
+    with torch.no_grad():  # a trained adapter: B away from its zero start
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    merged = merged_state_dict(model)
+    base = model.state_dict()
+    a, b = base[f"{Q_PROJ}.lora_A.default.weight"], base[f"{Q_PROJ}.lora_B.default.weight"]
+    assert torch.allclose(merged[f"{Q_PROJ}.weight"], base[f"{Q_PROJ}.base_layer.weight"] + 2.0 * b @ a)  # 8 / 4
+    plain = build_tiny_model(SMALL, len(tok), seed=1)
+    assert set(merged) == set(plain.state_dict())
+    plain.load_state_dict(merged)
+    ids = torch.tensor([tok.encode("Merged or not, the same logits.")])
+    adapted_logits = model(input_ids=ids).logits
+    assert torch.allclose(plain(input_ids=ids).logits, adapted_logits, atol=1e-5)
+
+    save_adapter(model, tmp_path / "adapter")  # peft's format, on the model the stage started from
+    start = build_tiny_model(SMALL, len(tok), seed=0)
+    loaded = PeftModel.from_pretrained(start, str(tmp_path / "adapter"))
+    assert torch.allclose(loaded(input_ids=ids).logits, adapted_logits, atol=1e-5)
+
+
+def test_lora_matching_no_layer_is_refused():
+    with pytest.raises(ValueError, match="not found in the base model"):
+        adapted_model(target=["no_such_proj"])
+
+
+def test_an_adapter_on_a_tied_output_head_is_refused():
+    """The tiny model and SmolLM2 tie the head to the embedding: a merged head would be lost on load."""
+    with pytest.raises(ValueError, match="shares its weight with the input embedding"):
+        adapted_model(target=["q_proj", "lm_head"])
+
+
+def test_lora_on_more_than_one_rank_is_refused(tmp_path):
+    with pytest.raises(RecipeError, match="'sft': lora trains in one process"):
+        micro_recipe(tmp_path, "stages.sft.lora={rank: 4}", "stages.sft.compute={nproc_per_node: 2}")
+
+
+def test_a_stage_without_lora_keeps_its_config_hash(tmp_path):
+    """Step checkpoints match their stage by config hash: adding the `lora` field must not orphan old ones."""
+    recipe = micro_recipe(tmp_path)
+    assert config_hash(recipe.stage("sft")) == "a87c761dc64cc383"  # the hash before `lora` existed
+    assert config_hash(micro_recipe(tmp_path, "stages.sft.lora={rank: 4}").stage("sft")) != "a87c761dc64cc383"
+
+
+def untied_tiny_model(*args, **kwargs):
+    model = build_tiny_model(*args, **kwargs)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    return model
+
+
+def test_grpo_learns_through_lora_and_commits_a_plain_model_with_its_adapter(tmp_path, monkeypatch):
+    """The vowel task is learnt through the output head (from a random model, adapters on the layers alone move
+    the logits little: their inputs are small), so the model here has its own head, which an adapter may take."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr("cascade.stages.model.build_tiny_model", untied_tiny_model)
+    lora = {"rank": 8, "alpha": 16.0, "target_modules": ["lm_head", "o_proj", "down_proj"]}
+    recipe = vowel_recipe(tmp_path, monkeypatch, lora=lora)
+    sink = ListSink()
+    ctx = stage_ctx(recipe, tmp_path, "rl", sink)
+    run_grpo(recipe.stage("rl"), ctx, StageInputs())
+    rewards = sink.series("reward")
+    first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
+    assert last > first + 0.1, (first, last)
+    # the engine samples the adapted policy: with the base weights alone its logprobs would drift from the trainer's
+    assert max(sink.series("logprob_mismatch")) < 1e-3
+    weights = load_file(ctx.store.path(f"{ctx.key}/model/model.safetensors"))
+    assert not any("lora" in k or "base_layer" in k for k in weights)
+    model = AutoModelForCausalLM.from_pretrained(ctx.store.path(f"{ctx.key}/model"))
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == (SMALL.hidden_size, SMALL.hidden_size)
+    adapter = load_file(ctx.store.path(f"{ctx.key}/adapter/adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") for k in adapter)
