@@ -59,7 +59,7 @@ def run_filter(engine, tok, recipe, store_dir: Path, items, digest: str) -> tupl
     cfg = recipe.stages[0]
     t0 = time.perf_counter()
     texts, hits = rollouts(cfg, ctx, Reference(engine, tok, digest), items, seed=0)
-    solved = (score_texts(items, texts) >= 1.0).sum(dim=1).tolist()
+    solved = (score_texts(recipe, items, texts) >= 1.0).sum(dim=1).tolist()
     decisions = keep_or_drop(solved, cfg.solved_threshold, cfg.unsolved, cfg.unsolved_fraction, seed=0)
     seconds = time.perf_counter() - t0
     return seconds, {

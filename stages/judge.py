@@ -108,6 +108,7 @@ class JudgeRewards:
 
     def __init__(self, cfg: JudgeReward, ctx: Any, stages: dict):
         self.judge = PairwiseJudge(cfg)
+        self.recipe = ctx.recipe
         self.last: dict[str, float] = {}
 
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
@@ -119,7 +120,7 @@ class JudgeRewards:
         self.last = {
             "judge_malformed": float(self.judge.malformed - before),
             "judge_retries": float(self.judge.retries - retries),
-            "rubric_score": float(score_groups(items, groups).mean()),
+            "rubric_score": float(score_groups(self.recipe, items, groups).mean()),
         }
         return torch.tensor(scores).view(len(groups), -1)
 

@@ -53,10 +53,10 @@ class GraderRewards:
     """Each item's domain grader, one grade_batch call per domain (sandboxed graders run in parallel)."""
 
     def __init__(self, cfg: Any, ctx: Any, stages: dict[str, CheckpointRef]):
-        pass
+        self.recipe = ctx.recipe
 
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
-        return score_groups(items, groups)
+        return score_groups(self.recipe, items, groups)
 
     def close(self) -> None:
         pass
@@ -70,7 +70,7 @@ class RewardModelRewards:
 
     def __init__(self, cfg: RewardModelReward, ctx: Any, stages: dict[str, CheckpointRef]):
         local = materialize(ctx.store, stages[cfg.stage], Path(tempfile.mkdtemp(dir=ctx.workdir)))
-        self.cfg = cfg
+        self.cfg, self.recipe = cfg, ctx.recipe
         self.model, self.tokenizer = load_reward_model(local / "model")
         self.model.eval()
         self.last: dict[str, float] = {}
@@ -86,7 +86,7 @@ class RewardModelRewards:
         scores = torch.cat([sequence_scores(self.model, seqs[i : i + size], pad) for i in range(0, len(seqs), size)])
         raw = scores.view(len(groups), -1)  # [P, G]
         lengths = torch.tensor([[len(c.token_ids) for c in group] for group in groups])
-        rubric = score_groups(items, groups)
+        rubric = score_groups(self.recipe, items, groups)
         self.last = {
             "rm_score": float(raw.mean()),
             "rubric_score": float(rubric.mean()),

@@ -16,7 +16,7 @@ import torch
 from cascade.stages.config import EngineConfig
 from cascade.stages.config_base import OnPolicyConfig
 from cascade.stages.distributed import full_weights_everywhere
-from cascade.stages.domains import Item, get_domain
+from cascade.stages.domains import Item
 from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine, vllm_client
 from cascade.stages.model import prompt_ids
 from cascade.stages.recipe import Recipe
@@ -257,19 +257,20 @@ def sample_groups(
     return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
 
 
-def score_groups(items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
-    """Rewards [P, G] from each item's domain grader, one grade_batch call per domain (sandboxes run in parallel)."""
-    return score_texts(items, [[c.text for c in group] for group in groups])
+def score_groups(recipe: Recipe, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
+    """Rewards [P, G] from each item's domain grader, one grade_batch call per domain (sandboxes run in parallel).
+    The grader is the recipe's domain, built with its `options`: the one the eval grades with."""
+    return score_texts(recipe, items, [[c.text for c in group] for group in groups])
 
 
-def score_texts(items: list[Item], texts: list[list[str]]) -> torch.Tensor:
+def score_texts(recipe: Recipe, items: list[Item], texts: list[list[str]]) -> torch.Tensor:
     """score_groups on completion texts alone: rewards [P, G] for texts[p][j], a response to items[p]."""
     by_domain: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for p, (item, group) in enumerate(zip(items, texts)):
         by_domain[item.domain] += [(p, j) for j in range(len(group))]
     rewards = torch.zeros(len(items), max(len(g) for g in texts))
     for domain, cells in by_domain.items():
-        scores = get_domain(domain).grade_batch([items[p] for p, _ in cells], [texts[p][j] for p, j in cells])
+        scores = recipe.domain(domain).grade_batch([items[p] for p, _ in cells], [texts[p][j] for p, j in cells])
         for (p, j), score in zip(cells, scores):
             rewards[p, j] = score
     return rewards

@@ -295,7 +295,7 @@ def drive_score_texts(recipe, toy) -> None:
     from cascade.stages.rollout import score_texts
 
     items = toy.generate("train", 3, recipe.seed)
-    assert score_texts(items, [[it.reference, "maybe"] for it in items]).tolist() == [[1.0, 0.0]] * 3
+    assert score_texts(recipe, items, [[it.reference, "maybe"] for it in items]).tolist() == [[1.0, 0.0]] * 3
 
 
 def drive_evaluate_domains(recipe, toy) -> None:

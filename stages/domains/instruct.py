@@ -101,20 +101,38 @@ def words_of(text: str) -> list[str]:
 
 
 def check(kind: str, n: int, word: str, text: str) -> bool:
-    words = text.split()
+    return count_of(kind, text) == n and constraint_holds(kind, word, text)
+
+
+def partial_credit(kind: str, n: int, word: str, text: str) -> float:
+    """The mean of two parts: how near the count is to n (1 - |count - n| / n, at least 0) and whether the
+    constraint itself holds. A model that writes garbage still scores apart from sample to sample, so a GRPO
+    group has signal (the micro recipe's smoke test of the RL update); 1.0 exactly when `check` holds."""
+    nearness = max(0.0, 1 - abs(count_of(kind, text) - n) / n)
+    return (nearness + float(constraint_holds(kind, word, text))) / 2
+
+
+def count_of(kind: str, text: str) -> int:
+    """Words, or for bullets the non-empty lines."""
+    if kind == "bullets":
+        return sum(1 for ln in text.strip().splitlines() if ln.strip())
+    return len(text.split())
+
+
+def constraint_holds(kind: str, word: str, text: str) -> bool:
     if kind == "lowercase":
-        return len(words) == n and text == text.lower() and any(c.isalpha() for c in text)
+        return text == text.lower() and any(c.isalpha() for c in text)
     if kind == "capitals":
-        return len(words) == n and text == text.upper() and any(c.isalpha() for c in text)
+        return text == text.upper() and any(c.isalpha() for c in text)
     if kind == "end_with":
-        return len(words) == n and words_of(text)[-1:] == [word]
+        return words_of(text)[-1:] == [word]
     if kind == "start_with":
-        return len(words) == n and words_of(text)[:1] == [word]
+        return words_of(text)[:1] == [word]
     if kind == "include":
-        return len(words) == n and word in words_of(text)
+        return word in words_of(text)
     if kind == "bullets":
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-        return len(lines) == n and all(ln.startswith("- ") and len(ln) > 2 for ln in lines)
+        return bool(lines) and all(ln.startswith("- ") and len(ln) > 2 for ln in lines)
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 
@@ -357,20 +375,28 @@ def ifeval_summary(details: list[dict[str, Any]]) -> dict[str, float]:
 
 
 GENERATORS = ("templated", "ifeval")  # domains.instruct.options.generator
+CREDITS = ("all", "partial")  # domains.instruct.options.credit
 
 
 class InstructDomain(Domain):
     """generator: "templated" (the tiny model's learnable constraints, above) or "ifeval" (IFEval's own instruction
     types on short writing requests, decontaminated against IFEval: stages/domains/ifeval_constraints.py).
-    data_root: where the IFEval prompts are read for that decontamination (None: the default data root)."""
+    data_root: where the IFEval prompts are read for that decontamination (None: the default data root).
+    credit: "all" (a templated item scores 1 when its count and constraint both hold, else 0) or "partial"
+    (`partial_credit`), for reward and eval alike."""
 
     name = "instruct"
 
-    def __init__(self, generator: str = "templated", data_root: str | None = None):
+    def __init__(self, generator: str = "templated", data_root: str | None = None, credit: str = "all"):
         if generator not in GENERATORS:
             raise ValueError(f"unknown instruct generator {generator!r}; known: {', '.join(GENERATORS)}")
+        if credit not in CREDITS:
+            raise ValueError(f"unknown instruct credit {credit!r}; known: {', '.join(CREDITS)}")
+        if credit == "partial" and generator != "templated":
+            raise ValueError("credit: partial grades the templated generator's items only")
         self.generator = generator
         self.data_root = data_root
+        self.credit = credit
 
     def sample(self, rng: random.Random) -> Item:
         if self.generator == "ifeval":
@@ -402,7 +428,8 @@ class InstructDomain(Domain):
         """{"score"} for synthetic items; for IFEval also prompt-level strict/loose and per-instruction verdicts."""
         m = item.meta
         if "instruction_id_list" not in m:
-            return {"score": float(check(m["kind"], m["n"], m["word"], completion.strip()))}
+            grade = partial_credit if self.credit == "partial" else check
+            return {"score": float(grade(m["kind"], m["n"], m["word"], completion.strip()))}
         verdicts = ifeval_verdicts(
             m["instruction_id_list"], m["kwargs"], item.prompt, completion, m.get("benchmark", "ifeval")
         )

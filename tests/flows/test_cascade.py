@@ -49,6 +49,11 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
         assert all(0.0 <= v <= 1.0 for v in e["scores"].values())
     grpo = on_disk["stages"][3]["metrics"]
     assert grpo["engine"] == "hf" and grpo["steps"] == 2
+    # IF-RL makes real updates (micro's instruct gives partial credit, so groups have signal): the suite guards
+    # the RL update
+    assert grpo["kept_groups"] > 0
+    sft, if_rl = (load_file(store.path(f"runs/e2e/{s}/model/model.safetensors")) for s in ("01-sft", "03-if_rl"))
+    assert any(not torch.equal(sft[k], if_rl[k]) for k in sft)
     assert on_disk["stages"][1]["metrics"]["steps"] == 6
     assert report.forgetting_matrix()[0] == [
         "instruct",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cascade.stages.domains import get_domain
+from cascade.stages.domains import Item, get_domain
 from cascade.stages.domains.instruct import check
 from cascade.stages.domains.math import boxed_answer
 
@@ -87,6 +87,27 @@ def test_math_grades_parse_the_gold_once_and_give_uncached_verdicts(monkeypatch)
 )
 def test_instruct_checks(kind, n, word, text, ok):
     assert check(kind, n, word, text) is ok
+
+
+@pytest.mark.parametrize(
+    "kind, n, word, text, credit",
+    [
+        ("lowercase", 3, "", "one two three", 1.0),  # what `check` passes scores 1
+        ("lowercase", 4, "", "one two", (0.5 + 1) / 2),  # half the count, the case right
+        ("lowercase", 2, "", "One two", (1 + 0) / 2),
+        ("end_with", 4, "rain", "rain cold wet grey grey grey", (0.5 + 0) / 2),  # 6 words for 4: 1 - 2/4
+        ("bullets", 2, "", "- a\n* b\n- c", (0.5 + 0) / 2),
+        ("capitals", 2, "", "a b c d e f", 0.0),  # 3x the count: nearness floored at 0
+    ],
+)
+def test_instruct_partial_credit_by_hand(kind, n, word, text, credit):
+    domain = get_domain("instruct", {"credit": "partial"})
+    assert domain.grade(Item("instruct", "", "", "", {"kind": kind, "n": n, "word": word}), text) == credit
+
+
+def test_partial_credit_is_refused_for_ifeval_items():
+    with pytest.raises(ValueError, match="credit: partial grades the templated"):
+        get_domain("instruct", {"credit": "partial", "generator": "ifeval"})
 
 
 def test_unknown_domain_is_a_clear_error():

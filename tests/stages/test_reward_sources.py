@@ -3,6 +3,7 @@ recipe makes of them before any work, and a source registered from outside."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Literal
 
 import pytest
@@ -59,9 +60,10 @@ def rl_recipe(reward) -> dict:
 
 def test_a_callable_reward_is_called_as_trl_calls_one():
     CALLS.clear()
-    cfg = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:answer_length"})).stage("rl")
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:answer_length"}))
+    cfg = recipe.stage("rl")
     items, groups = items_and_groups()
-    rewards = make_reward_source(cfg.reward, None, {}).rewards(items, groups)
+    rewards = make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {}).rewards(items, groups)
     assert rewards.tolist() == [[1.0, 4.0], [1.0, 0.0]]  # [P, G]
     call = CALLS[0]
     assert call["prompts"] == ["2+2?", "2+2?", "3+3?", "3+3?"] and call["completions"] == ["4", "five", "6", ""]
@@ -74,13 +76,14 @@ def test_a_weighted_sum_adds_its_sources_rewards():
         {"source": {"kind": "grader"}, "weight": 0.5},
         {"source": {"kind": "callable", "function": f"{__name__}:one"}, "weight": -2},
     ]
-    cfg = validate_recipe(rl_recipe(reward)).stage("rl")
+    recipe = validate_recipe(rl_recipe(reward))
+    cfg = recipe.stage("rl")
     assert cfg.model_dump()["reward"][1] == {
         "source": {"kind": "callable", "function": f"{__name__}:one"},
         "weight": -2.0,
     }
     items = [get_domain("math").generate("train", 2, 0)[0]]
-    source = make_reward_source(cfg.reward, None, {})
+    source = make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {})
     rewards = source.rewards(items, [[completion(items[0].reference), completion("no")]])
     assert rewards.tolist() == [[0.5 - 2.0, -2.0]]  # 0.5 x grade + (-2) x 1
     assert source.metrics() == {"reward_term/0:grader": 0.5, "reward_term/1:callable": 1.0}
@@ -121,10 +124,11 @@ def test_a_bad_reward_is_one_line_before_any_work(reward, message):
 
 
 def test_a_callable_that_answers_the_wrong_count_fails_in_one_line():
-    cfg = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:too_few"})).stage("rl")
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:too_few"}))
+    cfg = recipe.stage("rl")
     items, groups = items_and_groups()
     with pytest.raises(ValueError, match="returned 1 rewards for 4 completions"):
-        make_reward_source(cfg.reward, None, {}).rewards(items, groups)
+        make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {}).rewards(items, groups)
 
 
 class ConstantReward(RewardSourceConfig):
@@ -154,9 +158,11 @@ def constant_source():
 
 
 def test_a_source_registered_from_outside_is_one_row(constant_source):
-    cfg = validate_recipe(rl_recipe({"kind": "constant", "value": 0.75})).stage("rl")
+    recipe = validate_recipe(rl_recipe({"kind": "constant", "value": 0.75}))
+    cfg = recipe.stage("rl")
     items, groups = items_and_groups()
-    assert make_reward_source(cfg.reward, None, {}).rewards(items, groups).tolist() == [[0.75, 0.75]] * 2
+    source = make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {})
+    assert source.rewards(items, groups).tolist() == [[0.75, 0.75]] * 2
 
 
 def test_every_shipped_reward_still_validates_as_before():

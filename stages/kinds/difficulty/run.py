@@ -81,7 +81,7 @@ def run_difficulty(cfg: DifficultyConfig, ctx: StageContext, inputs: StageInputs
         reference.engine.close()
 
     # grade: the domain's grader; count full-credit rollouts per prompt
-    solved = (score_texts(items, texts) >= 1.0).sum(dim=1).tolist()  # [P] in 0..k
+    solved = (score_texts(ctx.recipe, items, texts) >= 1.0).sum(dim=1).tolist()  # [P] in 0..k
 
     # keep or drop
     decisions = keep_or_drop(solved, cfg.solved_threshold, cfg.unsolved, cfg.unsolved_fraction, seed)

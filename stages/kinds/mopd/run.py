@@ -74,7 +74,7 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             engine.sync_weights(run.policy_for_sampling())
 
             # log: per-domain reverse KL and reward, truncation, memory
-            rewards = score_groups(items, groups)
+            rewards = score_groups(ctx.recipe, items, groups)
             run.record_step(
                 {**update, "peak_rss_mb": peak_rss_mb(), **reward_metrics(items, rewards), **sync_metrics(engine)}
             )
