@@ -220,7 +220,9 @@ class TrainRun:
     def finish(self, metrics: dict[str, Any]) -> StageResult:
         """The stage's checkpoint (the whole model as one HF directory, gathered to rank 0 under torchrun) and its
         metrics, with the dtype it trained in (compute.dtype auto is decided per host)."""
-        metrics = {**metrics, "dtype": self.world.dtype}
+        # with LoRA the adapters (and trained heads) only; an FSDP2 parameter's numel is the whole tensor's
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        metrics = {**metrics, "dtype": self.world.dtype, "trainable_parameters": trainable}
         return StageResult(self._commit(self.ctx.key, metrics, None), metrics)
 
     def _commit(self, key: str, metrics: dict[str, Any], state: dict[str, Any] | None) -> CheckpointRef:

@@ -109,10 +109,13 @@ def test_grpo_learns_through_lora_and_commits_a_plain_model_with_its_adapter(tmp
     recipe = vowel_recipe(tmp_path, monkeypatch, lora=lora)
     sink = ListSink()
     ctx = stage_ctx(recipe, tmp_path, "rl", sink)
-    run_grpo(recipe.stage("rl"), ctx, StageInputs())
+    result = run_grpo(recipe.stage("rl"), ctx, StageInputs())
     rewards = sink.series("reward")
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
     assert last > first + 0.1, (first, last)
+    h, m, vocab = SMALL.hidden_size, SMALL.intermediate_size, len(load_tokenizer())
+    # rank 8: A [8, in] and B [out, 8] per layer: the head, then o_proj and down_proj in each of the 2 layers
+    assert result.metrics["trainable_parameters"] == 8 * (h + vocab) + 2 * 8 * ((h + h) + (m + h))
     # the engine samples the adapted policy: with the base weights alone its logprobs would drift from the trainer's
     assert max(sink.series("logprob_mismatch")) < 1e-3
     weights = load_file(ctx.store.path(f"{ctx.key}/model/model.safetensors"))
