@@ -223,6 +223,11 @@ class Store:
                 f"S3 endpoint {endpoint} did not answer within {PROBE_TIMEOUT_S} s (store {self.uri('')})"
             ) from None
         except Exception as e:
+            if type(e).__name__ == "NoCredentialsError":  # botocore's: found before any request is sent
+                raise StoreError(
+                    f"S3 store {self.uri('')}: no credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                    "AWS_PROFILE, or an instance role)"
+                ) from None
             if not answered(e) and is_transient(e):
                 reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
                 raise StoreUnreachable(

@@ -60,6 +60,7 @@ def main() -> None:
             "tracking.enabled=false",
             f"stages.sft_data.sources.math.shared.count={args.rows}",
             f"stages.sft.steps={args.sft_steps}",
+            f"stages.sft.warmup_steps={min(20, args.sft_steps)}",  # the recipe's, cut to a shorter stage
             f"stages.sft.batch_size={args.sft_batch}",
             f"stages.sft.micro_batch_size={min(4, args.sft_batch)}",
             "stages.sft.checkpoint_every=0",

@@ -149,6 +149,7 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
             f"storage.root=file://{tmp}/store",
             f"tracking.uri=sqlite:///{tmp}/mlflow.db",
             f"stages.sft.steps={steps}",
+            f"stages.sft.warmup_steps={min(steps, 10)}",
             "stages.sft.checkpoint_every=0",
         ],
     )

@@ -49,7 +49,10 @@ class RunRequest(Strict):
 
     recipe: RecipeName = "tiny"
     recipe_uri: str | None = Field(None, description="A recipe YAML path or file:// / s3:// URI; replaces `recipe`.")
-    steps: Steps | None = Field(None, description=f"Steps of every training stage ({', '.join(TRAINING_KINDS)}).")
+    steps: Steps | None = Field(
+        None,
+        description=f"Steps of every training stage ({', '.join(TRAINING_KINDS)}); a longer warm-up is cut to them.",
+    )
     lr: LearningRate | None = Field(None, description="Peak learning rate of every training stage.")
     stages: dict[str, StageOverride] = Field({}, description="Per stage, by name: steps and lr (win over the above).")
     domains: list[DomainName] | None = Field(
@@ -83,15 +86,16 @@ def read_store_uri(uri: str) -> bytes:
 
 def load_any_recipe(source: str) -> Recipe:
     """A shipped recipe name, a YAML path, or a recipe file at a store URI (a run's `runs/<id>/recipe.json`)."""
-    if "://" in source:
-        return request_recipe(RunRequest(recipe_uri=source), read_uri=read_store_uri)
+    if "://" in source:  # a run's own recipe, read as that run stored it
+        return request_recipe(RunRequest(recipe_uri=source), read_uri=read_store_uri, stored=True)
     return load_recipe(source)
 
 
-def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = None) -> Recipe:
+def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = None, stored: bool = False) -> Recipe:
     """The recipe a run form asks for: the named or given recipe with the form's overrides applied.
 
-    `read_uri(uri) -> bytes` reads a recipe given by URI (the caller owns storage access)."""
+    `read_uri(uri) -> bytes` reads a recipe given by URI (the caller owns storage access); stored: that recipe is
+    a run's stored one (validate_recipe)."""
     source = req.recipe_uri or req.recipe
     if req.recipe_uri and "://" in req.recipe_uri:
         if read_uri is None:
@@ -105,7 +109,7 @@ def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = No
         _restrict_domains(raw, req.domains, source)
     if req.storage_root is not None:
         raw.setdefault("storage", {})["root"] = req.storage_root
-    return validate_recipe(raw, source=source)
+    return validate_recipe(raw, source=source, stored=stored)
 
 
 def _override_stages(raw: dict[str, Any], req: RunRequest) -> None:
@@ -125,6 +129,10 @@ def _override_stages(raw: dict[str, Any], req: RunRequest) -> None:
             value = getattr(per_stage, field) if getattr(per_stage, field) is not None else getattr(req, field)
             if value is not None:
                 stage[field] = value
+        warmup = row.config.model_fields.get("warmup_steps")
+        if warmup is not None and (per_stage.steps or req.steps) is not None:
+            # a stage the form shortens warms up over at most its steps (a longer warm-up is refused)
+            stage["warmup_steps"] = min(stage.get("warmup_steps", warmup.default), stage["steps"])
 
 
 def _restrict_domains(raw: dict[str, Any], keep: list[str], source: str) -> None:

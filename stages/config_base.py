@@ -22,7 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from cascade.artifacts.config import Strict
 
@@ -354,21 +362,28 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
 
 
+# The validation context of a run's stored recipe (stages.recipe.validate_recipe(..., stored=True)).
+STORED = "stored"
+
+
 class MicroBatched(Strict):
     """A stage whose step is `batch_size` rows in forwards of `micro_batch_size`, after `warmup_steps` of warm-up.
 
-    A value the recipe changes from its default must fit: a micro-batch larger than the batch, or a warm-up longer
-    than the stage (the learning rate never reaches its peak), is a mistake. A default is left alone where a recipe
-    shortens the stage or its batch (a smoke run's `steps: 2`, the run form's steps): micro-batches are cut to the
-    batch, and the warm-up ramps the whole stage, as before; and a stored recipe, which spells out every default,
-    must validate again on resume."""
+    A warm-up longer than the stage is refused wherever its value comes from, a default included: the learning
+    rate would never reach its peak. A run's stored recipe (validated with the STORED context on resume) is
+    exempt, so a run begun before this rule resumes with the settings it began with. A micro-batch larger than the
+    batch is refused only where the recipe sets it: the default is cut to the batch."""
 
     @model_validator(mode="after")
-    def _fits_its_batch_and_steps(self) -> MicroBatched:
+    def _fits_its_batch_and_steps(self, info: ValidationInfo) -> MicroBatched:
         if self._changed("micro_batch_size") and self.micro_batch_size > self.batch_size:
             raise ValueError(f"micro_batch_size {self.micro_batch_size} is larger than batch_size {self.batch_size}")
-        if self._changed("warmup_steps") and self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps {self.warmup_steps} is more than steps {self.steps}")
+        if self.warmup_steps > self.steps and not (info.context or {}).get(STORED):
+            default = "" if self._changed("warmup_steps") else " (the default)"
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps}{default} is more than steps {self.steps}: the learning rate would "
+                "never reach its peak; set warmup_steps"
+            )
         return self
 
     def _changed(self, name: str) -> bool:

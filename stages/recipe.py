@@ -10,13 +10,14 @@ to the raw mapping before it comes here.
 
 from __future__ import annotations
 
+import os
 import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import SerializeAsAny, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from cascade.artifacts.config import StorageConfig, Strict, TrackingConfig
@@ -38,6 +39,7 @@ from cascade.stages.config_base import (
     ReadsDataFiles,
     RecipeName,
     Seed,
+    STORED,
     SharedSource,
     StageConfig,
     first_error,
@@ -78,21 +80,22 @@ class Recipe(Strict):
 
     @field_validator("stages", mode="before")
     @classmethod
-    def _stage_configs(cls, raw: Any) -> Any:
+    def _stage_configs(cls, raw: Any, info: ValidationInfo) -> Any:
         """Each stage validates into its kind's config class; errors keep the path `<index>.<kind>.<field>`."""
         if not isinstance(raw, list):
             return raw  # pydantic's own "Input should be a valid list"
-        return [_stage_config(f"stages.{i}", entry) for i, entry in enumerate(raw)]
+        return [_stage_config(f"stages.{i}", entry, info.context) for i, entry in enumerate(raw)]
 
     @field_validator("gate", mode="before")
     @classmethod
-    def _recovery_config(cls, raw: Any) -> Any:
+    def _recovery_config(cls, raw: Any, info: ValidationInfo) -> Any:
         """The gate's recovery validates into its kind's config class, as a stage does; one that names no kind is
         of the default recovery's kind."""
         if not isinstance(raw, dict) or not isinstance(raw.get("recovery"), dict):
             return raw
         default_kind = GateConfig.model_fields["recovery"].default.kind
-        return {**raw, "recovery": _stage_config("gate.recovery", {"kind": default_kind, **raw["recovery"]})}
+        recovery = {"kind": default_kind, **raw["recovery"]}
+        return {**raw, "recovery": _stage_config("gate.recovery", recovery, info.context)}
 
     @model_validator(mode="after")
     def _check_references(self) -> Recipe:
@@ -164,6 +167,23 @@ class Recipe(Strict):
         return [s for s in self.stages if kind_of(s.kind).makes == "policy"]
 
 
+def check_host(recipe: Recipe) -> None:
+    """What this host cannot run, refused before a run starts (a recipe validates anywhere: a plan made on a
+    laptop may be for a cluster): a stage that puts more torchrun ranks on this host's CPU than it has cores
+    (each rank is a process that trains on its own core at least)."""
+    cores = os.cpu_count() or 1
+    gpu = os.path.exists("/dev/nvidiactl")  # what `auto` would find, without importing torch
+    for stage in recipe.stages:
+        compute = recipe.compute_for(stage)
+        on_cpu = compute.device == "cpu" or (compute.device == "auto" and not gpu)
+        spread = kind_of(stage.kind).distributable and compute.launcher != "ray" and compute.world_size > 1
+        if on_cpu and spread and compute.nproc_per_node > cores:
+            raise RecipeError(
+                f"stage {stage.name!r}: {compute.nproc_per_node} ranks per node on this host's {cores} CPU cores: "
+                f"set compute.nproc_per_node to at most {cores}"
+            )
+
+
 def refuse_url_credentials(raw: Any) -> Any:
     """Refuse user:password@ in any URL: it would be stored in recipe.json and Prefect's parameters."""
     if message := credential_error(raw):
@@ -171,7 +191,7 @@ def refuse_url_credentials(raw: Any) -> Any:
     return raw
 
 
-def _stage_config(path: str, entry: Any) -> StageConfig:
+def _stage_config(path: str, entry: Any, context: dict | None = None) -> StageConfig:
     """A stage mapping as its kind's config; `path` (e.g. `stages.3`) begins every error's location."""
     if isinstance(entry, StageConfig):
         return entry
@@ -181,7 +201,7 @@ def _stage_config(path: str, entry: Any) -> StageConfig:
     if kind not in KINDS:
         raise _stage_error(f"{path}.kind: unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     try:
-        return KINDS[kind].config.model_validate(entry)
+        return KINDS[kind].config.model_validate(entry, context=context)
     except ValidationError as e:
         raise _stage_error(first_error(e, path, kind, model=KINDS[kind].config)) from None
 
@@ -396,9 +416,11 @@ def _expanded_size(
     return values, height
 
 
-def validate_recipe(raw: dict[str, Any], source: str = "recipe") -> Recipe:
+def validate_recipe(raw: dict[str, Any], source: str = "recipe", stored: bool = False) -> Recipe:
+    """stored: the recipe a run stored when it began (a resume): rules added since then that would refuse a
+    setting it ran with are not applied again (config_base.STORED)."""
     try:
-        return Recipe.model_validate(raw)
+        return Recipe.model_validate(raw, context={STORED: True} if stored else None)
     except ValidationError as e:
         err = e.errors()[0]
         if err["type"] == "stage":  # a stage's own error carries its full path

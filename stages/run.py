@@ -11,26 +11,30 @@ stage whose committed checkpoint verifies and has the same config hash is adopte
 What it leaves out is the flow's: evals, the regression gate, recoveries, the run report, MLflow and the Prefect
 UI (`cascade run` does all of that). It is for a machine with torch and transformers alone (a lent GPU) and for
 profiling one stage; its imports stay within the stage core's (tests/stages/test_light_imports.py).
-Bad input (an unknown recipe, a bad override, an unknown stage) is one line and exit 2, before anything is written.
+Bad input (an unknown recipe, a bad override, an unknown stage, an unwritable --metrics-json, a store that does
+not answer, a run id another process holds) is one line and exit 2, before anything is written; a stage's own
+failure (a rank that died, steps that were not finite) is one line and exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from cascade.artifacts import layout
-from cascade.artifacts.checkpoint import CheckpointRef, adoptable
-from cascade.artifacts.config import config_hash
-from cascade.artifacts.lease import hold_run
+from cascade.artifacts.checkpoint import CheckpointError, CheckpointRef, adoptable
+from cascade.artifacts.config import SettingError, config_hash
+from cascade.artifacts.lease import LeaseHeld, hold_run
 from cascade.artifacts.steplog import StepLog
-from cascade.artifacts.store import Store
+from cascade.artifacts.store import Store, StoreError
+from cascade.stages.errors import DistributedStageError, ModelSourceError, NonFiniteSteps
 from cascade.stages.kinds import kind_of, stage_inputs
-from cascade.stages.recipe import Recipe, RecipeError, load_recipe
+from cascade.stages.recipe import Recipe, RecipeError, check_host, load_recipe
 
 RUN_ID = "driver"
 
@@ -147,13 +151,39 @@ def main(argv: list[str] | None = None) -> int:
             )
         if args.log_every < 1:
             raise RecipeError(f"--log-every must be at least 1, not {args.log_every}")
+        check_host(recipe)
+        if args.metrics_json:
+            refuse_unwritable(args.metrics_json)
         summary = run_stages(recipe, args.run_id, args.stages, args.log_every)
-    except RecipeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.metrics_json:
-        args.metrics_json.write_text(json.dumps(summary, indent=1))
+        if args.metrics_json:
+            args.metrics_json.write_text(json.dumps(summary, indent=1))
+    except BAD_INPUT as e:
+        return one_line(e, 2)
+    except (DistributedStageError, NonFiniteSteps, OSError) as e:  # a stage's own one-line failures; a full disk
+        return one_line(e, 1)
     return 0
+
+
+# Bad input or a setting the run cannot use, answered as one line and exit 2: the recipe, a store that does not
+# answer, a run id another process holds, a model source that cannot be read.
+BAD_INPUT = (RecipeError, StoreError, SettingError, LeaseHeld, ModelSourceError, CheckpointError)
+
+
+def one_line(error: BaseException, code: int) -> int:
+    text = str(error).strip()
+    print(f"error: {text.splitlines()[0] if text else type(error).__name__}", file=sys.stderr)
+    return code
+
+
+def refuse_unwritable(path: Path) -> None:
+    """--metrics-json is written after the last stage: a path that cannot take it is refused before the first."""
+    if path.is_dir():
+        raise RecipeError(f"--metrics-json {path}: is a directory")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise RecipeError(f"--metrics-json {path}: no folder {folder}")
+    if not os.access(path if path.exists() else folder, os.W_OK):
+        raise RecipeError(f"--metrics-json {path}: not writable")
 
 
 if __name__ == "__main__":

@@ -387,7 +387,7 @@ def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
         recipe = pin_run_dtype(recipe)
         store.write_bytes(key, recipe.model_dump_json(indent=1).encode())
         return recipe
-    stored = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key))
+    stored = validate_recipe(json.loads(store.read_bytes(key)), source=store.uri(key), stored=True)
     if stored.storage != recipe.storage:  # the store moved since the run began: it continues where it was found
         stored = stored.model_copy(update={"storage": recipe.storage})
     if stored != recipe:

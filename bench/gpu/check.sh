@@ -113,10 +113,10 @@ wanted() { [[ "$PARTS" == *" $1 "* ]]; }
 wanted tests && part gpu-tests 240 "$PY" -m pytest -q -p no:cacheprovider $([ "$MODE" = dry ] && echo --collect-only) \
   tests/gpu tests/stages/test_hf_engine.py tests/stages/test_rlhf.py -k "gpu.py or cuda"
 # tiny on the check's device (main) and on the CPU in fp32 (ref): the report compares their SFT loss curves
-wanted tiny-main && part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" \
+wanted tiny-main && part tiny-main 150 drive tiny-main "compute.device=$DEVICE" "stages.sft.steps=$TINY_SFT" "stages.sft.warmup_steps=1" \
   "stages.math_rl.steps=$TINY_RL"
 wanted tiny-ref && part tiny-ref 200 drive tiny-ref "compute.device=cpu" "compute.dtype=fp32" \
-  "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
+  "stages.sft.steps=$TINY_SFT" "stages.sft.warmup_steps=1" "stages.math_rl.steps=$TINY_RL"
 wanted shapes && for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
   part "model-$arch" 120 "$PY" bench/gpu/stage_check.py model "$arch" "/tmp/cascade-gpu-models/$arch" $SHAPE_LAYERS
   part "$arch" 240 drive "$arch" "compute.device=$DEVICE" "model.source=/tmp/cascade-gpu-models/$arch" \
@@ -128,7 +128,7 @@ wanted shapes && for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
   rm -rf "/tmp/cascade-gpu-models/$arch"; find "$STORE/runs/$arch" -name "*.safetensors" -delete
 done
 wanted fsdp2 && part fsdp2-torchrun 150 drive "fsdp2-$DEVICE" "compute.device=$DEVICE" "compute.launcher=torchrun" \
-  "stages.sft.steps=$TINY_SFT" "stages.math_rl.steps=$TINY_RL"
+  "stages.sft.steps=$TINY_SFT" "stages.sft.warmup_steps=1" "stages.math_rl.steps=$TINY_RL"
 [ "$MODE" = gpu ] && [ "${BENCH_GPU:-1}" = 1 ] && part bench-gpu 120 "$PY" bench/bench_gpu.py --steps 5 --out "$WORK/bench_gpu.result"
 part report 60 "$PY" bench/gpu/stage_check.py report "$WORK"
 cp "$WORK"/check.json "$WORK"/check.md "$OUT"/ 2>/dev/null

@@ -181,4 +181,4 @@ def stored_recipe(store, run_id: str, compute_overrides: list[str] = ()):
         if not item.startswith("compute."):
             raise CLIError(f"resume takes compute.* overrides only (where ranks run, not what they train): {item!r}")
         apply_override(raw, item)
-    return validate_recipe(raw, source=store.uri(key))
+    return validate_recipe(raw, source=store.uri(key), stored=True)

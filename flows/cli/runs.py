@@ -198,8 +198,10 @@ def run(
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
     from cascade.flows.recipes import load_recipe
+    from cascade.stages.recipe import check_host
 
     loaded = load_recipe(recipe, overrides or [])
+    check_host(loaded)
     run_id = new_run_id(loaded.name) if run_id is None else run_id  # an empty --run-id is refused below
     if not valid_run_id(run_id):
         raise CLIError(f"bad run id {run_id!r}: use lowercase letters, digits, '.', '_' and '-'")
@@ -234,8 +236,11 @@ def resume(
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
 
+    from cascade.stages.recipe import check_host
+
     found = store_for(store)
     loaded = stored_recipe(found, run_id, overrides or [])
+    check_host(loaded)
     began = Store.from_config(loaded.storage).uri("")
     if began != found.uri(""):  # the store was moved since the run began
         console.print(

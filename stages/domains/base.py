@@ -17,6 +17,7 @@ from typing import Any, Literal
 Split = Literal["train", "dev", "heldout"]
 EVAL_SPLITS: tuple[Split, ...] = ("heldout", "dev")  # what a recipe evaluates or tunes on: never trained on
 SPLIT_BUCKETS = 10  # of the split key's hash: bucket 0 is held out, bucket 1 is dev, the other eight train
+MAX_MISSES_IN_ROW = 100_000  # draws in a row without a new item of the split: the split has run out
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,21 @@ class Domain:
         """generate(), one item at a time: the same items in the same order (only the split keys are held)."""
         rng = random.Random(f"{self.name}:{seed}")
         seen: set[str] = set()
-        attempts = 0
+        attempts = misses = 0
         while len(seen) < n:
             attempts += 1
-            if attempts > 50 * n + 1000:
-                raise ValueError(f"domain {self.name!r} cannot produce {n} distinct {split} items")
+            # the second bound: a split whose items ran out (a train_size beyond what the generator has) fails in
+            # a second, where 50 n draws of a size like 1e8 would run for hours
+            if attempts > 50 * n + 1000 or misses > MAX_MISSES_IN_ROW:
+                raise ValueError(
+                    f"domain {self.name!r} cannot produce {n:,} distinct {split} items (found {len(seen):,}): "
+                    f"lower domains.{self.name}.{'train_size' if split == 'train' else 'heldout_size'}"
+                )
             item = self.sample(rng)
             key = item.split_key or item.prompt
             if key in seen or split_of(key) != split:
+                misses += 1
                 continue
+            misses = 0
             seen.add(key)
             yield replace(item, id=f"{self.name}-{split}-{len(seen) - 1}")

@@ -55,6 +55,8 @@ def assert_one_line(code: int, out: str, err: str, message: str) -> None:
         # in range, but nonsense together, or more than memory holds
         ("stages.sft.micro_batch_size=16", "stages.1.sft: micro_batch_size 16 is larger than batch_size 8"),
         ("stages.sft.warmup_steps=7", "stages.1.sft: warmup_steps 7 is more than steps 6"),
+        ("stages.sft.steps=1", "stages.1.sft: warmup_steps 2 is more than steps 1"),
+        ("compute.nproc_per_node=4096", "stage 'sft': 4096 ranks per node on this host's"),
         ("model.num_heads=3", "model: hidden_size 64 must be num_heads (3) times an even head size"),
         ("model.hidden_size=66", "model: hidden_size 66 must be num_heads (2) times an even head size"),
         ("stages.sft.batch_size=100000000", "stages.1.sft.batch_size: Input should be less than or equal to 65536"),
@@ -218,7 +220,7 @@ model: {{source: tiny, hidden_size: 64, num_layers: 2, num_heads: 2, intermediat
 domains: {{chat: {{train_size: 64, heldout_size: 16}}}}
 stages:
   - {{kind: sft_data}}
-  - {{kind: sft, steps: 2}}
+  - {{kind: sft, steps: 2, warmup_steps: 1}}
   - {{kind: reward_model, init: sft, pairs: {pairs}}}
   - {{kind: grpo, name: rlhf, domains: [chat], reward: {{kind: reward_model, stage: {reward_stage}}}}}
 """

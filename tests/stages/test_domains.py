@@ -113,3 +113,13 @@ def test_partial_credit_is_refused_for_ifeval_items():
 def test_unknown_domain_is_a_clear_error():
     with pytest.raises(KeyError, match="unknown domain 'chess'"):
         get_domain("chess")
+
+
+def test_a_split_that_runs_out_fails_at_once_whatever_size_was_asked():
+    """A train_size beyond what a generator has (1e8 math items: 7,027 exist) once drew 50 n times, for hours."""
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"cannot produce 10,000,000 distinct dev items \(found 8"):
+        get_domain("math").generate("dev", 10_000_000, seed=0)
+    assert time.monotonic() - started < 60

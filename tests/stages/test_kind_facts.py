@@ -47,7 +47,7 @@ def test_the_plan_estimates_a_kind_by_its_row(note_kind):
 
 def test_the_gate_recovers_only_with_a_kind_that_recovers():
     raw = read_recipe_file(resolve_recipe_path("micro"))
-    raw["gate"] = {"policy": "recover", "recovery": {"kind": "sft", "steps": 3}}
+    raw["gate"] = {"policy": "recover", "recovery": {"kind": "sft", "steps": 3, "warmup_steps": 1}}
     with pytest.raises(
         RecipeError,
         match=r"^recipe: gate\.recovery: a sft stage cannot recover; kinds that can: "

@@ -120,6 +120,7 @@ def test_run_form_overrides_a_reward_model_as_every_training_stage():
     recipe = request_recipe(RunRequest(recipe="tiny-rlhf", steps=3, stages={"rm": {"lr": 1e-4}}))
     assert recipe.stage("rm").steps == 3 and recipe.stage("rm").lr == 1e-4
     assert recipe.stage("sft").steps == 3 and recipe.stage("sft").lr == load_recipe("tiny-rlhf").stage("sft").lr
+    assert recipe.stage("sft").warmup_steps == 3  # its 100-step default warm-up, cut to the steps the form asks
     assert "reward_model" in RunRequest.model_fields["steps"].description
 
 
@@ -199,3 +200,17 @@ def test_a_mopd_stage_without_teachers_is_one_line():
     with pytest.raises(RecipeError, match="stage 'distil': a mopd stage needs `teachers`") as e:
         validate_recipe(raw)
     assert "\n" not in str(e.value)
+
+
+def test_a_warmup_longer_than_the_stage_is_refused_even_as_a_default_but_not_in_a_stored_run():
+    """SFT's default warm-up is 100 steps: a 50-step SFT that leaves it would never reach its learning rate.
+    A run stored before that rule resumes with the settings it began with."""
+    from cascade.stages.recipe import RecipeError, read_recipe_file, resolve_recipe_path, validate_recipe
+
+    raw = read_recipe_file(resolve_recipe_path("micro"))
+    sft = next(s for s in raw["stages"] if s["kind"] == "sft")
+    del sft["warmup_steps"]
+    sft["steps"] = 50
+    with pytest.raises(RecipeError, match=r"warmup_steps 100 \(the default\) is more than steps 50"):
+        validate_recipe(raw)
+    assert validate_recipe(raw, stored=True).stage("sft").warmup_steps == 100

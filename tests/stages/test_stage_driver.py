@@ -3,6 +3,7 @@
 Its checkpoint equals the flow's: tests/flows/test_cascade.py::test_micro_cascade_runs_end_to_end."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -73,3 +74,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         cwd=tmp_path,
     )
     assert result.stdout.strip() == "2 False", result.stdout + result.stderr
+
+
+def test_what_the_run_cannot_use_is_one_line_before_any_stage(tmp_path):
+    """An unwritable --metrics-json (once found after every stage ran), a store that does not answer and a run id
+    another process holds: one line each, exit 2, no stage run (each was a traceback)."""
+    from cascade.artifacts.lease import hold_run
+
+    (tmp_path / "taken").mkdir()
+    cases = [
+        (driver_args(tmp_path, "--metrics-json", str(tmp_path / "taken")), "is a directory"),
+        (driver_args(tmp_path, "--metrics-json", str(tmp_path / "no/such/m.json")), "no folder"),
+        (["micro", "storage.root=s3://bucket/x", "storage.endpoint_url=http://127.0.0.1:9"], "no credentials"),
+        (["micro", "storage.root=s3://bucket/x", "storage.endpoint_url=http://127.0.0.1:9"], "cannot be reached"),
+    ]
+    keys = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
+    store = Store.from_config(micro_recipe(tmp_path).storage)
+    with hold_run(store, "held"):
+        cases.append((driver_args(tmp_path, "--run-id", "held"), "run 'held'"))
+        for args, message in cases:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+            result = subprocess.run(
+                [sys.executable, "-m", "cascade.stages.run", *args],
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                env={**env, **(keys if message == "cannot be reached" else {})},
+            )
+            assert result.returncode == 2 and message in result.stderr, result.stderr
+            assert result.stderr.count("\n") == 1 and "[sft_data]" not in result.stderr, result.stderr
+    assert not (tmp_path / "store/runs/driver").exists()
