@@ -95,8 +95,12 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
     import ray
     from ray.util.queue import Queue
 
+    from cascade.stages.recipe import refuse_silent_address
+
     address = compute.ray_address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():
+        if address:
+            refuse_silent_address(address)  # a cluster gone since the run began
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=False)
     # device auto: a rank of a cluster with GPUs trains on one (a CPU-only bundle would hide them from it)
     gpu = compute.device == "cuda" or (compute.device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)

@@ -57,6 +57,9 @@ def assert_one_line(code: int, out: str, err: str, message: str) -> None:
         ("stages.sft.warmup_steps=7", "stages.1.sft: warmup_steps 7 is more than steps 6"),
         ("stages.sft.steps=1", "stages.1.sft: warmup_steps 2 is more than steps 1"),
         ("compute.nproc_per_node=4096", "stage 'sft': 4096 ranks per node on this host's"),
+        # a Ray cluster where nothing answers: ray.init retried for minutes, deaf to SIGINT, leaving a stale lease
+        ("compute={launcher: ray, ray_address: '127.0.0.1:1'}", "Ray address 127.0.0.1:1: nothing answers there"),
+        ("compute={launcher: ray, ray_address: 'ray://127.0.0.1:1'}", "Ray address ray://127.0.0.1:1: nothing answers"),
         ("model.num_heads=3", "model: hidden_size 64 must be num_heads (3) times an even head size"),
         ("model.hidden_size=66", "model: hidden_size 66 must be num_heads (2) times an even head size"),
         ("stages.sft.batch_size=100000000", "stages.1.sft.batch_size: Input should be less than or equal to 65536"),
