@@ -33,7 +33,9 @@ def run_variant(name: str, overrides: list[str], home: Path) -> dict:
     cmd = [sys.executable, "-m", "cascade.flows.cli", "run", "smollm2-if", *overrides, "--run-id", run_id]
     started = time.perf_counter()
     with open(home / f"{run_id}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CASCADE_HOME": str(home)})
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CASCADE_HOME": str(home)}
+        )
         _, status, usage = os.wait4(proc.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{name}: `{' '.join(cmd)}` failed; log: {home / f'{run_id}.log'}")

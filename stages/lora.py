@@ -24,6 +24,7 @@ with more than one rank and `lora` is refused when the recipe is validated.
 from __future__ import annotations
 
 from pathlib import Path
+
 import torch
 
 from cascade.stages.config_base import LoraConfig
@@ -54,12 +55,6 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int, heads: tuple[st
             "(tie_word_embeddings): a merged checkpoint cannot hold both; leave the head out"
         )
     return model
-
-
-def has_lora(model: torch.nn.Module) -> bool:
-    from peft.tuners.lora import LoraLayer
-
-    return any(isinstance(m, LoraLayer) for m in model.modules())
 
 
 @torch.no_grad()

@@ -33,13 +33,13 @@ from cascade.stages.config import (
     ModelConfig,
 )
 from cascade.stages.config_base import (
+    STORED,
     ComputeConfig,
     FileSource,
     OracleTeacher,
     ReadsDataFiles,
     RecipeName,
     Seed,
-    STORED,
     SharedSource,
     StageConfig,
     first_error,

@@ -235,7 +235,6 @@ def resume(
     from cascade.artifacts.lease import hold_run
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
-
     from cascade.stages.recipe import check_host
 
     found = store_for(store)

@@ -194,7 +194,9 @@ class ShardBuilder:
             cand.text = answer.text or ""
         cands = drop(counts, cands, [a.error is not None for a in answers], "teacher_error")
         if self._verifies(domain):
-            cands = drop(counts, cands, [g < 1.0 - 1e-9 for g in grade(self.ctx.recipe.domain(domain), cands)], "unverified")
+            cands = drop(
+                counts, cands, [g < 1.0 - 1e-9 for g in grade(self.ctx.recipe.domain(domain), cands)], "unverified"
+            )
         for cand, n in zip(cands, self.count_tokens([c.row.item.prompt for c in cands], [c.text for c in cands])):
             cand.tokens = n
         cands = drop(counts, cands, [c.tokens > self.cfg.max_tokens for c in cands], "too_long")
