@@ -95,7 +95,7 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
     import ray
     from ray.util.queue import Queue
 
-    from cascade.stages.recipe import refuse_silent_address
+    from cascade.stages.host import refuse_silent_address
 
     address = compute.ray_address or os.environ.get("RAY_ADDRESS")
     if not ray.is_initialized():

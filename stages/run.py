@@ -33,8 +33,9 @@ from cascade.artifacts.lease import LeaseHeld, hold_run
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, StoreError
 from cascade.stages.errors import DistributedStageError, ModelSourceError, NonFiniteSteps
+from cascade.stages.host import check_host
 from cascade.stages.kinds import kind_of, stage_inputs
-from cascade.stages.recipe import Recipe, RecipeError, check_host, load_recipe
+from cascade.stages.recipe import Recipe, RecipeError, load_recipe
 
 RUN_ID = "driver"
 

@@ -146,7 +146,7 @@ def test_the_raycluster_example_is_a_valid_kuberay_cluster_for_a_ray_recipe(tmp_
     cluster = yaml.safe_load((ROOT / "infra" / "k8s-raycluster.yaml").read_text())
     jsonschema.validate(cluster, RAYCLUSTER)
     pinned = next(line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("ray = "))
-    assert f'"ray=={cluster["spec"]["rayVersion"]}"' in pinned  # the image's Ray is the one the flow drives
+    assert f'"ray[client]=={cluster["spec"]["rayVersion"]}"' in pinned  # the image's Ray is the one the flow drives
     head = cluster["spec"]["headGroupSpec"]
     assert head["rayStartParams"]["num-cpus"] == "0"  # no rank lands on the head
     groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}

@@ -70,6 +70,7 @@ MICRO_RLHF = {
             "kind": "reward_model",
             "init": "sft",
             "steps": 6,
+            "warmup_steps": 2,
             "batch_size": 8,
             "micro_batch_size": 4,
             "pairs": {"kind": "domain", "domain": "chat", "train": 32, "heldout": 16},
