@@ -389,3 +389,24 @@ def test_a_stages_gains_include_its_dev_column_and_every_benchmark_in_both_evals
         ("bench/ifeval", 1 / 3, 1.0),
     ]
     assert stage_gains(["source", "if_rl"], {"source": before, "if_rl": after}, {}) == []  # no RL stage: no gains
+
+
+def test_two_runs_links_stay_in_their_own_column_in_a_browser(tmp_path, chromium):
+    """Long links (an http MLflow URL with no break in it, a long store path) once widened each run's table past
+    its column, into the other run's."""
+    store = Store(f"file://{tmp_path}")
+    for run in ("a", "b"):
+        synthetic_run(store, run)
+        report = RunReport.load(store, run)
+        report.links = {"mlflow": "http://mlflow.example:5000/#/experiments/1/runs/" + "0123456789abcdef" * 8}
+        report.save(store)
+    page = tmp_path / "two.html"
+    page.write_text(render([collect(store, "a"), collect(store, "b")]).html)
+    tab = chromium.new_page(viewport={"width": 1400, "height": 900})
+    tab.goto(page.as_uri())
+    boxes = tab.eval_on_selector_all(
+        "#links .runs > div",
+        "cols => cols.map(c => [c, c.querySelector('table')].map(e => e.getBoundingClientRect().right))",
+    )
+    (left_col, left_table), _ = boxes
+    assert left_table <= left_col + 1, boxes  # the first run's table ends inside its own column
