@@ -95,9 +95,9 @@ def run_ray(cfg: Any, ctx: StageContext, inputs: StageInputs, compute: ComputeCo
     import ray
     from ray.util.queue import Queue
 
-    from cascade.stages.host import refuse_silent_address
+    from cascade.stages.host import ray_address, refuse_silent_address
 
-    address = compute.ray_address or os.environ.get("RAY_ADDRESS")
+    address = ray_address(compute)
     if not ray.is_initialized():
         if address:
             refuse_silent_address(address)  # a cluster gone since the run began
