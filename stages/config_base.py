@@ -241,6 +241,10 @@ class SourceDraw(Strict):
             raise ValueError("give a source `count` or a `share`, not both")
         return self
 
+    def gives_conversations(self) -> bool:
+        """Whole conversations (answered: no teacher), not prompts."""
+        return False
+
     def rows(self, train_size: int) -> int | None:
         """Rows to draw; None: every row the source has."""
         if self.count is not None:
@@ -252,6 +256,12 @@ class SourceDraw(Strict):
 
 class SyntheticSource(SourceDraw):
     kind: Literal["synthetic"] = "synthetic"  # the domain's own generator, train split
+    # sft_data only: the domain's items as multi-turn conversations (tool: request, call, the tool's result,
+    # answer), trained on every assistant turn; no teacher is asked
+    conversations: bool = False
+
+    def gives_conversations(self) -> bool:
+        return self.conversations
 
 
 class SharedSource(SourceDraw):
@@ -267,6 +277,12 @@ class FileSource(SourceDraw):
     prompt_field: str = "prompt"
     reference_field: str = "reference"  # the oracle teacher's answer; other teachers do not need it
     meta_field: str = "meta"  # what the domain's grader reads (math: {"answer": "72"}); optional
+    # sft_data only: rows are whole conversations in this field (a list of {role, content}; roles system, user,
+    # assistant, tool), trained on every assistant turn; no teacher is asked. None: rows are prompts.
+    messages_field: str | None = None
+
+    def gives_conversations(self) -> bool:
+        return self.messages_field is not None
 
 
 DataSource = Annotated[SyntheticSource | SharedSource | FileSource, Field(discriminator="kind")]

@@ -10,8 +10,10 @@ machine points the same code at a real model.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -125,6 +127,55 @@ def prompt_ids(tokenizer: PreTrainedTokenizerFast, user_text: str) -> list[int]:
 def completion_ids(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
     """An assistant answer as the model should emit it: the text, then the chat template's end-of-turn token."""
     return tokenizer.encode(text, add_special_tokens=False) + [turn_end_id(tokenizer)]
+
+
+class Example(NamedTuple):
+    """A row as SFT trains on it: token ids, and the [start, end) spans of them that carry loss."""
+
+    ids: list[int]
+    trained: tuple[tuple[int, int], ...]
+
+
+# `{% generation %}` ... `{% endgeneration %}`: a template's own mark of the assistant's tokens
+GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def conversation_example(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str]]) -> Example:
+    """A conversation's tokens with loss on its assistant turns: from the template's generation markers where it
+    has them (its assistant mask over the conversation tokenized whole), else turn by turn. Turn by turn, each
+    assistant turn follows the template's rendering of the turns before it with the generation prompt, as the model
+    would emit it: `completion_ids`, the text and the end-of-turn token. A single-turn row is then exactly
+    prompt_ids(user) + completion_ids(answer). It needs a template whose rendering of a conversation extends that
+    of its every prefix (ChatML's does); one that rewrites earlier turns is refused."""
+    if GENERATION_MARKER.search(tokenizer.chat_template or ""):
+        return _marked_example(tokenizer, messages)
+    end_text = tokenizer.decode([turn_end_id(tokenizer)])
+    ids: list[int] = []
+    trained: list[tuple[int, int]] = []
+    rendered = ""  # the text the ids so far stand for
+    for i, turn in enumerate(messages):
+        if turn["role"] != "assistant":
+            continue
+        context = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
+        if not context.startswith(rendered):
+            raise ValueError(
+                "the chat template renders earlier turns differently once later ones follow, so an assistant "
+                "turn's tokens cannot be found turn by turn: give the template {% generation %} markers"
+            )
+        ids += tokenizer.encode(context[len(rendered) :], add_special_tokens=False)
+        answer = completion_ids(tokenizer, turn["content"])
+        trained.append((len(ids), len(ids) + len(answer)))
+        ids += answer
+        rendered = context + turn["content"] + end_text
+    return Example(ids, tuple(trained))
+
+
+def _marked_example(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, str]]) -> Example:
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    mask = out["assistant_masks"]
+    starts = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
+    ends = [i + 1 for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
+    return Example(list(out["input_ids"]), tuple(zip(starts, ends, strict=True)))
 
 
 TURN_PROBE = "turn-end-probe"

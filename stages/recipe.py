@@ -41,6 +41,7 @@ from cascade.stages.config_base import (
     Seed,
     SharedSource,
     StageConfig,
+    SyntheticSource,
     first_error,
 )
 from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
@@ -255,6 +256,7 @@ def _check_sources(cfg: ReadsDataFiles) -> None:
     for domain, sources in cfg.file_sources().items():
         for i, src in enumerate(sources):
             where = f"stage {cfg.name!r}: {field}.{domain}.{i}"
+            _check_conversations(cfg, domain, src, where)
             if isinstance(src, SharedSource):
                 if not (data_root / src.file).is_file():
                     raise ValueError(f"{where}: data file not found: {data_root / src.file}")
@@ -270,6 +272,21 @@ def _check_sources(cfg: ReadsDataFiles) -> None:
                     raise ValueError(f"{where}: cannot tell the format of {src.path}: set format: jsonl or parquet")
                 if "://" not in local:  # a remote file's rows are read when the stage runs
                     _check_file_rows(cfg, domain, src, where)
+
+
+def _check_conversations(cfg: ReadsDataFiles, domain: str, src: Any, where: str) -> None:
+    from cascade.stages.domains import domain_names, get_domain
+    from cascade.stages.domains.base import Domain
+
+    if not src.gives_conversations():
+        return
+    if not isinstance(cfg, SFTDataConfig):
+        raise ValueError(f"{where}: conversations are SFT data (an sft_data source); an RL stage reads prompts")
+    multi_turn = [d for d in domain_names() if type(get_domain(d)).conversation is not Domain.conversation]
+    if isinstance(src, SyntheticSource) and domain not in multi_turn:
+        raise ValueError(
+            f"{where}: the {domain} generator has no multi-turn conversations; those that do: {', '.join(multi_turn)}"
+        )
 
 
 def _check_file_rows(cfg: ReadsDataFiles, domain: str, src: FileSource, where: str) -> None:

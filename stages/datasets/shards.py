@@ -1,7 +1,8 @@
 """The SFT dataset on disk: chat-formatted Parquet shards, and the token counts SFT will see.
 
-One row: `id`, `domain`, `source`, `messages` (list of {role, content}: the user prompt, the teacher's answer)
-and `num_tokens`, the length of the row exactly as SFT tokenizes it (`prompt_ids` + `completion_ids`).
+One row: `id`, `domain`, `source`, `messages` (list of {role, content}: the user prompt and the teacher's answer,
+or a whole conversation, stages/datasets/conversations.py) and `num_tokens`, the length of the row exactly as SFT
+tokenizes it (`prompt_ids` + `completion_ids` for one turn, `conversation_example` for a conversation).
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
 
-def chat_row(row_id: str, domain: str, source: str, prompt: str, response: str, num_tokens: int) -> dict[str, Any]:
-    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+def chat_row(row_id: str, domain: str, source: str, messages: list[dict[str, str]], num_tokens: int) -> dict[str, Any]:
     return {"id": row_id, "domain": domain, "source": source, "messages": messages, "num_tokens": num_tokens}
 
 
@@ -46,14 +46,13 @@ def shard_paths(data_dir: Path) -> list[Path]:
     return sorted(Path(data_dir).glob(SHARD_GLOB))
 
 
-def iter_conversations(paths: list[Path]) -> Iterator[tuple[str, str]]:
-    """(prompt, response) of every row, one record batch at a time."""
+def iter_conversations(paths: list[Path]) -> Iterator[list[dict[str, str]]]:
+    """The messages of every row, one record batch at a time."""
     import pyarrow.parquet as pq
 
     for path in paths:
         for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH, columns=["messages"]):
-            for messages in batch.column("messages").to_pylist():
-                yield messages[0]["content"], messages[1]["content"]
+            yield from batch.column("messages").to_pylist()
 
 
 class TokenCounter:
@@ -83,6 +82,11 @@ class TokenCounter:
             if self._render(prompts[:1])[0] == prefix + prompts[0] + suffix:
                 return [prefix + p + suffix for p in prompts]
         return self._render(prompts) if prompts else []
+
+    def conversation(self, messages: list[dict[str, str]]) -> int:
+        from cascade.stages.model import conversation_example
+
+        return len(conversation_example(self.tokenizer, messages).ids)
 
     def __call__(self, prompts: list[str], responses: list[str]) -> list[int]:
         encode = self.backend.encode

@@ -19,7 +19,7 @@ import fsspec
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import storage_options
 from cascade.stages.config_base import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
-from cascade.stages.domains.base import Item
+from cascade.stages.domains.base import Domain, Item
 
 if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates
     from cascade.stages.recipe import Recipe
@@ -35,7 +35,8 @@ class SourceError(ValueError):
 class Row:
     domain: str
     source: str  # "<domain>/<kind>[:<file name>]": the data card's per-source key
-    item: Item
+    item: Item  # a conversation's: its user turns as the prompt (what decontamination reads)
+    messages: list[dict[str, str]] | None = None  # a whole conversation, answered; None: a prompt to answer
 
 
 def source_label(domain: str, src: Any) -> str:
@@ -59,12 +60,19 @@ def iter_rows(cfg: ReadsDataFiles, recipe: Recipe, domains: list[str], oracle_do
             n = draw_count(src, recipe.domains[domain].train_size)
             label = source_label(domain, src)
             if isinstance(src, SyntheticSource):
-                items = recipe.domain(domain).iter_items("train", n, recipe.seed)
+                rows = _synthetic_rows(recipe.domain(domain), src, label, n, recipe.seed)
             elif isinstance(src, SharedSource):
-                items = _shared_items(src, cfg.resolved_data_root())
+                rows = (Row(domain, label, item) for item in _shared_items(src, cfg.resolved_data_root()))
+            elif src.gives_conversations():
+                rows = _file_conversations(src, domain, label)
             else:
-                items = _file_items(src, domain, label, domain in oracle_domains)
-            yield from (Row(domain, label, item) for item in itertools.islice(items, n))
+                rows = (Row(domain, label, item) for item in _file_items(src, domain, label, domain in oracle_domains))
+            yield from itertools.islice(rows, n)
+
+
+def _synthetic_rows(domain: Domain, src: SyntheticSource, label: str, n: int, seed: int) -> Iterator[Row]:
+    for item in domain.iter_items("train", n, seed):
+        yield Row(domain.name, label, item, domain.conversation(item) if src.conversations else None)
 
 
 def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
@@ -83,21 +91,26 @@ def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
 
 
 def check_file_source(src: FileSource, domain: str, needs_reference: bool, graded: bool = True) -> None:
-    """Every row of a local file must map to an item (read as a stream: a large file costs time, not memory), and
-    where its rows are graded, the domain's grader must read the first one's meta. Read when the recipe is
-    validated, so a file that is not JSONL or Parquet, a binary or empty file, a bad row anywhere, or rows without
-    the meta their grader needs are one line before anything of the run is written."""
+    """Every row of a local file must map to an item or a conversation (read as a stream: a large file costs time,
+    not memory), and where its rows are graded, the domain's grader must read the first one's meta. Read when the
+    recipe is validated, so a file that is not JSONL or Parquet, a binary or empty file, a bad row anywhere, or rows
+    without the meta their grader needs are one line before anything of the run is written."""
+    label, conversations = source_label(domain, src), src.gives_conversations()
+    if conversations:  # answered already: nothing to grade, no reference needed
+        rows = _file_conversations(src, domain, label)
+    else:
+        rows = (Row(domain, label, item) for item in _file_items(src, domain, label, needs_reference))
     first = None
     try:
-        for item in _file_items(src, domain, source_label(domain, src), needs_reference):  # every row, streamed
-            first = first or item
+        for row in rows:  # every row, streamed
+            first = first or row.item
     except SourceError:
         raise
     except (OSError, ValueError) as e:  # undecodable bytes, not gzip, not Parquet
         raise SourceError(f"{src.path}: cannot read it as {_file_format(src)}: {e}") from None
     if first is None:
         raise SourceError(f"{src.path}: holds no rows")
-    if graded:
+    if graded and not conversations:
         check_meta(first, src.path)
 
 
@@ -129,6 +142,19 @@ def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool)
         if not isinstance(meta, dict):
             raise SourceError(f"{where}: {src.meta_field!r} is not an object")
         yield Item(domain, f"{label}-{index}", prompt, reference if isinstance(reference, str) else "", meta)
+
+
+def _file_conversations(src: FileSource, domain: str, label: str) -> Iterator[Row]:
+    """A user's file of whole conversations: each row's `messages_field`, checked turn by turn."""
+    from cascade.stages.datasets.conversations import check_messages, user_text
+
+    for index, row in enumerate(_file_records(src)):
+        try:
+            messages = check_messages(row.get(src.messages_field))
+        except ValueError as e:
+            raise SourceError(f"{src.path}: row {index + 1}: {src.messages_field!r}: {e}") from None
+        item = Item(domain, f"{label}-{index}", user_text(messages), "", {})
+        yield Row(domain, label, item, messages)
 
 
 def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:

@@ -47,6 +47,11 @@ class Domain:
         """Score in [0, 1]. The same function is the RL reward and the eval metric."""
         raise NotImplementedError
 
+    def conversation(self, item: Item) -> list[dict[str, str]] | None:
+        """The item as a multi-turn SFT conversation ({role, content} turns ending with an assistant turn) whose
+        first assistant turn is the reference; None: the domain has no multi-turn form."""
+        return None
+
     def grade_batch(self, items: list[Item], completions: list[str]) -> list[float]:
         return [self.grade(item, c) for item, c in zip(items, completions, strict=True)]
 

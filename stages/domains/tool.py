@@ -11,6 +11,10 @@ split key is the prompt: which tools are offered is part of the problem. Request
 light switches, 13 songs) therefore also occur in training with another distractor; the held-out score of
 those measures choosing among a new pair of tools, not a new request.
 
+As SFT conversations (`{kind: synthetic, conversations: true}`), an item continues after the call: the tool's
+JSON result (`tool_exchange`, a pure function of the call) and an answer that reports it, so SFT also trains
+what follows a tool turn. The first assistant turn is the reference call, which RL and the eval grade.
+
 Real benchmarks (eval): BFCL v4 "simple" (simple_python), "multiple", "parallel", "parallel_multiple",
 "live_simple" and "irrelevance", from `tool_calling/bfcl_v4/` and its `possible_answer/`. The prompt is the
 conversation text, the function documents as JSON, and the answer format.
@@ -46,6 +50,7 @@ empty array or its omission, where a literal reading would make those rows unsol
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import re
@@ -363,8 +368,43 @@ class ToolDomain(Domain):
         m = item.meta
         return float(check_calls(decode_calls(completion), m["functions"], m["ground_truth"], m["category"]))
 
+    def conversation(self, item: Item) -> list[dict[str, str]]:
+        """The request, the call (the reference), the tool's result and the answer read from it."""
+        call = json.loads(item.reference)
+        result, answer = tool_exchange(call["name"], call["arguments"])
+        return [
+            {"role": "user", "content": item.prompt},
+            {"role": "assistant", "content": item.reference},
+            {"role": "tool", "content": json.dumps(result)},
+            {"role": "assistant", "content": answer},
+        ]
+
     def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
         return {name: _bfcl_loader(stem) for name, stem in BFCL_FILES.items()}
+
+
+SKIES = ("sun", "rain", "cloud", "snow")
+
+
+def tool_exchange(tool: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(what the tool returns, the answer that reports it) for a synthetic call: a pure function of the call, so a
+    conversation's later turns are as deterministic as its request."""
+    if tool == "weather":
+        seed = int.from_bytes(hashlib.sha256(f"{args['city']}:{args.get('day', '')}".encode()).digest()[:2], "big")
+        sky, degrees = SKIES[seed % len(SKIES)], seed % 30
+        when = f" on {args['day']}" if "day" in args else ""
+        return {"sky": sky, "c": degrees}, f"{sky.capitalize()}, {degrees} C in {args['city']}{when}."
+    if tool == "add":
+        total = args["a"] + args["b"]
+        return {"sum": total}, f"{args['a']} + {args['b']} = {total}."
+    answers = {
+        "ring": lambda a: f"Alarm set for {a['h']}:{a['m']:02d}.",
+        "nap": lambda a: f"Timer set for {a['n']} min.",
+        "light": lambda a: f"{a['room'].capitalize()} light {'on' if a['on'] else 'off'}.",
+        "play": lambda a: f"Playing {a['song']}.",
+        "get": lambda a: f"Ordered {a['n']} {a['food']}.",
+    }
+    return {"ok": True}, answers[tool](args)
 
 
 # --------------------------------------------------------------------------- real BFCL files

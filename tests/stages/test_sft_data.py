@@ -17,6 +17,7 @@ import pytest
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
+from cascade.stages.datasets.conversations import single_turn
 from cascade.stages.datasets.filters import ContaminationIndex, normalized_tokens
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
 from cascade.stages.domains import get_domain
@@ -318,7 +319,86 @@ def test_parquet_user_file_and_sft_reads_the_shards(tmp_path):
     from cascade.artifacts.checkpoint import materialize
 
     materialize(ctx.store, committed(ctx.store, ctx.key), local)
-    assert list(iter_conversations(shard_paths(local / DATA_DIR))) == [("Say hi.", "hi"), ("Say bye.", "bye")]
+    assert list(iter_conversations(shard_paths(local / DATA_DIR))) == [
+        single_turn("Say hi.", "hi"),
+        single_turn("Say bye.", "bye"),
+    ]
+
+
+def talk(user: str, *answers: str) -> list[dict]:
+    """A tool-use conversation: the user turn, then assistant turns with a tool result between them."""
+    turns = [{"role": "system", "content": "Tools: add(a,b)."}, {"role": "user", "content": user}]
+    for i, answer in enumerate(answers):
+        turns += [{"role": "tool", "content": '{"sum": 5}'}] if i else []
+        turns += [{"role": "assistant", "content": answer}]
+    return turns
+
+
+def test_conversations_are_built_whole_without_a_teacher_and_filtered_by_their_user_turns(tmp_path):
+    from cascade.stages.context import StageContext
+    from cascade.stages.kinds.sft.run import load_examples
+    from cascade.stages.model import conversation_example
+
+    tool = get_domain("tool")
+    heldout = tool.generate("heldout", 8, seed=0)[0].prompt
+    kept_talk = talk("Add 2 and 3, then tell me.", '{"name": "add", "arguments": {"a": 2, "b": 3}}', "It is 5.")
+    rows = [
+        {"messages": kept_talk},
+        {"messages": talk("Add 2 and 3, then tell me.", "5", "Five.")},  # the same user turns: a duplicate
+        {"messages": talk(heldout, "x")},  # a held-out prompt as a user turn
+        {"messages": talk("Say a lot.", LONG * 4)},  # over max_tokens
+    ]
+    source = write_jsonl(tmp_path / "talks.jsonl", rows)
+    stage = {
+        "max_tokens": 300,
+        "teacher": {"kind": "model", "source": "/no/such/model"},  # asked for nothing: loading it would fail
+        "sources": {
+            "tool": [
+                {"kind": "synthetic", "conversations": True, "count": 3},
+                {"kind": "file", "path": source, "messages_field": "messages"},
+            ]
+        },
+    }
+    recipe = recipe_with(tmp_path, stage, {"tool": {"train_size": 6, "heldout_size": 8}})
+    result, ctx = build(recipe, tmp_path)
+    built = read_rows(ctx)
+    synthetic = [tool.conversation(item) for item in tool.generate("train", 3, seed=0)]
+    assert [r["messages"] for r in built] == [*synthetic, kept_talk]
+    tok = load_tokenizer()
+    assert [r["num_tokens"] for r in built] == [len(conversation_example(tok, r["messages"]).ids) for r in built]
+    dropped = card(ctx)["sources"]["tool/file:talks.jsonl"]["dropped"]
+    assert (dropped["duplicate"], dropped["contaminated"], dropped["too_long"]) == (1, 1, 1)
+    assert result.metrics["teacher_rows"] == 0
+
+    # SFT reads each conversation with loss on its assistant turns
+    sft_ctx = StageContext(recipe, ctx.store, "run", "runs/run/01-sft", ListSink(), workdir=tmp_path / "sft")
+    (tmp_path / "sft").mkdir()
+    examples = load_examples(sft_ctx, committed(ctx.store, ctx.key), tok)
+    trained = [[tok.decode(e.ids[a:b]) for a, b in e.trained] for e in examples]
+    assert trained[-1] == [kept_talk[2]["content"] + "<|im_end|>", "It is 5.<|im_end|>"]
+    assert [len(t) for t in trained] == [2, 2, 2, 2]
+
+
+def test_conversations_with_a_bad_turn_or_in_an_rl_stage_are_one_line(tmp_path):
+    bad = write_jsonl(tmp_path / "talks.jsonl", [{"messages": talk("hi", "hello")}, {"messages": talk("hi")}])
+    source = {"kind": "file", "path": bad, "messages_field": "messages"}
+    with pytest.raises(
+        RecipeError,
+        match=r"talks.jsonl: row 2: 'messages': the conversation ends with a user turn, not an assistant turn$",
+    ):
+        recipe_with(tmp_path, {"sources": {"tool": [source]}}, {"tool": {"train_size": 6, "heldout_size": 8}})
+    with pytest.raises(RecipeError, match="the math generator has no multi-turn conversations; those that do: tool$"):
+        recipe_with(tmp_path, {"sources": {"math": [{"kind": "synthetic", "conversations": True}]}})
+    rl = {
+        "seed": 0,
+        "domains": {"tool": {"train_size": 6, "heldout_size": 8}},
+        "stages": [{"kind": "grpo", "name": "rl", "domains": ["tool"], "prompts": {"tool": [source]}}],
+    }
+    with pytest.raises(
+        RecipeError, match="conversations are SFT data .an sft_data source.; an RL stage reads prompts$"
+    ):
+        validate_recipe(rl)
+    assert not (tmp_path / "store").exists()
 
 
 @pytest.mark.parametrize(

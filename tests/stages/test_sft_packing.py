@@ -9,10 +9,10 @@ from cascade.artifacts.config import config_hash
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft.run import model_rows, pack_batch, run_sft
+from cascade.stages.kinds.sft.run import model_rows, pack_batch, pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import build_tiny_model
+from cascade.stages.model import Example, build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
@@ -22,13 +22,18 @@ SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size
 
 
 def test_pack_batch_lays_rows_first_fit_decreasing_with_restarting_positions():
-    batch = [([11, 12, 13, 14, 15], 2), ([21, 22, 23], 1), ([31, 32], 0), ([41, 42, 43, 44], 3)]
+    batch = [
+        answered([11, 12, 13, 14, 15], 2),
+        answered([21, 22, 23], 1),
+        answered([31, 32], 0),
+        answered([41, 42, 43, 44], 3),
+    ]
     ids, mask, positions = pack_batch(batch, pad=0, pack_length=None)  # width: the longest row, 5
     # decreasing length: 5 -> a row, 4 -> a row (1 left), 3 -> a row, 2 -> the 3's row (the first it fits);
     # then in batch order: [row 0], [rows 1 and 2], [row 3]
     assert ids.tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 31, 32], [41, 42, 43, 44, 0]]
     assert positions.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1], [0, 1, 2, 3, 4]]
-    # response tokens from each row's `first`; a row's first token is never a target, even with first = 0
+    # response tokens from each row's first answer token; a row's first token is never a target, even when trained
     assert mask.tolist() == [[0, 0, 1, 1, 1], [0, 1, 1, 0, 1], [0, 0, 0, 1, 0]]
     wide, _, wide_positions = pack_batch(batch, pad=0, pack_length=9)
     assert wide.tolist() == [[11, 12, 13, 14, 15, 41, 42, 43, 44], [21, 22, 23, 31, 32, 0, 0, 0, 0]]
@@ -38,7 +43,7 @@ def test_pack_batch_lays_rows_first_fit_decreasing_with_restarting_positions():
 
 def test_a_batch_where_no_rows_fit_together_packs_into_the_padded_batch_itself():
     """Row for row, not reordered: another row order sums the gradient in another float order (docs/LOG.md)."""
-    batch = [([11, 12, 13], 1), ([21, 22, 23, 24], 2), ([31, 32, 33], 0)]  # any two exceed the width, 4
+    batch = [answered([11, 12, 13], 1), answered([21, 22, 23, 24], 2), answered([31, 32, 33], 0)]  # any two: > 4
     (ids, mask, positions), (want_ids, want_mask, want_positions) = (
         pack_batch(batch, pad=0, pack_length=None),
         model_rows(batch, pad=0, packing=False, pack_length=None),
@@ -47,13 +52,31 @@ def test_a_batch_where_no_rows_fit_together_packs_into_the_padded_batch_itself()
     assert torch.equal(mask[:, 1:], want_mask[:, 1:])  # the loss reads targets 1..T-1 only
 
 
-def ragged_rows(vocab: int, n: int = 10, seed: int = 0) -> list[tuple[list[int], int]]:
+def test_a_conversation_packs_whole_with_loss_on_its_assistant_turns_only():
+    """A conversation's two assistant turns (spans 2-4 and 6-8) keep their loss packed behind another row, padded
+    alone, and its other turns carry none."""
+    conversation = Example([51, 52, 53, 54, 55, 56, 57, 58], ((2, 4), (6, 8)))
+    batch = [answered([11, 12, 13], 1), conversation]
+    ids, mask, positions = pack_batch(batch, pad=0, pack_length=12)
+    assert ids.tolist() == [[11, 12, 13, 51, 52, 53, 54, 55, 56, 57, 58, 0]]
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8]]
+    assert mask.tolist() == [[0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0]]
+    _, padded = pad_batch(batch, pad=0)
+    assert padded.tolist() == [[0, 1, 1, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 1, 1]]
+
+
+def answered(ids: list[int], first: int) -> Example:
+    """A single-turn row: its answer runs from `first` to the end."""
+    return Example(ids, ((first, len(ids)),))
+
+
+def ragged_rows(vocab: int, n: int = 10, seed: int = 0) -> list[Example]:
     """Length-skewed rows (a few long, most short) with their response starts."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         length = rng.randint(30, 48) if i % 4 == 0 else rng.randint(4, 14)
-        rows.append(([rng.randrange(3, vocab) for _ in range(length)], rng.randint(1, length - 2)))
+        rows.append(answered([rng.randrange(3, vocab) for _ in range(length)], rng.randint(1, length - 2)))
     return rows
 
 

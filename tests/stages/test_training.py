@@ -21,7 +21,7 @@ from cascade.stages.kinds.grpo.run import run_grpo
 from cascade.stages.kinds.sft.run import pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run import run_sft_data
 from cascade.stages.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
-from cascade.stages.model import build_tiny_model
+from cascade.stages.model import Example, build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import micro_recipe
@@ -39,7 +39,7 @@ def test_sft_micro_batches_equal_one_full_batch():
     batch = []
     for _ in range(6):  # ragged lengths and response starts
         n = rng.randint(5, 20)
-        batch.append(([rng.randrange(3, len(tok)) for _ in range(n)], rng.randint(1, n - 2)))
+        batch.append(Example([rng.randrange(3, len(tok)) for _ in range(n)], ((rng.randint(1, n - 2), n),)))
     ids, mask = pad_batch(batch, tok.pad_token_id)
     num_tokens = int(mask[:, 1:].sum())
     results = []

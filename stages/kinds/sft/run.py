@@ -4,7 +4,10 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
 
     L = -(1 / N_resp) * sum_{b,t} 1[t in response_b] * log pi(y_t | y_<t),
 
-with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it.
+with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it. A row
+may be a multi-turn conversation (system, user, assistant and tool turns): then every assistant turn is a response,
+its tokens found through the tokenizer's chat template (stages/model.py `conversation_example`), and the other
+turns are context.
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast where this host runs it faster
 (`compute.dtype: auto`, stages/precision.py); under torchrun each rank takes a contiguous share of every
 batch's rows and the token count is all-reduced (stages/distributed.py); batches are sampled from a per-epoch
@@ -30,11 +33,9 @@ from cascade.stages.distributed import World, decoder_layers
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.model import Example, conversation_example
 from cascade.stages.recipe import RecipeError
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
-
-Example = tuple[list[int], int]  # token ids, index of the first response token
 
 
 def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -135,13 +136,10 @@ def check_world(cfg: SFTConfig, world: World) -> None:
 
 
 def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Example]:
-    """Token ids of every row, read from the Parquet shards one record batch at a time."""
+    """Token ids and trained spans of every row (a single-turn row or a conversation), read from the Parquet
+    shards one record batch at a time."""
     local = materialize(ctx.store, data, ctx.workdir / f"data-{data.digest[:12]}")
-    examples = []
-    for prompt_text, response in iter_conversations(shard_paths(local / DATA_DIR)):
-        prompt = prompt_ids(tokenizer, prompt_text)
-        examples.append((prompt + completion_ids(tokenizer, response), len(prompt)))
-    return examples
+    return [conversation_example(tokenizer, messages) for messages in iter_conversations(shard_paths(local / DATA_DIR))]
 
 
 def batch_for_step(examples: list[Example], step: int, batch_size: int, seed: int) -> list[Example]:
@@ -153,20 +151,21 @@ def batch_for_step(examples: list[Example], step: int, batch_size: int, seed: in
 
 
 def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, T] and a response mask [B, T] (1 where the token is a response token)."""
+    """Right-padded ids [B, T] and a loss mask [B, T] (1 where the token is an assistant token)."""
     width = max(len(ids) for ids, _ in batch)
     ids = torch.full((len(batch), width), pad, dtype=torch.long)
     mask = torch.zeros((len(batch), width))
-    for row, (tokens, first) in enumerate(batch):
+    for row, (tokens, trained) in enumerate(batch):
         ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, first : len(tokens)] = 1.0
+        for start, end in trained:
+            mask[row, start:end] = 1.0
     return ids, mask
 
 
 def model_rows(
     batch: list[Example], pad: int, packing: bool, pack_length: int | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What the model reads for a step's rows: ids, response mask and position ids, all [R, T]; packed (R <= B
+    """What the model reads for a step's rows: ids, loss mask and position ids, all [R, T]; packed (R <= B
     rows) or padded (R = B, positions 0..T-1 on every row)."""
     if packing:
         return pack_batch(batch, pad, pack_length)
@@ -182,7 +181,8 @@ def pack_batch(
     rows in batch order and packed rows follow their first row's batch order, so a batch in which no two rows fit
     together is the padded batch itself, row for row: a reordered batch sums its gradients in another float order,
     and at a high SFT learning rate that alone sent one 1,000-step run to a worse loss plateau (docs/LOG.md).
-    Returns ids, response mask and position ids, [R, T] each. Positions restart at 0 on every row; HF's masking
+    A row is never split: a conversation stays whole in one packed row.
+    Returns ids, loss mask and position ids, [R, T] each. Positions restart at 0 on every row; HF's masking
     (transformers >= 4.56) reads a restart as a sequence boundary and builds a block-diagonal causal mask, so no
     token attends across rows. A row's first
     token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
@@ -207,10 +207,11 @@ def pack_batch(
     for row, members in enumerate(packed):
         start = 0
         for i in members:
-            tokens, first = batch[i]
+            tokens, trained = batch[i]
             end = start + len(tokens)
             ids[row, start:end] = torch.tensor(tokens)
-            mask[row, start + max(first, 1) : end] = 1.0
+            for first, last in trained:
+                mask[row, start + max(first, 1) : start + last] = 1.0
             positions[row, start:end] = torch.arange(len(tokens))
             start = end
         positions[row, start:] = torch.arange(width - start) + len(batch[members[-1]][0])

@@ -38,6 +38,7 @@ from cascade.artifacts.layout import shard_key, shards_dir
 from cascade.stages.config_base import OracleTeacher
 from cascade.stages.context import StageContext, StageResult
 from cascade.stages.datasets.card import DataCard, SourceCounts
+from cascade.stages.datasets.conversations import dedup_text, single_turn
 from cascade.stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
 from cascade.stages.datasets.shards import DATA_DIR, TokenCounter, chat_row, iter_conversations, shard_name, write_shard
 from cascade.stages.datasets.sources import Row, iter_rows
@@ -117,12 +118,13 @@ def build_hash(cfg: SFTDataConfig, recipe: Recipe) -> str:
 
 
 class Candidate:
-    """A source row on its way through the filters: the teacher's answer and its token count, once known."""
+    """A source row on its way through the filters: its conversation (the teacher's answer to a prompt, or the
+    source's own conversation) and its token count, once known."""
 
-    __slots__ = ("row", "text", "tokens")
+    __slots__ = ("row", "text", "messages", "tokens")
 
     def __init__(self, row: Row):
-        self.row, self.text, self.tokens = row, "", 0
+        self.row, self.text, self.messages, self.tokens = row, "", row.messages, 0
 
 
 class ShardBuilder:
@@ -185,9 +187,35 @@ class ShardBuilder:
         return counts
 
     def _filter(self, domain: str, cands: list[Candidate], counts: dict[str, SourceCounts]) -> list[dict[str, Any]]:
-        """The kept rows of one domain's run of a shard, in source order; every drop is counted by reason."""
+        """The kept rows of one domain's run of a shard, in source order; every drop is counted by reason.
+        A conversation is checked by its user turns and needs no teacher; a prompt gets the teacher's answer."""
         if self.index is not None:
             cands = drop(counts, cands, [self.index.is_contaminated(c.row.item.prompt) for c in cands], "contaminated")
+        answered = self._answer(domain, [c for c in cands if c.messages is None], counts)
+        cands = [c for c in cands if c.messages is not None or c in answered]
+        prompts = [c for c in cands if c.messages is None]
+        for cand, n in zip(prompts, self.count_tokens([c.row.item.prompt for c in prompts], [c.text for c in prompts])):
+            cand.messages, cand.tokens = single_turn(cand.row.item.prompt, cand.text), n
+        for cand in cands:
+            cand.tokens = cand.tokens or self.count_tokens.conversation(cand.messages)
+        cands = drop(counts, cands, [c.tokens > self.cfg.max_tokens for c in cands], "too_long")
+        kept = []
+        for cand in cands:
+            source = counts[cand.row.source]
+            if self.exact is not None and self.exact.is_duplicate(*dedup_text(cand.messages)):
+                source.dropped["duplicate"] += 1
+            elif self.near is not None and self.near.is_duplicate(*dedup_text(cand.messages)):
+                source.dropped["near_duplicate"] += 1
+            else:
+                source.rows += 1
+                source.tokens += cand.tokens
+                kept.append(chat_row(cand.row.item.id, domain, cand.row.source, cand.messages, cand.tokens))
+        return kept
+
+    def _answer(self, domain: str, cands: list[Candidate], counts: dict[str, SourceCounts]) -> set[Candidate]:
+        """The prompts the teacher answered and, where the build verifies, whose answers the grader passed."""
+        if not cands:
+            return set()
         self.teacher_rows += len(cands)
         answers = self._teacher(domain).answer([c.row.item for c in cands], self._max_new_tokens(domain))
         for cand, answer in zip(cands, answers, strict=True):
@@ -197,31 +225,17 @@ class ShardBuilder:
             cands = drop(
                 counts, cands, [g < 1.0 - 1e-9 for g in grade(self.ctx.recipe.domain(domain), cands)], "unverified"
             )
-        for cand, n in zip(cands, self.count_tokens([c.row.item.prompt for c in cands], [c.text for c in cands])):
-            cand.tokens = n
-        cands = drop(counts, cands, [c.tokens > self.cfg.max_tokens for c in cands], "too_long")
-        kept = []
-        for cand in cands:
-            prompt, source = cand.row.item.prompt, counts[cand.row.source]
-            if self.exact is not None and self.exact.is_duplicate(prompt, cand.text):
-                source.dropped["duplicate"] += 1
-            elif self.near is not None and self.near.is_duplicate(prompt, cand.text):
-                source.dropped["near_duplicate"] += 1
-            else:
-                source.rows += 1
-                source.tokens += cand.tokens
-                kept.append(chat_row(cand.row.item.id, domain, cand.row.source, prompt, cand.text, cand.tokens))
-        return kept
+        return set(cands)
 
     def reuse(self, ref, dest: Path) -> dict[str, SourceCounts]:
         """A committed shard: its file (sha256-verified) and counts; its rows go into the dedup state."""
         local = materialize(self.ctx.store, ref, self.work / f"{ref.step:05d}")
         shutil.move(local / dest.name, dest)
-        for prompt, response in iter_conversations([dest]):
+        for messages in iter_conversations([dest]):
             if self.exact is not None:
-                self.exact.is_duplicate(prompt, response)
+                self.exact.is_duplicate(*dedup_text(messages))
             if self.near is not None:
-                self.near.is_duplicate(prompt, response)
+                self.near.is_duplicate(*dedup_text(messages))
         sources = read_manifest(self.ctx.store, ref.key)["metrics"]["sources"]
         return {label: SourceCounts.from_json(c) for label, c in sources.items()}
 
