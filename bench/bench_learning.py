@@ -128,9 +128,11 @@ def stage_settings(base: GRPOConfig, args: argparse.Namespace) -> dict:
     return base.model_dump() | {"checkpoint_every": 0} | {k: v for k, v in overrides.items() if v is not None}
 
 
-def bench_recipe(base: Recipe, stage: dict, args: argparse.Namespace, sft_dir: Path, store_root: str) -> Recipe:
-    """A one-stage recipe: the stage on the SFT model in fp32 on the CPU, the domain alone with the bench's eval
-    split, eval size and completion length, a scratch store, the HF engine."""
+def bench_recipe(
+    base: Recipe, stage: dict, args: argparse.Namespace, sft_dir: Path, store_root: str, dtype: str = "fp32"
+) -> Recipe:
+    """A one-stage recipe: the stage on the SFT model on the CPU (fp32 unless told), the domain alone with the
+    bench's eval split, eval size and completion length, a scratch store, the HF engine."""
     domain = base.domains[args.domain].model_dump() | {
         "heldout_size": args.eval_size or base.domains[args.domain].heldout_size,
         "max_new_tokens": args.max_new_tokens or base.domains[args.domain].max_new_tokens,
@@ -142,7 +144,7 @@ def bench_recipe(base: Recipe, stage: dict, args: argparse.Namespace, sft_dir: P
             "model": {"source": str(sft_dir)},
             "storage": {"root": store_root},
             "engine": {"kind": "hf", "batch_size": base.engine.batch_size},
-            "compute": {"device": "cpu", "dtype": "fp32"},
+            "compute": {"device": "cpu", "dtype": dtype},
             "domains": {args.domain: domain},
             "stages": [stage],
             "eval": {"split": args.split},

@@ -1,0 +1,153 @@
+"""Importance correction against none, in bf16: does GRPO with `tis` learn at least as much as without it?
+
+    PYTHONPATH=. .venv/bin/python bench/bench_importance.py --store file://$CASCADE_HOME --run-ids R1 R2 R3 \
+        [--recipe tiny --domain math --split dev --dtype bf16 --variants none tis --threads 2]
+
+For each run (one per seed), from its last committed SFT checkpoint: the recipe's GRPO stage on the domain, once
+per `importance_correction` variant, with `compute.dtype` set (bf16: the trainer's and the engine's logprobs
+differ by rounding, which is what the correction weighs), in this process (bench_learning's one-stage recipe, the
+run's own seed, no step checkpoints). The SFT start and each variant are scored on the same items of the eval split
+with the same per-item seeds. Printed per seed: each variant's paired gain over SFT (primary metric and greedy),
+the last variant minus the first, and the mean logprob mismatch and corrected-token fraction the stage logged;
+then the mean of each over seeds with its standard error across seeds. Settings are compared on --split dev;
+heldout is read once, for a recorded result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+from bench_grpo import run_main
+from bench_learning import bench_recipe, format_gain, grpo_stage, item_scores, sft_checkpoint, train_ours
+
+from cascade.artifacts.html_report import paired_gain
+from cascade.artifacts.report import GREEDY_COLUMN
+from cascade.artifacts.store import Store
+from cascade.stages.recipe import Recipe, load_recipe
+
+
+def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Path) -> dict:
+    """One run's SFT start and each variant trained from it: per model, column -> item id -> score."""
+    from cascade.stages.context import ListSink, StageContext
+    from cascade.stages.model_source import resolve_model_dir
+
+    seed = run_seed(args.store, run_id)
+    sft_dir = resolve_model_dir(sft_checkpoint(args.store, run_id), work)
+    stage = grpo_stage(base, args.domain, args.recipe).model_dump() | {"checkpoint_every": 0}
+    stage |= {"steps": args.steps} if args.steps else {}
+    models: dict[str, dict] = {}
+    for variant in args.variants:
+        recipe = bench_recipe(
+            base,
+            stage | {"importance_correction": variant},
+            argparse.Namespace(**vars(args), seed=seed),
+            sft_dir,
+            f"file://{work / variant}",
+            dtype=args.dtype,
+        )
+        cfg = recipe.stages[0]
+        ctx = StageContext(
+            recipe, Store.from_config(recipe.storage), "bench", f"runs/bench/00-{cfg.name}", ListSink(), workdir=work
+        )
+        trained = train_ours(cfg, ctx)
+        models[variant] = {
+            "scores": item_scores(recipe, trained["source"], args.domain),
+            "mismatch": statistics.fmean(ctx.log.series("logprob_mismatch") or [math.nan]),
+            "corrected": statistics.fmean(ctx.log.series("is_corrected") or [0.0]),
+            "seconds": trained["seconds"],
+        }
+    models["sft"] = {"scores": item_scores(recipe, str(sft_dir), args.domain)}
+    return models
+
+
+def run_seed(store_root: str, run_id: str) -> int:
+    """The seed the run's stored recipe ran with."""
+    from cascade.artifacts.layout import recipe_key
+
+    return json.loads(Store(store_root).read_bytes(recipe_key(run_id)))["seed"]
+
+
+def seed_row(models: dict, domain: str, variants: list[str]) -> dict[str, tuple[float, float | None]]:
+    """column label -> paired (gain, SE): each variant over SFT, and the last variant minus the first."""
+    row = {}
+    for column in (domain, GREEDY_COLUMN + domain):
+        for v in variants:
+            row[f"{v} - sft, {column}"] = paired_gain(models["sft"]["scores"][column], models[v]["scores"][column])
+        first, last = variants[0], variants[-1]
+        row[f"{last} - {first}, {column}"] = paired_gain(
+            models[first]["scores"][column], models[last]["scores"][column]
+        )
+    return row
+
+
+def across(values: list[float]) -> str:
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{mean:+.3f}"
+    se = statistics.stdev(values) / math.sqrt(len(values))
+    return f"{mean:+.3f} ± {se:.3f} ({mean / se:+.1f} SE)" if se else f"{mean:+.3f} ± 0"
+
+
+def render(per_seed: dict[str, dict], args: argparse.Namespace) -> str:
+    rows = {run: seed_row(models, args.domain, args.variants) for run, models in per_seed.items()}
+    labels = list(next(iter(rows.values())))
+    runs = list(rows)
+    lines = ["| comparison | " + " | ".join(runs) + " | mean ± SE across seeds |", "|" + " --- |" * (len(runs) + 2)]
+    for label in labels:
+        cells = [format_gain(rows[r][label]) for r in runs]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {across([rows[r][label][0] for r in runs])} |")
+    for v in args.variants:
+        mism = [per_seed[r][v]["mismatch"] for r in runs]
+        corr = [per_seed[r][v]["corrected"] for r in runs]
+        secs = [per_seed[r][v]["seconds"] for r in runs]
+        lines.append(
+            f"| {v}: mean logprob mismatch / corrected tokens / stage seconds | "
+            + " | ".join(f"{m:.2e} / {c:.3f} / {s:.0f}" for m, c, s in zip(mism, corr, secs, strict=True))
+            + " | |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", required=True, help="the store the runs are in, e.g. file://$CASCADE_HOME")
+    parser.add_argument("--run-ids", nargs="+", required=True, help="runs with a committed SFT stage, one per seed")
+    parser.add_argument("--recipe", default="tiny")
+    parser.add_argument("--domain", default="math")
+    parser.add_argument("--split", choices=["dev", "heldout"], default="dev")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--variants", nargs="+", default=["none", "tis"], choices=["none", "tis", "mis"])
+    parser.add_argument("--steps", type=int, help="default: the stage's")
+    parser.add_argument("--eval-size", type=int, help="eval items; default: the domain's heldout_size")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args(argv)
+    args.max_new_tokens = None  # bench_recipe's: the domain's own
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    import torch
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    base = load_recipe(args.recipe)
+    per_seed = {}
+    for run_id in args.run_ids:
+        with TemporaryDirectory(prefix="bench-importance-") as tmp:
+            per_seed[run_id] = train_variants(args, base, run_id, Path(tmp))
+        print(f"{run_id}: done", flush=True)
+    print(
+        f"bench_importance: {args.recipe}'s GRPO stage on {args.domain} in {args.dtype}, variants "
+        f"{', '.join(args.variants)}; eval {args.split}, paired over the same items"
+    )
+    print(render(per_seed, args))
+
+
+if __name__ == "__main__":
+    run_main(main)
