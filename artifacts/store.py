@@ -63,8 +63,10 @@ T = TypeVar("T")
 # operation against an endpoint that goes silent mid-run ends within the budget plus one attempt (an attempt
 # may be two requests: s3fs's `exists` is a HEAD, then a LIST), about 1.5 minutes; a refused port in seconds.
 # An operation that moves no body (HEAD, LIST, DELETE, a small GET) also ends, every attempt included, within
-# OPERATION_DEADLINE_S: a server that answered the probe and then stalls, or trickles its reply a byte at a time
-# (which no per-read timeout ever catches), costs that long, not the read timeouts times every retry layer.
+# OPERATION_DEADLINE_S, and a small write (`write_bytes`: reports, manifests, leases, Prefect's results) within
+# that plus its bytes at MIN_UPLOAD_RATE: a server that answered the probe and then stalls, or trickles its reply
+# a byte at a time (which no per-read timeout ever catches), costs that long, not the read timeouts times every
+# retry layer. File uploads (checkpoints) keep the per-request `body_deadline` under the retry budget.
 CONNECT_TIMEOUT_S = 5
 READ_TIMEOUT_S = 30
 BOTO_ATTEMPTS = 2
@@ -81,9 +83,6 @@ def body_deadline(size: int) -> float:
     return BOTO_ATTEMPTS * (CONNECT_TIMEOUT_S + READ_TIMEOUT_S) + size / MIN_UPLOAD_RATE
 
 
-_REACHED: set[tuple[str | None, str]] = set()  # (endpoint, bucket) pairs that have answered this process
-
-
 class StoreError(RuntimeError):
     """The store cannot be used as configured; the CLI prints it as one line (exit code 2)."""
 
@@ -95,6 +94,15 @@ class StoreUnreachable(StoreError):
 class StoreFailed(StoreError):
     """An S3 operation met connection trouble (no answer in time, a dropped connection, bytes that are not
     HTTP) on every attempt; the endpoint answered before, so the cause is the endpoint's, not the recipe's."""
+
+
+_REACHED: set[tuple[str | None, str]] = set()  # (endpoint, bucket) pairs that have answered this process
+# (endpoint, bucket) -> (when, StoreFailed) of its last operation that failed on connection trouble. For
+# FAILING_HOLD_S after it, every operation on that bucket fails at once with the same error: a run whose store
+# stops answering has several writes left (the step log, the report, the lease, Prefect's result), and each one
+# waiting out its own deadline would add up to minutes between the fault and the run's one line.
+_FAILING: dict[tuple[str | None, str], tuple[float, StoreFailed]] = {}
+FAILING_HOLD_S = 60
 
 
 def storage_options(cfg: StorageConfig) -> dict[str, Any]:
@@ -186,6 +194,7 @@ class Store:
     def _do(self, what: str, key: str, fn: Callable[[], T], policy: RetryPolicy | None = None) -> T:
         if self.protocol == "s3":
             self._first_contact()
+            self._check_not_failing(what, key)
         try:
             return retrying(policy or self.retry, f"{what} {self.uri(key)}", fn)
         except Exception as e:
@@ -194,19 +203,38 @@ class Store:
             # One line for the CLI; the botocore/aiohttp error stays the cause, for a debugger.
             tried = (getattr(e, "__notes__", None) or [f"{what} {self.uri(key)} failed"])[-1].removeprefix("cascade: ")
             reason = str(e).splitlines()[0][:200] if str(e) else "no complete answer in time"
-            raise StoreFailed(
+            failed = StoreFailed(
                 f"S3 endpoint {self.endpoint or '(AWS default)'}: {tried} ({type(e).__name__}: {reason})"
-            ) from e
+            )
+            _FAILING[self._bucket_id()] = (time.monotonic(), failed)
+            raise failed from e
 
-    def _ask(self, what: str, key: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """call(*args, **kwargs), an operation that moves no body; on s3 every attempt, retries included, ends
-        within OPERATION_DEADLINE_S of the first (s3fs's sync wrappers take `timeout` and cancel on expiry)."""
+    def _bucket_id(self) -> tuple[str | None, str]:
+        return self.endpoint, self.root.split("/", 1)[0]
+
+    def _check_not_failing(self, what: str, key: str) -> None:
+        """Within FAILING_HOLD_S of an operation on this bucket that failed on connection trouble: that error."""
+        when, failed = _FAILING.get(self._bucket_id(), (None, None))
+        if when is not None and time.monotonic() - when < FAILING_HOLD_S:
+            later = time.monotonic() - when
+            raise StoreFailed(f"{failed}; {what} {self.uri(key)} {later:.0f} s later was not tried")
+
+    def _ask(self, what: str, key: str, call: Callable[..., T], *args: Any, body: int = 0, **kwargs: Any) -> T:
+        """call(*args, **kwargs), an operation that moves no body or a small one (`body` bytes); on s3 every
+        attempt, retries included, ends within OPERATION_DEADLINE_S of the first, plus the body's time at
+        MIN_UPLOAD_RATE (s3fs's sync wrappers take `timeout` and cancel on expiry)."""
         if self.protocol != "s3":
             return self._do(what, key, lambda: call(*args, **kwargs))
-        end = time.monotonic() + OPERATION_DEADLINE_S
-        policy = replace(self.retry, budget=min(self.retry.budget, OPERATION_DEADLINE_S))
-        # timeout 0 would mean none to fsspec: a spent deadline still gets a millisecond, then expires
-        return self._do(what, key, lambda: call(*args, **kwargs, timeout=max(end - time.monotonic(), 1e-3)), policy)
+        deadline = OPERATION_DEADLINE_S + body / MIN_UPLOAD_RATE
+        end = time.monotonic() + deadline
+        policy = replace(self.retry, budget=min(self.retry.budget, deadline))
+        per_try = body_deadline(body) if body else deadline  # a request with a body: its own deadline as well
+
+        def attempt() -> T:
+            # timeout 0 would mean none to fsspec: a spent deadline still gets a millisecond, then expires
+            return call(*args, **kwargs, timeout=max(min(end - time.monotonic(), per_try), 1e-3))
+
+        return self._do(what, key, attempt, policy)
 
     def _first_contact(self) -> None:
         """Before this process's first request to the endpoint: one HEAD of the bucket within PROBE_TIMEOUT_S.
@@ -270,7 +298,10 @@ class Store:
             tmp.write_bytes(data)
             os.replace(tmp, target)
             return
-        self._do("write", key, lambda: self.fs.pipe_file(self.path(key), data, timeout=body_deadline(len(data))))
+        # the small objects of a run (reports, manifests, leases, step logs, Prefect's results): one deadline for
+        # the whole operation, so an endpoint that trickles its answer costs seconds, not every attempt's body
+        # deadline under the retry budget
+        self._ask("write", key, self.fs.pipe_file, self.path(key), data, body=len(data))
 
     def put_file(self, local: str | Path, key: str) -> Upload | None:
         """Upload a file; return what was sent (its sha256, hashed on the way) when this store hashed it.
@@ -430,8 +461,11 @@ class Store:
             self._ask("delete", key, self.fs.rm, self.path(key), recursive=True)
 
     def invalidate(self) -> None:
-        """Forget cached listings (s3fs caches them) so another writer's objects become visible."""
+        """Forget cached listings (s3fs caches them) so another writer's objects become visible, and a failure
+        of the endpoint, so the next operation tries it again."""
         self.fs.invalidate_cache()
+        if self.protocol == "s3":
+            _FAILING.pop(self._bucket_id(), None)
 
 
 # Files from this size up go as multipart uploads with a checksum per part (parallel parts; no whole file in

@@ -26,6 +26,7 @@ from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.stages.config import SOURCE_EVAL
 from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
+from cascade.tasks.results import result_storage
 from cascade.tasks.stages import (
     choose_teachers_task,
     eval_task,
@@ -33,7 +34,6 @@ from cascade.tasks.stages import (
     gate_task,
     links_task,
     record_recovery_task,
-    result_storage,
     running,
     stage_task,
 )

@@ -27,7 +27,8 @@ from cascade.tasks.regression import (
     record_recovered_task,
     resolve_task,
 )
-from cascade.tasks.stages import finish_task, result_storage, running, stage_task
+from cascade.tasks.results import result_storage
+from cascade.tasks.stages import finish_task, running, stage_task
 
 STAGE = "recover"
 

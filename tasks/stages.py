@@ -21,14 +21,12 @@ import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from prefect import artifacts as ui_artifacts
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
-from prefect.filesystems import RemoteFileSystem, WritableFileSystem
 from prefect.runtime import flow_run
 
 from cascade.artifacts import layout
@@ -39,7 +37,7 @@ from cascade.artifacts.lease import hold_run
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.steplog import StepLog
-from cascade.artifacts.store import Store, storage_options
+from cascade.artifacts.store import Store
 from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking_on
 from cascade.stages.config_base import StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
@@ -89,18 +87,6 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
         # the key), so Prefect runs the stage, which rebuilds it, instead of handing the broken one on.
         store.delete(f"{layout.results_key(run_id)}/{key}")
     return key
-
-
-def result_storage(recipe: Recipe, run_id: str) -> Path | WritableFileSystem:
-    """Where the run's task results and cache records live: beside its checkpoints, in the run's store."""
-    store = Store.from_config(recipe.storage)
-    key = layout.results_key(run_id)
-    if store.protocol == "file":
-        return Path(store.path(key))  # Prefect makes it a LocalFileSystem; an unsaved block it refuses
-    remote = RemoteFileSystem(basepath=store.uri(key), settings=storage_options(recipe.storage))
-    # Prefect reads remote result records back only through a saved block (docs/MEASUREMENTS.md), one per store
-    remote.save(f"cascade-results-{hashlib.sha256(store.uri(key).encode()).hexdigest()[:12]}", overwrite=True)
-    return remote
 
 
 def compute_slot(kind: str) -> contextlib.AbstractContextManager:

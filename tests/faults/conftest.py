@@ -167,6 +167,70 @@ def endpoint(after_first: Misbehaviour | None = None):
             conn.close()
 
 
+class FaultyProxy:
+    """A TCP proxy on 127.0.0.1 in front of a real S3 server: it forwards bytes both ways until `fail(misbehaviour)`;
+    from then on every connection, open or new, gets the misbehaviour instead of the server's replies."""
+
+    def __init__(self, upstream: str):
+        host, port = upstream.removeprefix("http://").rstrip("/").split(":")
+        self.upstream = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.stop, self.failed, self.held = threading.Event(), threading.Event(), []
+        self.misbehaviour: Misbehaviour = stall
+        self.failed_at: float | None = None
+
+    def fail(self, misbehaviour: Misbehaviour) -> None:
+        self.misbehaviour, self.failed_at = misbehaviour, time.monotonic()
+        self.failed.set()
+
+    def _to_client(self, client: socket.socket, upstream: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not self.failed.is_set():
+                upstream.settimeout(0.1)
+                try:
+                    data = upstream.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return client.shutdown(socket.SHUT_WR)
+                client.sendall(data)
+            self.misbehaviour(client, self.stop)
+
+    def _to_upstream(self, client: socket.socket, upstream: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if not self.failed.is_set():
+                    upstream.sendall(data)
+
+    def _serve(self, client: socket.socket) -> None:
+        if self.failed.is_set():
+            with contextlib.suppress(OSError):
+                if read_request(client):
+                    self.misbehaviour(client, self.stop)
+            return
+        upstream = socket.create_connection(self.upstream)
+        self.held.append(upstream)
+        threading.Thread(target=self._to_upstream, args=(client, upstream), daemon=True).start()
+        self._to_client(client, upstream)
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self.held.append(self.server.accept()[0])
+                threading.Thread(target=self._serve, args=(self.held[-1],), daemon=True).start()
+
+    def __enter__(self) -> FaultyProxy:
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.server.close()
+        for conn in self.held:
+            conn.close()
+
+
 def silent_endpoint():
     """A listener that accepts connections and never sends a byte."""
     return endpoint()
