@@ -8,7 +8,8 @@ CASCADE_HOME (--home, default: the current one). From each run's eval records it
 gain on its own domains (the primary metric and greedy, as `cascade report` prints them), then prints per stage
 and domain each seed's gain, the mean over seeds and its standard error across seeds: sd(gains) / sqrt(N). A
 stage "gains" when the mean exceeds twice that SE; where greedy does not move while the sampled metric does, the
-stage sharpens sampling rather than adding capability. The recorded results use seeds that appear nowhere in the
+stage sharpens sampling rather than adding capability, and the policy's entropy at the start and end of each RL
+stage (printed last, from the runs' step logs) shows it. The recorded results use seeds that appear nowhere in the
 repository (--first-seed): the recipe is tuned, not a seed.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from cascade.artifacts.html_report import Gain, item_scores, stage_gains
 from cascade.artifacts.layout import report_key
 from cascade.artifacts.report import RunReport
+from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
 from cascade.stages.kinds import gain_targets
@@ -66,6 +68,31 @@ def run_gains(store: Store, run_id: str, recipe) -> list[Gain]:
     return stage_gains([stage for stage, _ in rows], item_scores(store, run_id), gain_targets(recipe.stages))
 
 
+ENTROPY_ENDS = 10  # steps averaged at each end of an RL stage's entropy curve
+
+
+def entropy_ends(store: Store, run_id: str, stages: list[str]) -> dict[str, tuple[float, float]]:
+    """stage -> the policy's mean token entropy over its first and its last ENTROPY_ENDS steps, for each of
+    `stages` that logged entropy: a stage that sharpens sampling lowers it."""
+    ends = {}
+    for stage, rows in read_run(store, run_id).items():
+        curve = [row["metrics"]["entropy"] for row in rows if "entropy" in row["metrics"]]
+        if stage in stages and curve:
+            ends[stage] = (statistics.fmean(curve[:ENTROPY_ENDS]), statistics.fmean(curve[-ENTROPY_ENDS:]))
+    return ends
+
+
+def entropy_table(per_seed: list[dict[str, tuple[float, float]]], seeds: list[int]) -> str:
+    lines = [
+        f"| stage | {' | '.join(f'seed {s}' for s in seeds)} |",
+        "|" + " --- |" * (len(seeds) + 1),
+    ]
+    for stage in per_seed[0] if per_seed else {}:
+        cells = [f"{run[stage][0]:.2f} -> {run[stage][1]:.2f}" if stage in run else "-" for run in per_seed]
+        lines.append(f"| {stage} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def ensure_run(recipe_name: str, seed: int, overrides: list[str], env: dict[str, str]) -> str:
     """The run of this seed, run (or resumed) here unless it finished already; its id."""
     run_id = f"seeds-{recipe_name}-{seed}".lower()
@@ -104,13 +131,17 @@ def main() -> None:
     if args.home is not None:
         env["CASCADE_HOME"] = os.environ["CASCADE_HOME"] = str(args.home)
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    per_seed = []
+    per_seed, entropies = [], []
     for seed in seeds:
         run_id = ensure_run(args.recipe, seed, args.overrides, env)
         recipe = load_recipe(args.recipe, [f"seed={seed}", *args.overrides])
-        per_seed.append(run_gains(Store.from_config(recipe.storage), run_id, recipe))
+        store = Store.from_config(recipe.storage)
+        per_seed.append(run_gains(store, run_id, recipe))
+        entropies.append(entropy_ends(store, run_id, sorted(gain_targets(recipe.stages))))
     print(f"\n{args.recipe}, seeds {seeds[0]}-{seeds[-1]}: each RL stage's paired gain on its own domains")
     print(table(across_seeds(per_seed), seeds))
+    print(f"\nthe policy's mean token entropy, first {ENTROPY_ENDS} steps -> last {ENTROPY_ENDS}")
+    print(entropy_table(entropies, seeds))
 
 
 if __name__ == "__main__":

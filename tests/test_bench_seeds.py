@@ -35,3 +35,21 @@ def test_the_mean_gain_and_its_standard_error_across_seeds_by_hand():
     printed = table(rows, [7, 8, 9]).splitlines()
     assert printed[0] == "| stage | domain | seed 7 | seed 8 | seed 9 | mean ± SE across seeds | in SE |"
     assert printed[2] == "| if_rl | instruct | +0.040 | +0.020 | +0.060 | +0.040 ± 0.012 | +3.5 |"
+
+
+def test_entropy_at_each_end_of_an_rl_stage_from_its_step_log(tmp_path):
+    """Steps 1-25 of if_rl at entropy 2.0 - 0.05 * step: the first ten average 1.725, the last ten 0.975."""
+    import json
+
+    from bench_seeds import entropy_ends, entropy_table
+
+    from cascade.artifacts.layout import metrics_key
+    from cascade.artifacts.store import Store
+
+    store = Store(f"file://{tmp_path}")
+    rows = [{"step": n, "metrics": {"entropy": 2.0 - 0.05 * n, "loss": 0.1}} for n in range(1, 26)]
+    store.write_bytes(metrics_key("r", 3, "if_rl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    store.write_bytes(metrics_key("r", 1, "sft"), b'{"step": 1, "metrics": {"loss": 3.0}}\n')
+    ends = entropy_ends(store, "r", ["if_rl", "math_rl"])
+    assert list(ends) == ["if_rl"] and ends["if_rl"] == (pytest.approx(1.725), pytest.approx(0.975))
+    assert entropy_table([ends, {}], [0, 1]).splitlines()[2] == "| if_rl | 1.73 -> 0.97 | - |"
