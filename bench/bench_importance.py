@@ -1,16 +1,17 @@
 """Importance correction against none, in bf16: does GRPO with `tis` learn at least as much as without it?
 
     PYTHONPATH=. .venv/bin/python bench/bench_importance.py --store file://$CASCADE_HOME --run-ids R1 R2 R3 \
-        [--recipe tiny --domain math --split dev --dtype bf16 --variants none tis --threads 2]
+        [--recipe tiny --domain math --split dev --dtype bf16 --variants none tis --set KEY=VALUE ... --threads 2]
 
 For each run (one per seed), from its last committed SFT checkpoint: the recipe's GRPO stage on the domain, once
 per `importance_correction` variant, with `compute.dtype` set (bf16: the trainer's and the engine's logprobs
 differ by rounding, which is what the correction weighs), in this process (bench_learning's one-stage recipe, the
-run's own seed, no step checkpoints). The SFT start and each variant are scored on the same items of the eval split
-with the same per-item seeds. Printed per seed: each variant's paired gain over SFT (primary metric and greedy),
-the last variant minus the first, and the mean logprob mismatch and corrected-token fraction the stage logged;
-then the mean of each over seeds with its standard error across seeds. Settings are compared on --split dev;
-heldout is read once, for a recorded result.
+run's own seed, no step checkpoints, `--set` stage settings on top: with one variant, the bench compares other
+settings of the stage). The SFT start and each variant are scored on the same items of the eval split with the
+same per-item seeds. Printed per seed: each variant's paired gain over SFT (primary metric and greedy), the last
+variant minus the first, and the mean logprob mismatch and corrected-token fraction the stage logged; then the
+mean of each over seeds with its standard error across seeds. Settings are compared on --split dev; heldout is
+read once, for a recorded result.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import statistics
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
+import yaml
 from bench_grpo import run_main
 from bench_learning import bench_recipe, format_gain, grpo_stage, item_scores, sft_checkpoint, train_ours
 
@@ -41,6 +43,7 @@ def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Pa
     sft_dir = resolve_model_dir(sft_checkpoint(args.store, run_id), work)
     stage = grpo_stage(base, args.domain, args.recipe).model_dump() | {"checkpoint_every": 0}
     stage |= {"steps": args.steps} if args.steps else {}
+    stage |= {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
     models: dict[str, dict] = {}
     for variant in args.variants:
         recipe = bench_recipe(
@@ -80,9 +83,10 @@ def seed_row(models: dict, domain: str, variants: list[str]) -> dict[str, tuple[
         for v in variants:
             row[f"{v} - sft, {column}"] = paired_gain(models["sft"]["scores"][column], models[v]["scores"][column])
         first, last = variants[0], variants[-1]
-        row[f"{last} - {first}, {column}"] = paired_gain(
-            models[first]["scores"][column], models[last]["scores"][column]
-        )
+        if last != first:
+            row[f"{last} - {first}, {column}"] = paired_gain(
+                models[first]["scores"][column], models[last]["scores"][column]
+            )
     return row
 
 
@@ -124,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--variants", nargs="+", default=["none", "tis"], choices=["none", "tis", "mis"])
     parser.add_argument("--steps", type=int, help="default: the stage's")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more stage settings, every variant")
     parser.add_argument("--eval-size", type=int, help="eval items; default: the domain's heldout_size")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
