@@ -77,28 +77,14 @@ def logs_to_file(path) -> None:
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2."""
-    from cascade.artifacts.checkpoint import CheckpointError
-    from cascade.artifacts.config import SettingError
-    from cascade.artifacts.lease import LeaseHeld
+    """The exceptions that mean bad input, not a bug: each becomes one line and exit code 2. The stage driver's
+    (`python -m cascade.stages.run`) and what only the CLI meets: its own checks, baselines, eval records, an
+    unknown name."""
     from cascade.artifacts.records import EvalRecordError
-    from cascade.artifacts.store import StoreError
-    from cascade.stages.errors import ModelSourceError
-    from cascade.stages.recipe import RecipeError
     from cascade.stages.regression import BaselineError
+    from cascade.stages.run import BAD_INPUT
 
-    return (
-        CLIError,
-        RecipeError,
-        LeaseHeld,
-        StoreError,
-        SettingError,
-        ModelSourceError,
-        BaselineError,
-        EvalRecordError,
-        CheckpointError,
-        LookupError,
-    )
+    return (CLIError, *BAD_INPUT, BaselineError, EvalRecordError, LookupError)
 
 
 def stage_failures() -> tuple[type[BaseException], ...]:
