@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_grpo.py                 # tiny model, 8 x 4 x 32, fp32 and bf16
     PYTHONPATH=. .venv/bin/python bench/bench_grpo.py --profile       # where one of our steps spends its time
     PYTHONPATH=. .venv/bin/python bench/bench_grpo.py --grid          # model x group size x completion length
+    PYTHONPATH=. .venv/bin/python bench/bench_grpo.py --model smollm2-135m --lora-rank 16   # LoRA on both sides
 
 The peer runs in its own venv: `bash bench/trl-venv.sh` builds .venv-trl (TRL 1.16.0, the same CPU torch and
 transformers as .venv). Both sides load one HF model directory (the project's tiny model saved by
@@ -17,7 +18,9 @@ are dropped before the backward), TRL, and ours on "the same work" (`drop_flat_g
 updated, as TRL does), the order reversed every other round. A step's time is the interval between consecutive
 step ends (rollout, rewards, update, weight sync, logging); the first --warmup steps, which include set-up, are
 not counted. Printed: per run the median s/step and sampled tokens/s, per side the median over rounds, and last
-the ratio cascade/trl (below 1: ours is faster), with the load average seen during the runs.
+the ratio cascade/trl (below 1: ours is faster), with the load average seen during the runs, and each run's peak
+resident memory (from wait4). With --lora-rank both sides train peft LoRA adapters (alpha 2 x rank, every linear
+layer but the head, no dropout) instead of every weight.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Setting:
     seed: int = 0
     lr: float = 5e-5
     same_work: bool = False  # ours only: drop_flat_groups false
+    lora_rank: int = 0  # > 0: both sides train LoRA adapters of this rank (alpha 2 x rank) on every linear layer
 
 
 def side_command(side: str, setting: Setting) -> list[str]:
@@ -107,6 +111,11 @@ def trl_same_work_kwargs(
 def run_checked(command: list[str], threads: int, who: str) -> str:
     """A side's process with the checkout on PYTHONPATH and `threads` torch threads; its stdout. A failure exits
     with the process's last stderr line."""
+    return run_measured(command, threads, who)[0]
+
+
+def run_measured(command: list[str], threads: int, who: str) -> tuple[str, float]:
+    """run_checked's process, and its peak resident memory in GB (from wait4)."""
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO),
@@ -114,18 +123,20 @@ def run_checked(command: list[str], threads: int, who: str) -> str:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(
-            f"{who} failed (exit {done.returncode}): {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
-        )
-    return done.stdout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env, cwd=REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0), err.seek(0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            last = (err.read().strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"{who} failed (exit {os.waitstatus_to_exitcode(status)}): {last}")
+        return out.read(), usage.ru_maxrss / 2**20  # KiB on Linux
 
 
 def run_side(side: str, setting: Setting, loads: list[float]) -> dict:
     """One run in a fresh process: its step times and tokens (the side's last stdout line, JSON)."""
     loads.append(os.getloadavg()[0])
-    stdout = run_checked(side_command(side, setting), setting.threads, f"bench_grpo: the {side} run")
+    stdout, peak_gb = run_measured(side_command(side, setting), setting.threads, f"bench_grpo: the {side} run")
     loads.append(os.getloadavg()[0])
     result = json.loads(stdout.strip().splitlines()[-1])
     seconds = result["step_seconds"]
@@ -133,6 +144,7 @@ def run_side(side: str, setting: Setting, loads: list[float]) -> dict:
         "s_per_step": statistics.median(seconds),
         "tok_per_s": sum(result["tokens_sampled"]) / sum(seconds),
         "kept_groups": result["kept_groups"],
+        "peak_rss_gb": peak_gb,
     }
 
 
@@ -146,7 +158,8 @@ def compare(setting: Setting, rounds: int, sides: tuple[str, ...] = SIDES) -> di
             got = runs[side][-1]
             print(
                 f"  round {r + 1} {side:<18} {got['s_per_step']:.3f} s/step  {got['tok_per_s']:7.0f} tok/s  "
-                f"kept groups {got['kept_groups']:.2f}  (load {loads[-2]:.1f} -> {loads[-1]:.1f})",
+                f"kept groups {got['kept_groups']:.2f}  peak RSS {got['peak_rss_gb']:.2f} GB  "
+                f"(load {loads[-2]:.1f} -> {loads[-1]:.1f})",
                 flush=True,
             )
     return {
@@ -186,7 +199,10 @@ def print_comparison(label: str, medians: dict[str, dict]) -> None:
     trl = medians["trl"]["s_per_step"]
     loads = [x for side in medians.values() for x in side["load"]]
     for side, got in medians.items():
-        print(f"{label} {side:<18} median {got['s_per_step']:.3f} s/step  {got['tok_per_s']:7.0f} tok/s")
+        print(
+            f"{label} {side:<18} median {got['s_per_step']:.3f} s/step  {got['tok_per_s']:7.0f} tok/s  "
+            f"peak RSS {got['peak_rss_gb']:.2f} GB"
+        )
     print(f"{label} load average during the runs: {min(loads):.1f}-{max(loads):.1f} (1 min)")
     if "cascade" in medians:
         print(f"{label} cascade/trl as configured: {medians['cascade']['s_per_step'] / trl:.2f}")
@@ -231,6 +247,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (set-up, first allocations)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads per run")
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="> 0: both sides train LoRA adapters of this rank (peft), not every weight",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--profile", action="store_true", help="break one of our steps down by phase (no TRL)")
     mode.add_argument("--grid", action="store_true", help="model x group x length, both sides, fp32")
@@ -241,6 +263,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("prompts", "steps", "warmup", "rounds", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.lora_rank < 0:
+        parser.error("--lora-rank must be at least 0")
     if min(args.group + args.tokens) < 1:
         parser.error("--group and --tokens must be at least 1")
     return args
@@ -255,10 +279,18 @@ def main(argv: list[str] | None = None) -> None:
         )
     with tempfile.TemporaryDirectory(prefix="bench-grpo-") as tmp:
         dirs = model_dirs(args.model, Path(tmp))
-        base = Setting(model_dir="", prompts=args.prompts, steps=args.steps, warmup=args.warmup, threads=args.threads)
+        base = Setting(
+            model_dir="",
+            prompts=args.prompts,
+            steps=args.steps,
+            warmup=args.warmup,
+            threads=args.threads,
+            lora_rank=args.lora_rank,
+        )
+        lora = f", LoRA rank {args.lora_rank} on both sides" if args.lora_rank else ""
         print(
             f"bench_grpo: {args.prompts} prompts per step, {args.steps} timed steps after {args.warmup} warm-up, "
-            f"{args.threads} threads, load average {os.getloadavg()[0]:.1f}",
+            f"{args.threads} threads{lora}, load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
         if args.profile:

@@ -73,6 +73,11 @@ def run_stage(setting: dict, sink: ListSink, workdir: Path) -> None:
                     "lr": setting["lr"],
                     "checkpoint_every": 0,
                     "drop_flat_groups": not setting["same_work"],
+                    **(
+                        {"lora": {"rank": setting["lora_rank"], "alpha": 2 * setting["lora_rank"]}}
+                        if setting.get("lora_rank")
+                        else {}
+                    ),
                 }
             ],
         },

@@ -73,6 +73,16 @@ def load_policy(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), tokenizer
 
 
+def lora_config(rank: int):
+    """peft's LoraConfig as our stage's `lora: {rank, alpha: 2 x rank}` makes it (every linear layer but the head, no
+    dropout); None for rank 0: full fine-tuning."""
+    if not rank:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
 def main() -> None:
     setting = json.loads(sys.argv[1])
     prompts, group, steps = setting["prompts"], setting["group"], setting["warmup"] + setting["steps"]
@@ -95,6 +105,7 @@ def main() -> None:
             train_dataset=prompt_dataset(pool),
             processing_class=tokenizer,
             callbacks=[clock],
+            peft_config=lora_config(setting.get("lora_rank", 0)),
         )
         trainer.train()
     step_seconds = [b - a for a, b in zip(clock.ends, clock.ends[1:])]  # steps 2..S
