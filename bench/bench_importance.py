@@ -3,15 +3,15 @@
     PYTHONPATH=. .venv/bin/python bench/bench_importance.py --store file://$CASCADE_HOME --run-ids R1 R2 R3 \
         [--recipe tiny --domain math --split dev --dtype bf16 --variants none tis --set KEY=VALUE ... --threads 2]
 
-For each run (one per seed), from its last committed SFT checkpoint: the recipe's GRPO stage on the domain, once
-per `importance_correction` variant, with `compute.dtype` set (bf16: the trainer's and the engine's logprobs
-differ by rounding, which is what the correction weighs), in this process (bench_learning's one-stage recipe, the
-run's own seed, no step checkpoints, `--set` stage settings on top: with one variant, the bench compares other
-settings of the stage). The SFT start and each variant are scored on the same items of the eval split with the
-same per-item seeds. Printed per seed: each variant's paired gain over SFT (primary metric and greedy), the last
-variant minus the first, and the mean logprob mismatch and corrected-token fraction the stage logged; then the
-mean of each over seeds with its standard error across seeds. Settings are compared on --split dev; heldout is
-read once, for a recorded result.
+For each run (one per seed), from its last committed SFT checkpoint (or --start STAGE's): the recipe's GRPO
+stage on the domain, once per `importance_correction` variant, with `compute.dtype` set (bf16: the trainer's and
+the engine's logprobs differ by rounding, which is what the correction weighs), in this process (bench_learning's
+one-stage recipe, the run's own seed, no step checkpoints, `--set` stage settings on top: with one variant, the
+bench compares other settings of the stage). The start and each variant are scored on the same items of the eval
+split with the same per-item seeds. Printed per seed: each variant's paired gain over the start (primary metric
+and greedy), the last variant minus the first, and the mean logprob mismatch and corrected-token fraction the
+stage logged; then the mean of each over seeds with its standard error across seeds (--json: every model's column
+means too). Settings are compared on --split dev; heldout is read once, for a recorded result.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ from cascade.stages.recipe import Recipe, load_recipe
 
 
 def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Path) -> dict:
-    """One run's SFT start and each variant trained from it: per model, column -> item id -> score."""
+    """One run's start checkpoint and each variant trained from it: per model, column -> item id -> score."""
     from cascade.stages.context import ListSink, StageContext
     from cascade.stages.model_source import resolve_model_dir
 
     seed = run_seed(args.store, run_id)
-    sft_dir = resolve_model_dir(sft_checkpoint(args.store, run_id), work)
+    start = stage_checkpoint(args.store, run_id, args.start) if args.start else sft_checkpoint(args.store, run_id)
+    start_dir = resolve_model_dir(start, work)
     stage = grpo_stage(base, args.domain, args.recipe).model_dump() | {"checkpoint_every": 0}
     stage |= {"steps": args.steps} if args.steps else {}
     stage |= {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.set)}
@@ -50,7 +51,7 @@ def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Pa
             base,
             stage | {"importance_correction": variant},
             argparse.Namespace(**vars(args), seed=seed),
-            sft_dir,
+            start_dir,
             f"file://{work / variant}",
             dtype=args.dtype,
         )
@@ -65,8 +66,19 @@ def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Pa
             "corrected": statistics.fmean(ctx.log.series("is_corrected") or [0.0]),
             "seconds": trained["seconds"],
         }
-    models["sft"] = {"scores": item_scores(recipe, str(sft_dir), args.domain)}
+    models["start"] = {"scores": item_scores(recipe, str(start_dir), args.domain)}
     return models
+
+
+def stage_checkpoint(store_root: str, run_id: str, stage: str) -> str:
+    """The URI of the checkpoint the run's report lists for `stage`."""
+    from cascade.artifacts.report import RunReport
+
+    report = RunReport.load(Store(store_root), run_id)
+    made = [s.get("checkpoint") for s in (report.stages if report else []) if s.get("name") == stage]
+    if not made or not made[-1]:
+        raise SystemExit(f"bench_importance: run {run_id!r} has no checkpoint of stage {stage!r}")
+    return made[-1]
 
 
 def run_seed(store_root: str, run_id: str) -> int:
@@ -77,11 +89,11 @@ def run_seed(store_root: str, run_id: str) -> int:
 
 
 def seed_row(models: dict, domain: str, variants: list[str]) -> dict[str, tuple[float, float | None]]:
-    """column label -> paired (gain, SE): each variant over SFT, and the last variant minus the first."""
+    """column label -> paired (gain, SE): each variant over the start, and the last variant minus the first."""
     row = {}
     for column in (domain, GREEDY_COLUMN + domain):
         for v in variants:
-            row[f"{v} - sft, {column}"] = paired_gain(models["sft"]["scores"][column], models[v]["scores"][column])
+            row[f"{v} - start, {column}"] = paired_gain(models["start"]["scores"][column], models[v]["scores"][column])
         first, last = variants[0], variants[-1]
         if last != first:
             row[f"{last} - {first}, {column}"] = paired_gain(
@@ -127,6 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split", choices=["dev", "heldout"], default="dev")
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--variants", nargs="+", default=["none", "tis"], choices=["none", "tis", "mis"])
+    parser.add_argument("--start", help="the stage whose checkpoint each run starts from; default: its SFT stage")
+    parser.add_argument("--json", type=Path, help="also write each model's column means and every gain here")
     parser.add_argument("--steps", type=int, help="default: the stage's")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="more stage settings, every variant")
     parser.add_argument("--eval-size", type=int, help="eval items; default: the domain's heldout_size")
@@ -152,6 +166,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{', '.join(args.variants)}; eval {args.split}, paired over the same items"
     )
     print(render(per_seed, args))
+    if args.json:
+        means = {
+            run: {name: {c: statistics.fmean(v.values()) for c, v in m["scores"].items()} for name, m in models.items()}
+            for run, models in per_seed.items()
+        }
+        gains = {run: seed_row(models, args.domain, args.variants) for run, models in per_seed.items()}
+        args.json.write_text(json.dumps({"means": means, "gains": gains}, indent=1))
 
 
 if __name__ == "__main__":
