@@ -144,6 +144,7 @@ def test_retries_give_up_with_the_real_error_and_no_manifest(store, local_dir, m
     assert isinstance(real, EndpointConnectionError)  # the real error, kept and named
     said = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
     assert "failed after 3 attempts" in said and "not committed" in said
+    store.invalidate()  # the failure was simulated: look again, as a resumed run's fresh process does
     assert not store.exists(f"k/{MANIFEST}") and committed(store, "k") is None
 
 
