@@ -240,9 +240,10 @@ class Store:
         """Before this process's first request to the endpoint: one HEAD of the bucket within PROBE_TIMEOUT_S.
         Any answer, an error status included, means reachable; no answer is StoreUnreachable, naming the
         endpoint, instead of the whole retry budget followed by botocore's traceback."""
-        bucket = self.root.split("/", 1)[0]
-        if (self.endpoint, bucket) in _REACHED:
+        bucket_id = self._bucket_id()
+        if bucket_id in _REACHED:
             return
+        bucket = bucket_id[1]
         endpoint = self.endpoint or "the default AWS endpoint (no storage.endpoint_url or AWS_ENDPOINT_URL set)"
         try:
             fsspec.asyn.sync(self.fs.loop, self.fs._call_s3, "head_bucket", Bucket=bucket, timeout=PROBE_TIMEOUT_S)
@@ -261,7 +262,7 @@ class Store:
                 raise StoreUnreachable(
                     f"S3 endpoint {endpoint} cannot be reached (store {self.uri('')}): {reason}"
                 ) from None
-        _REACHED.add((self.endpoint, bucket))
+        _REACHED.add(bucket_id)
 
     def path(self, key: str) -> str:
         """The key's path under the root. A key with a '..' segment would leave the store: refused, whatever
