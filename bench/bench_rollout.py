@@ -2,12 +2,15 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_rollout.py --engines hf,generate [--model smollm2-135m]
         [--domain math --prompts 64 --samples 8 --tokens 64 --rounds 3 --hf-batch 128 --sync-steps 5]
-        [--device cuda] [--engines hf,hf-other --other-decoder OLD.py]
+        [--device cuda --dtype bfloat16] [--engines hf,hf-other --other-decoder OLD.py]
+        [--engines hf-shared_prefix,hf-per_row,hf-cuda_graphs]
 
 Every engine samples the same model (`--model`: `tiny`, the project's default random-init tiny model, on which
 nearly every completion runs to the token limit; `smollm2-135m`; or an HF dir) on a domain's train prompts
 (`--domain`, math by default) at temperature 1, on `--device`. Generated tokens are counted from what each engine
-returns; our engine also returns per-token logprobs, `generate` does not. `hf-other` is our engine with the lean
+returns; our engine also returns per-token logprobs, `generate` does not. `hf` is our engine with its default
+decode step (engine.hf_decoder auto); `hf-<decoder>` with engine.hf_decoder <decoder> (shared_prefix, per_row,
+cuda_graphs, hf), so one command compares the cache layouts. `hf-other` is hf-shared_prefix with the lean
 decode step of another version of stages/engines/decode.py (`git show REF:stages/engines/decode.py > OLD.py`): an
 A/B of a decoder change on the same machine, model, prompts and seeds. HF engines run `--rounds` times,
 alternating which goes first, and the table gives tokens/s per round, the median, and the ratio to `generate`,
@@ -37,6 +40,8 @@ from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
 from cascade.stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
+
+HF_DECODERS = ("shared_prefix", "per_row", "cuda_graphs", "hf")  # engine hf-<decoder>: EngineConfig.hf_decoder
 
 
 def timed_tokens(fn) -> tuple[int, float]:
@@ -127,9 +132,9 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def load_model(source: str, device: str):
+def load_model(source: str, device: str, dtype: str):
     model, tokenizer = initial_model(ModelConfig(source=source), seed=0)
-    return model.eval().to(device), tokenizer
+    return model.eval().to(device, getattr(torch, dtype)), tokenizer
 
 
 def other_decoder(path: str):
@@ -152,14 +157,18 @@ def with_decoder(decoder, generate):
 
 def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> dict[str, list[tuple[float, float]]]:
     """engine -> [(tokens/s, load average)] per round; each round rotates which engine goes first."""
-    hf = HFEngine(model, tokenizer, batch_size=args.hf_batch)
-    timers = {
-        "hf": lambda: timed_tokens(lambda: hf.generate(prompts, args.samples, sampling)),
-        "generate": lambda: plain_generate(model, tokenizer, prompts, args.samples, args.tokens),
-    }
+
+    def hf_timer(decoder: str):
+        engine = HFEngine(model, tokenizer, batch_size=args.hf_batch, decoder=decoder)
+        return lambda: timed_tokens(lambda: engine.generate(prompts, args.samples, sampling))
+
+    timers = {"generate": lambda: plain_generate(model, tokenizer, prompts, args.samples, args.tokens)}
+    for name in args.engines:
+        if name == "hf" or name.removeprefix("hf-") in HF_DECODERS:
+            timers[name] = hf_timer("auto" if name == "hf" else name.removeprefix("hf-"))
     if args.other_decoder:
-        other = other_decoder(args.other_decoder)
-        timers["hf-other"] = lambda: with_decoder(other, timers["hf"])
+        other, shared = other_decoder(args.other_decoder), hf_timer("shared_prefix")
+        timers["hf-other"] = lambda: with_decoder(other, shared)
     names = [e for e in args.engines if e in timers]
     results: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
     for r in range(args.rounds):
@@ -167,7 +176,7 @@ def hf_rounds(args: argparse.Namespace, model, tokenizer, prompts, sampling) -> 
             n_tok, secs = timers[name]()
             results[name].append((n_tok / secs, load()))
             print(
-                f"  round {r + 1} {name:<9} {n_tok / secs:8.0f} tok/s  ({n_tok} tok in {secs:.2f}s, load {load():.2f})"
+                f"  round {r + 1} {name:<16} {n_tok / secs:8.0f} tok/s  ({n_tok} tok in {secs:.2f}s, load {load():.2f})"
             )
     return results
 
@@ -190,10 +199,12 @@ def main() -> None:
         "--engines",
         default="hf,generate,vllm",
         type=lambda s: s.split(","),
-        help="comma list of hf, hf-other, generate, vllm (vllm needs the vLLM venv)",
+        help="comma list of hf, hf-<decoder> (hf-shared_prefix, hf-per_row, hf-cuda_graphs, hf-hf), hf-other, "
+        "generate, vllm (vllm needs the vLLM venv)",
     )
     parser.add_argument("--other-decoder", default="", help="hf-other's stages/engines/decode.py (another version)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (the vLLM server runs on the CPU)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's weights")
     parser.add_argument(
         "--domain", default="math", help="whose train prompts to sample (swe's are ~270 tokens, math's ~30)"
     )
@@ -208,19 +219,19 @@ def main() -> None:
     parser.add_argument("--vllm-bind", default="", help="VLLM_CPU_OMP_THREADS_BIND for the server, e.g. 0-1")
     parser.add_argument("--unseeded", action="store_true", help="sample without a seed")
     args = parser.parse_args()
-    unknown = set(args.engines) - {"hf", "hf-other", "generate", "vllm"}
+    unknown = set(args.engines) - {"hf", "hf-other", "generate", "vllm", *(f"hf-{d}" for d in HF_DECODERS)}
     if unknown:
         parser.error(f"unknown engines: {', '.join(sorted(unknown))}")
     if ("hf-other" in args.engines) != bool(args.other_decoder):
         parser.error("hf-other and --other-decoder go together")
-    model, tokenizer = load_model(args.model, args.device)
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
     items = get_domain(args.domain).generate("train", args.prompts, seed=0)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
     # Seeded requests go to vLLM one prompt each (see stages/engines/vllm/engine.py); --unseeded batches 64 per request.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.tokens, seed=None if args.unseeded else 0)
     shape = f"{args.prompts} {args.domain} prompts x {args.samples} samples x {args.tokens} tokens"
     print(
-        f"rollout on {args.model} ({args.device}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, "
+        f"rollout on {args.model} ({args.device}, {args.dtype}): {shape}, {'unseeded' if args.unseeded else 'seeded'}, "
         f"hf batch {args.hf_batch}, torch threads {torch.get_num_threads()}, load {load():.2f}"
     )
     results = hf_rounds(args, model, tokenizer, prompts, sampling)

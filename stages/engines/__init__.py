@@ -14,7 +14,7 @@ def make_engine(
     cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int
 ) -> RolloutEngine:
     if cfg.kind == "hf":
-        return HFEngine(model, tokenizer, batch_size=cfg.batch_size, seed=seed)
+        return HFEngine(model, tokenizer, batch_size=cfg.batch_size, seed=seed, decoder=cfg.hf_decoder)
     return _vllm_engine(cfg, model, tokenizer)
 
 

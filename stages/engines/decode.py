@@ -15,6 +15,25 @@ rotary embedding, so any rope scaling it implements applies), except that the at
 split between the prefix and the decoded columns; tests/stages/test_hf_engine.py checks its logits against HF's
 forward. `lean_supported` lists what it covers; any other model (sliding windows, other
 activations, other architectures) decodes with `HFDecoder`.
+
+`GraphDecoder` is the same step for the GPU, where the cost is elsewhere. A ~0.5B model's eager step at batch 128
+on an H200 is a few hundred small kernels whose launches, and the Python that issues them, take ~20 ms, many times
+what the math takes; what pays there is launching the step as one CUDA graph. A graph replays fixed shapes and fixed
+addresses, so everything the step touches is static: a per-row KV cache [B, Hkv, W + room, D] per layer (W the
+prefill width; each row holds its own copy of its prompt's keys and values, the "per-row layout", since the prefix
+sharing's gathers change shape as prompts finish), an additive bias [B, 1, 1, W + room] (finfo.min on left
+padding and on decode columns not yet written, 0 elsewhere), and the write column as an int64 device tensor that
+the step advances in place. Attention runs over all W + room columns with the bias, as plain matmuls with a float32
+softmax, in HF's eager order; the step holds no Python number that changes between steps and never syncs with
+the host. On cuda (capture=True) each batch-size bucket (the live rows rounded up to a power of two, at most B) is
+captured once, lazily, into one memory pool per decoder, after one eager warm-up on a side stream whose column and
+bias writes are undone; `keep` moves the live rows to the front of every buffer, and a bucket's graph runs on the
+first `bucket` rows (the outputs of rows past the live ones are ignored). Elsewhere, or with capture=False, the same
+step runs eagerly, on the same bucket shapes. Python in the step (the `lm_head` call's hooks included) runs only
+when a bucket is captured. On the CPU the shared prefix of `LeanDecoder` stays the choice: there the step is
+bound by reading the cache, which the per-row layout repeats for each of a prompt's samples.
+`graph_capturable` adds to `lean_supported` what capture needs: HF's dynamic RoPE recomputes its frequencies on
+the host when a position passes its cache, which a graph cannot replay.
 """
 
 from __future__ import annotations
@@ -33,6 +52,11 @@ def lean_supported(model: torch.nn.Module) -> bool:
         return False
     full_attention = all(t == "full_attention" for t in getattr(config, "layer_types", None) or ["full_attention"])
     return full_attention and config.hidden_act == "silu" and not getattr(config, "use_sliding_window", False)
+
+
+def graph_capturable(model: torch.nn.Module) -> bool:
+    """lean_supported, with a RoPE whose frequencies do not depend on the positions seen (not HF's dynamic RoPE)."""
+    return lean_supported(model) and "dynamic" not in str(getattr(model.model.rotary_emb, "rope_type", "default"))
 
 
 def rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
@@ -165,6 +189,114 @@ class LeanDecoder:
         out = from_prefix.view(len(prefix_keys), kv_heads, self.samples, groups, dim)[self.owner, :, self.slot]
         out = out + torch.matmul(weights[..., width:], values[:, :, : column + 1])  # [B, Hkv, g, D]
         return out.reshape(batch, -1)
+
+
+class GraphDecoder:
+    """Static-shape decode over a Llama/Qwen2 HF module's weights, each row with its own copy of its prompt's keys
+    and values, the step captured as CUDA graphs on cuda (module docstring). Arguments as LeanDecoder's; capture:
+    replay the step as CUDA graphs when the cache is on cuda (else, and when False, it runs eagerly). The logits a
+    step returns are valid until the next step."""
+
+    def __init__(
+        self, model, cache: DynamicCache, repeat: torch.Tensor, mask: torch.Tensor, room: int, capture: bool = True
+    ):
+        self.model, self.room, self.steps = model, room, 0
+        device = repeat.device
+
+        def per_row(prefix: torch.Tensor) -> torch.Tensor:
+            """[P, Hkv, W, D] -> [B, Hkv, W + room, D]: each row's prompt, then zeros (finite: a masked column's
+            weight is exactly 0, and 0 times uninitialized memory could be NaN)."""
+            return torch.cat([prefix[repeat], prefix.new_zeros(len(repeat), prefix.shape[1], room, prefix.shape[3])], 2)
+
+        self.keys = [per_row(layer.keys) for layer in cache.layers]
+        self.values = [per_row(layer.values) for layer in cache.layers]
+        dtype = self.keys[0].dtype
+        visible = torch.cat([mask[repeat], mask.new_zeros(len(repeat), room)], dim=1)  # [B, W + room]
+        self.bias = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(
+            visible == 0, torch.finfo(dtype).min
+        )[:, None, None, :]  # [B, 1, 1, W + room]
+        self.column = torch.full((1,), mask.shape[1], dtype=torch.long, device=device)  # the next token's column
+        self.tokens = torch.zeros(len(repeat), dtype=torch.long, device=device)  # the step's inputs: valid ids
+        self.positions = torch.zeros_like(self.tokens)
+        self.qkv = [
+            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+            for layer in model.model.layers
+        ]
+        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
+        self.capture = capture and device.type == "cuda"
+        self.pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, its logits)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Continue only `rows` (indices into the live rows), moved to the front of every buffer."""
+        for buffer in (*self.keys, *self.values, self.bias):
+            buffer[: len(rows)] = buffer[rows]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: [n] of the n live rows -> next-token logits [n, V]."""
+        if self.steps == self.room:  # past the cache, a write would be an out-of-bounds index on the device
+            raise RuntimeError(f"the decode cache holds {self.room} steps")
+        self.steps += 1
+        live = len(tokens)
+        bucket = min(len(self.tokens), 1 << (live - 1).bit_length())
+        self.tokens[:live].copy_(tokens)
+        self.positions[:live].copy_(positions)
+        if not self.capture:
+            return self._forward(bucket)[:live]
+        with torch.cuda.device(self.column.device):
+            if bucket not in self.graphs:
+                self.graphs[bucket] = self._capture(bucket)
+            graph, logits = self.graphs[bucket]
+            graph.replay()
+        return logits[:live]
+
+    def _capture(self, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """The step on the first `bucket` rows as a CUDA graph, and the logits [bucket, V] its replays write. One
+        eager warm-up on a side stream first (torch's recipe: lazy initializations stay out of the graph); the
+        column and bias it advanced are restored, and the keys and values it wrote at the column are written again,
+        the same, by the step that follows."""
+        column, bias = self.column.clone(), self.bias[:bucket].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(bucket)
+        torch.cuda.current_stream().wait_stream(side)
+        self.column.copy_(column)
+        self.bias[:bucket].copy_(bias)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(bucket)
+        return graph, logits
+
+    def _forward(self, bucket: int) -> torch.Tensor:
+        """One decode step of the first `bucket` rows, from the static inputs -> logits [bucket, V]. Writes the new
+        token's key and value at the column, makes the column visible, and advances it."""
+        body = self.model.model
+        x = F.embedding(self.tokens[:bucket], body.embed_tokens.weight)  # [b, H]
+        cos, sin = body.rotary_emb(x, self.positions[:bucket, None])  # [b, 1, D] each
+        bias = self.bias[:bucket]
+        bias.index_fill_(-1, self.column, 0.0)
+        for layer, keys, values, qkv, gate_up in zip(
+            body.layers, self.keys, self.values, self.qkv, self.gate_up, strict=True
+        ):
+            attn = layer.self_attn
+            keys, values = keys[:bucket], values[:bucket]  # [b, Hkv, W + room, D]
+            _, kv_heads, _, dim = keys.shape
+            h = rms_norm(x, layer.input_layernorm)
+            q, k, v = F.linear(h, *qkv).split([attn.q_proj.out_features, kv_heads * dim, kv_heads * dim], dim=-1)
+            keys.index_copy_(2, self.column, rotate(k.reshape(bucket, kv_heads, dim), cos, sin)[:, :, None])
+            values.index_copy_(2, self.column, v.reshape(bucket, kv_heads, 1, dim))
+            q = rotate(q.reshape(bucket, -1, dim), cos, sin).view(bucket, kv_heads, -1, dim)  # [b, Hkv, g, D]
+            scores = torch.matmul(q, keys.transpose(-1, -2)) * attn.scaling + bias  # [b, Hkv, g, W + room]
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+            out = torch.matmul(weights, values).reshape(bucket, -1)  # [b, Hkv * g * D]
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
+            down = layer.mlp.down_proj
+            x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+        self.column.add_(1)
+        return self.model.lm_head(rms_norm(x, body.norm))
 
 
 class HFDecoder:

@@ -5,13 +5,16 @@ The n samples of a prompt share one prefill: each distinct prompt of a batch is 
 before decoding (GRPO's group_size, the difficulty filter's k). Batches hold the same rows, in the same order,
 as if each prompt were repeated n times, so the sampled tokens and their logprobs are those of the repeated path.
 
-Decoding (stages/engines/decode.py) runs a lean static-cache step over the module's own weights for the
-Llama/Qwen2 family, which reads each prompt's prefilled keys and values once for all n of its samples, and HF's
-forward for any other causal LM. Rows that reached the end of turn are dropped from
-the batch once they are an eighth of it, so compute follows the live rows. Per step, the sampled token's logprob
-is its logit minus the row's logsumexp (no full log_softmax), both of the distribution it samples from (temperature
-and nucleus applied: `losses.sampling_logits`, the same function the trainer's logprobs use), and sampling draws
-one uniform per row against the cumulative distribution (what torch.multinomial does, without its argument checks).
+Decoding (stages/engines/decode.py) runs a lean static-cache step over the module's own weights for the Llama/Qwen2
+family and HF's forward for any other causal LM. `decoder` (the recipe's engine.hf_decoder) picks the lean step's
+layout: on the CPU by default the shared prefix (`LeanDecoder`), which reads each prompt's prefilled keys and values
+once for all n of its samples; on cuda by default a per-row cache whose step is captured as CUDA graphs
+(`GraphDecoder`: a GPU's eager step is bound by kernel launches, not by reading the cache). Rows that reached the
+end of turn are dropped from the batch once they are an eighth of it, so compute follows the live rows. Per step,
+the sampled token's logprob is its logit minus the row's logsumexp (no full log_softmax), both of the distribution
+it samples from (temperature and nucleus applied: `losses.sampling_logits`, the same function the trainer's logprobs
+use), and sampling draws one uniform per row against the cumulative distribution (what torch.multinomial does,
+without its argument checks).
 
 Sampling stays on the model's device: logits, tokens and logprobs never leave it until the batch is done, and a
 step syncs with the host once (how many rows have finished). Each expanded row (prompt i, sample j) draws from
@@ -30,12 +33,13 @@ batch numerics (and bf16 autocast, when training uses it).
 from __future__ import annotations
 
 import inspect
+from functools import partial
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
 from cascade.stages.engines.base import Completion, SamplingParams
-from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
+from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, graph_capturable, lean_supported
 from cascade.stages.losses import sampling_logits
 from cascade.stages.model import end_of_turn_ids
 
@@ -103,13 +107,51 @@ def sample_next(logits: torch.Tensor, lse: torch.Tensor, draw: torch.Tensor | No
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=cdf.shape[-1] - 1)
 
 
+def pick_decoder(model: torch.nn.Module, choice: str):
+    """The decoder class (called as LeanDecoder is) that `choice`, EngineConfig.hf_decoder, means for `model`.
+    auto: cuda_graphs on a cuda model the lean step covers (per_row if its RoPE cannot be captured), shared_prefix
+    on the CPU, hf for any other model. A choice the model cannot take is a ValueError."""
+    lean, device = lean_supported(model), next(model.parameters()).device
+    if choice == "auto":
+        if not lean:
+            return HFDecoder
+        if device.type != "cuda":
+            return LeanDecoder
+        choice = "cuda_graphs" if graph_capturable(model) else "per_row"
+    if choice == "hf":
+        return HFDecoder
+    if choice not in ("shared_prefix", "per_row", "cuda_graphs"):
+        raise ValueError(f"unknown hf_decoder {choice!r}: auto, shared_prefix, per_row, cuda_graphs or hf")
+    if not lean:
+        raise ValueError(
+            f"hf_decoder {choice} needs a Llama/Qwen2 model with full attention and a SiLU MLP; "
+            f"this {getattr(model.config, 'model_type', type(model).__name__)} decodes with hf"
+        )
+    if choice == "shared_prefix":
+        return LeanDecoder
+    if choice == "per_row":
+        return partial(GraphDecoder, capture=False)
+    if device.type != "cuda":
+        raise ValueError(f"hf_decoder cuda_graphs needs a cuda model; this one is on {device}")
+    if not graph_capturable(model):
+        raise ValueError("hf_decoder cuda_graphs cannot capture a dynamic RoPE (its frequencies change on the host)")
+    return GraphDecoder
+
+
 class HFEngine:
     name = "hf"
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, batch_size: int = 128, seed: int = 0
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerFast,
+        batch_size: int = 128,
+        seed: int = 0,
+        decoder: str = "auto",
     ):
+        pick_decoder(model, decoder)  # refuse a decoder the model cannot take now, not at the first batch
         self.model = model
+        self.decoder = decoder  # EngineConfig.hf_decoder: resolved per batch, on the model of the moment
         self.tokenizer = tokenizer
         self.stop_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.batch_size = batch_size
@@ -170,9 +212,7 @@ class HFEngine:
         logits = self.model(
             input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache, **last_only
         ).logits[:, -1]
-        decoder = (LeanDecoder if lean_supported(self.model) else HFDecoder)(
-            self.model, cache, repeat, mask, sampling.max_new_tokens
-        )
+        decoder = pick_decoder(self.model, self.decoder)(self.model, cache, repeat, mask, sampling.max_new_tokens)
         tokens, logps = self._decode(decoder, logits[repeat], position[repeat, -1], keys, sampling)
         self.model.train(was_training)
         return self._completions(tokens, logps)

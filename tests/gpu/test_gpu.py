@@ -95,12 +95,12 @@ def test_flex_attention_gives_the_padded_loss_and_gradients_on_cuda():
     from cascade.stages.config import ModelConfig
     from cascade.stages.kinds.sft.run import model_rows
     from cascade.stages.losses import sft_loss, token_logprobs
-    from cascade.stages.model import build_tiny_model
+    from cascade.stages.model import Example, build_tiny_model
     from cascade.stages.training import backward_micro_batches
 
     rng = torch.Generator().manual_seed(0)
     lengths = [40, 9, 6, 12, 33, 5, 7, 14, 4, 11]
-    rows = [(torch.randint(3, 1000, (n,), generator=rng).tolist(), n // 2) for n in lengths]
+    rows = [Example(torch.randint(3, 1000, (n,), generator=rng).tolist(), ((n // 2, n),)) for n in lengths]
     small = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
     def loss_and_grads(attention: str, packing: bool):

@@ -1,6 +1,6 @@
 """The HF engine's logprobs are the model's, greedy is deterministic, sampling is seeded per row (a row's draws
-do not depend on its batch); the lean decode step equals HF's forward, and any other architecture falls back to
-HF's."""
+do not depend on its batch); the lean decode steps (shared prefix, per row, CUDA graphs) equal HF's forward, and any
+other architecture falls back to HF's."""
 
 from dataclasses import replace
 
@@ -10,12 +10,12 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
 
 from cascade.stages.config import ModelConfig
 from cascade.stages.engines.base import SamplingParams
-from cascade.stages.engines.decode import HFDecoder, LeanDecoder, lean_supported
-from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, row_keys, sample_next, uniform
+from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, lean_supported
+from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, left_padded, row_keys, sample_next, uniform
 from cascade.stages.losses import sampling_logits
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, needs_cuda
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
@@ -191,6 +191,96 @@ def test_lean_decode_logits_equal_hf_forward(build, device):
         tokens, pos = tokens[rows], pos[rows] + 1
         assert (lean.step(tokens, pos) - ref.step(tokens, pos)).abs().max() < 1e-5
     assert len(lean.prefix_keys[0]) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("build", [lambda v: build_tiny_model(SMALL, v, seed=1), llama_gqa], ids=["qwen2", "llama-gqa"])
+def test_graph_decode_logits_equal_hf_forward(build, device):
+    """The per-row decoder's logits are HF's forward within 1e-5 (fp32), eagerly on the CPU and replayed as CUDA
+    graphs on cuda, through drops that shrink the bucket (5 rows -> 3 live in a bucket of 4, a stale row riding
+    along) and that remove a whole prompt."""
+    tok = load_tokenizer()
+    model = build(len(tok)).eval().to(device)
+    prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
+    ids, mask = left_padded(prompts, 0, torch.device(device))
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    repeat = torch.tensor([0, 0, 0, 1, 1], device=device)
+    caches = [DynamicCache(), DynamicCache()]
+    for cache in caches:
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, position_ids=position, past_key_values=cache)
+    ours, ref = GraphDecoder(model, caches[0], repeat, mask, 8), HFDecoder(model, caches[1], repeat, mask, 8)
+    tokens, pos = torch.tensor([5, 6, 7, 8, 9], device=device), position[repeat, -1]
+    # all 5 rows; rows 1, 3, 4 (bucket 4); rows 3, 4: prompt 0 is gone (bucket 2); row 4 alone (bucket 1)
+    for rows in (None, [1, 3, 4], [1, 2], [1]):
+        if rows is not None:
+            rows = torch.tensor(rows, device=device)
+            ours.keep(rows)
+            ref.keep(rows)
+            tokens, pos = tokens[rows], pos[rows]
+        for _ in range(2):
+            pos = pos + 1
+            a, b = ours.step(tokens, pos), ref.step(tokens, pos)
+            assert a.shape == (len(tokens), len(tok)) and (a - b).abs().max() < 1e-5
+            tokens = a.argmax(-1)
+    assert sorted(ours.graphs) == ([1, 2, 4, 5] if device == "cuda" else [])
+    with pytest.raises(RuntimeError, match="holds 8 steps"):
+        ours.step(tokens, pos + 1)
+
+
+def engines_on(model, tok, *decoders, batch_size=16):
+    return [HFEngine(model, tok, batch_size=batch_size, seed=0, decoder=d) for d in decoders]
+
+
+@pytest.mark.parametrize("build", [lambda v: build_tiny_model(SMALL, v, seed=1), llama_gqa], ids=["qwen2", "llama-gqa"])
+def test_per_row_and_shared_prefix_sample_the_same(build):
+    """fp32 on the CPU: the two cache layouts sample the same tokens, greedy and seeded, with logprobs within 1e-5."""
+    tok = load_tokenizer()
+    per_row, shared = engines_on(build(len(tok)).eval(), tok, "per_row", "shared_prefix", batch_size=8)
+    prompts = [prompt_ids(tok, "Compute 1+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
+    for sampling in (SamplingParams(temperature=0.0, max_new_tokens=10), SamplingParams(max_new_tokens=10, seed=3)):
+        a = [c for g in per_row.generate(prompts, 3, sampling) for c in g]
+        b = [c for g in shared.generate(prompts, 3, sampling) for c in g]
+        assert [c.token_ids for c in a] == [c.token_ids for c in b]
+        assert max(abs(x - y) for c, d in zip(a, b) for x, y in zip(c.logprobs, d.logprobs)) < 1e-5
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_cuda_graphs_replay_the_eager_step_bit_for_bit(dtype, monkeypatch):
+    """On cuda, the captured step gives exactly the eager per-row step's tokens and logprobs, with rows stopping at
+    different steps (so buckets shrink and graphs of several sizes replay)."""
+    tok = load_tokenizer()
+    model = build_tiny_model(SMALL, len(tok), seed=1).eval().to("cuda", dtype)
+    eos = torch.tensor([tok.eos_token_id], device="cuda")
+    model.lm_head.register_forward_hook(
+        lambda module, inputs, logits: logits.index_add(
+            -1, eos, torch.full((*logits.shape[:-1], 1), 6.0, dtype=logits.dtype, device=logits.device)
+        )
+    )  # the end of turn made likely: rows stop early and are dropped
+    captured = []
+    real_capture = GraphDecoder._capture
+    monkeypatch.setattr(
+        GraphDecoder, "_capture", lambda self, bucket: captured.append(bucket) or real_capture(self, bucket)
+    )
+    graphs, eager = engines_on(model, tok, "cuda_graphs", "per_row")
+    prompts = [prompt_ids(tok, "Compute 2+2."), prompt_ids(tok, "Write 3 words about rain, all in lowercase.")]
+    sampling = SamplingParams(max_new_tokens=16, seed=0)
+    a = [c for g in graphs.generate(prompts, 8, sampling) for c in g]
+    b = [c for g in eager.generate(prompts, 8, sampling) for c in g]
+    assert len({len(c.token_ids) for c in a}) > 1 and captured[0] == 16 and min(captured) < 16
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert torch.equal(
+        torch.tensor([x for c in a for x in c.logprobs]), torch.tensor([x for c in b for x in c.logprobs])
+    )
+
+
+def test_cuda_graphs_are_refused_on_a_cpu_model():
+    tok = load_tokenizer()
+    with pytest.raises(ValueError, match="cuda_graphs needs a cuda model"):
+        HFEngine(build_tiny_model(SMALL, len(tok), seed=1), tok, decoder="cuda_graphs")
+    with pytest.raises(ValueError, match="this gpt2 decodes with hf"):
+        HFEngine(gpt2(len(tok)), tok, decoder="per_row")
 
 
 def test_rows_that_stop_early_leave_the_batch_and_the_rest_stay_exact(monkeypatch):

@@ -62,3 +62,18 @@ def test_generates_a_few_tokens(converted):
         assert 1 <= len(completion.token_ids) <= 6 and completion.text.strip()
         assert all(lp <= 0.0 for lp in completion.logprobs)
     assert "Paris" in out[0][0].text
+
+
+def test_the_gguf_can_be_named_by_the_environment(tmp_path, monkeypatch):
+    """A machine without the wheel (a lent GPU) names the GGUF; a name that is no file is one clear error."""
+    from cascade.stages.model_source import SMOLLM2_GGUF, smollm2_gguf
+
+    copy = tmp_path / SMOLLM2_GGUF
+    copy.write_bytes(b"GGUF")
+    monkeypatch.setenv("CASCADE_SMOLLM2_GGUF", str(copy))
+    assert smollm2_gguf() == copy
+    monkeypatch.setenv("CASCADE_SMOLLM2_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match="CASCADE_SMOLLM2_GGUF=.*missing.gguf: no such file"):
+        smollm2_gguf()
+    monkeypatch.delenv("CASCADE_SMOLLM2_GGUF")
+    assert smollm2_gguf().name == SMOLLM2_GGUF and smollm2_gguf() != copy  # the wheel's own

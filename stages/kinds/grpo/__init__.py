@@ -7,15 +7,25 @@ validating a recipe never loads torch.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from cascade.stages.config_base import DataSource, Name, NonNegative, OnPolicyConfig, Positive, Read, ReadsDataFiles
+from cascade.stages.config_base import (
+    Count,
+    DataSource,
+    ForwardOptions,
+    Name,
+    NonNegative,
+    OnPolicyConfig,
+    Positive,
+    Read,
+    ReadsDataFiles,
+)
 from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
 
 
-class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
+class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     kind: Literal["grpo"] = "grpo"
     name: Name
     domains: list[str]
@@ -47,6 +57,18 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
     importance_correction: Literal["auto", "none", "tis", "mis"] = "auto"
     is_cap: Positive = 2.0
     mis_band: tuple[Positive, Positive] = (0.5, 5.0)
+    # How the update lays out its micro-batch's rows for the model, not what it computes (the same loss up to
+    # rounding, tested to 1e-5; so not hashed). shared_prefix: each prompt forwarded once, its group's completions
+    # run on its repeated KV cache (stages/completions.py). packed: the [prompt | completion] rows laid end to end
+    # in packed rows of pack_length tokens (None: the micro-batch's longest row), position ids restarting per row
+    # as SFT packs, one forward without a cache; each prompt then goes through the model once per completion, but
+    # in few, full rows, and `attention: flex_attention` and `compile: true` (ForwardOptions) apply to it only.
+    # micro_batch_size still counts completion rows. FSDP and activation checkpointing run full rows either way.
+    update_layout: Literal["shared_prefix", "packed"] = "shared_prefix"
+    pack_length: Count | None = None
+    not_hashed: ClassVar[frozenset[str]] = (
+        OnPolicyConfig.not_hashed | ForwardOptions.FORWARD_OPTIONS | {"update_layout", "pack_length"}
+    )
 
     @model_validator(mode="after")
     def _correction_bounds(self) -> GRPOConfig:
@@ -55,6 +77,16 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles):
         low, high = self.mis_band
         if not low < 1.0 < high:
             raise ValueError(f"stage {self.name!r}: mis_band {list(self.mis_band)} must hold 1 strictly inside")
+        return self
+
+    @model_validator(mode="after")
+    def _forward_options_pack(self) -> GRPOConfig:
+        options = [f"attention: {self.attention}"] * (self.attention != "sdpa") + ["compile: true"] * self.compile
+        if options and self.update_layout != "packed":
+            raise ValueError(
+                f"stage {self.name!r}: {' and '.join(options)} apply to the packed update only (the shared-prefix "
+                "one runs on a KV cache); set update_layout: packed"
+            )
         return self
 
     def reads(self) -> list[Read]:

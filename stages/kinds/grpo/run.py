@@ -31,7 +31,8 @@ Each phase of a step runs in a `torch.profiler.record_function` range named `grp
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -39,7 +40,14 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
+from cascade.stages.completions import (
+    CompletionBatch,
+    RowLayout,
+    check_head_reads_decoder,
+    completion_batch,
+    completion_logprobs,
+    runs_full_rows,
+)
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.datasets.sources import iter_rows
 from cascade.stages.distributed import rank_micro_batches
@@ -56,6 +64,7 @@ from cascade.stages.losses import (
     tis_weights,
     token_entropy,
 )
+from cascade.stages.packing import check_forward_options, check_packing_isolates_rows, compile_layers
 from cascade.stages.rewards import make_reward_source
 from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups, sync_metrics
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
@@ -72,6 +81,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             f"fewer than prompts_per_step={cfg.prompts_per_step}"
         )
     run = TrainRun(ctx, cfg, inputs.policy)
+    sampling_attention = prepare_update(run, cfg)
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
     reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
@@ -82,7 +92,8 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             # (by default the domain's grader, the one the eval uses); with refill_rounds, groups without signal
             # are replaced by fresh prompts' groups
             step_started = time.perf_counter()
-            items, prompts, groups, rewards, refilled = rollout_and_score(engine, run, pool, cfg, reward_source)
+            with sampling_forward(run.model, cfg, sampling_attention):
+                items, prompts, groups, rewards, refilled = rollout_and_score(engine, run, pool, cfg, reward_source)
             rollout_seconds = time.perf_counter() - step_started  # rewards are on the host: the device is done
 
             # advantages: group-normalized; zero-variance groups dropped
@@ -113,6 +124,42 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
         reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
     return run.finish(summary)
+
+
+def prepare_update(run: TrainRun, cfg: GRPOConfig) -> str:
+    """The model set up for the update's forward (cfg.update_layout, attention, compile), the world's refusals
+    first; returns the attention the model was loaded with, which sampling keeps (sampling_forward). Packed: the
+    packing probe and the head probe (the update reads the decoder and the head apart), then the compile, after
+    the probes, whose 6-token shapes would be compiles of their own."""
+    check_forward_options(cfg, run.world)
+    loaded = run.model.config._attn_implementation
+    if cfg.attention == "flex_attention":  # sdpa: the model keeps the attention it was loaded with
+        run.model.set_attn_implementation(cfg.attention)
+    if cfg.update_layout == "packed" and not runs_full_rows(run.model):
+        check_packing_isolates_rows(run.model, run.world.device, "set update_layout: shared_prefix for this stage")
+        check_head_reads_decoder(run.model, run.world.device)
+    if cfg.compile:
+        compile_layers(run.model)
+    return loaded
+
+
+@contextmanager
+def sampling_forward(model: torch.nn.Module, cfg: GRPOConfig, attention: str) -> Iterator[None]:
+    """The rollout's forwards of the trained module (the HF engine's prefill, on a KV cache) run as without the
+    update's forward options: the attention the model was loaded with, its layers eager. Flex attention and the
+    compiled layers are for the packed update's shapes: a prefill would be compiles of its own."""
+    flex = cfg.attention == "flex_attention"
+    if not flex and not cfg.compile:
+        yield
+        return
+    if flex:
+        model.set_attn_implementation(attention)
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        if flex:
+            model.set_attn_implementation(cfg.attention)
 
 
 def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source):
@@ -172,7 +219,7 @@ def policy_update(
     (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and sums
     are all-reduced, so N ranks make the update of one process. Each prompt goes through the model once for its
     group (stages/completions.py)."""
-    world, pad = run.world, run.tokenizer.pad_token_id
+    world, pad, layout = run.world, run.tokenizer.pad_token_id, row_layout(cfg)
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
     batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature, cfg.top_p).to(
         world.device
@@ -190,7 +237,7 @@ def policy_update(
 
     def micro_loss(part: slice) -> torch.Tensor:
         with record_function("grpo.logprob_forward"), world.autocast():
-            logp, logits = completion_logprobs(run.model, batch, part, pad)  # [n, C], [n, C, V]
+            logp, logits = completion_logprobs(run.model, batch, part, pad, layout)  # [n, C], [n, C, V]
         m, inf_logp = batch.mask[part], batch.inf_logp[part]
         weight = None if weighting is None else weighting(logp, inf_logp)  # [n, C]
         with torch.no_grad():
@@ -227,6 +274,11 @@ def policy_update(
     }
 
 
+def row_layout(cfg: GRPOConfig) -> RowLayout:
+    """How the update's forwards lay out their rows (stages/completions.py); the reference keeps the shared prefix."""
+    return RowLayout(cfg.update_layout, cfg.pack_length, cfg.compile)
+
+
 def importance_weighting(cfg: GRPOConfig, engine: str, dtype: str) -> Callable[[Tensor, Tensor], Tensor] | None:
     """The stage's correction of the train/inference mismatch, (logp, inf_logp) -> token weights, or None for
     none. auto: tis where the engine is vLLM or the stage trains in bf16 (the mismatch is real there), else none."""
@@ -249,7 +301,7 @@ def mismatch_sum(run: TrainRun, cfg: GRPOConfig, batch: CompletionBatch) -> floa
             idle_loss(run.model, run.world)
             continue
         with record_function("grpo.mismatch_forward"), run.world.autocast():
-            logp, _ = completion_logprobs(run.model, batch, part, run.tokenizer.pad_token_id)
+            logp, _ = completion_logprobs(run.model, batch, part, run.tokenizer.pad_token_id, row_layout(cfg))
         total += float(((logp - batch.inf_logp[part]).abs() * batch.mask[part]).sum())
     return total
 

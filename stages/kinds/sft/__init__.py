@@ -13,6 +13,7 @@ from cascade.stages.config_base import (
     BatchSize,
     Count,
     Every,
+    ForwardOptions,
     Fraction,
     LearningRate,
     MicroBatched,
@@ -24,7 +25,7 @@ from cascade.stages.config_base import (
 )
 
 
-class SFTConfig(TrainingConfig, MicroBatched):
+class SFTConfig(TrainingConfig, MicroBatched, ForwardOptions):
     kind: Literal["sft"] = "sft"
     name: Name = "sft"
     data: str = "sft_data"  # the sft_data stage whose dataset this trains on
@@ -44,15 +45,8 @@ class SFTConfig(TrainingConfig, MicroBatched):
     # A batch in which no two rows fit together is left exactly as padding lays it out (docs/LOG.md).
     packing: bool = True
     pack_length: Count | None = None  # tokens per packed row; None: the step's longest row (never less than it)
-    # How the forward runs, not what it computes (so neither is hashed). flex_attention: torch's block-sparse
-    # attention, which skips the blocks a packed row's mask shuts (rows of ~50 tokens in 2,048: most of them);
-    # sdpa builds a dense mask and attends over all of it. compile: torch.compile each decoder layer (fused norms,
-    # rotary and activations) and the loss's log-softmax (read from the bf16 logits, no fp32 copy of [T, V]); a
-    # compile of under a minute at the first steps. One process only for now.
-    # Figures per device: bench/RESULTS.md.
-    attention: Literal["sdpa", "flex_attention"] = "sdpa"
-    compile: bool = False
-    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"attention", "compile"}
+    # attention (sdpa | flex_attention) and compile: how the forward runs, not what it computes (ForwardOptions)
+    not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | ForwardOptions.FORWARD_OPTIONS
 
     def reads(self) -> list[Read]:
         return [Read("data", self.data, "dataset")]
