@@ -135,8 +135,9 @@ if [ "$REAL" = 1 ]; then  # the real recipes on smollm2-135m at full size (here:
       "domains.math.heldout_size=2" "domains.math.max_new_tokens=8" "eval.benchmarks={gsm8k: {limit: 2, max_new_tokens: 8}}")
     REAL_LIMIT=${REAL_LIMIT:-400}
   else
-    IF_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}")
-    GSM8K_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}")
+    read -ra extra <<<"${REAL_OVERRIDES:-}"  # e.g. REAL_OVERRIDES=engine.hf_decoder=shared_prefix
+    IF_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}" "${extra[@]}")
+    GSM8K_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}" "${extra[@]}")
     REAL_LIMIT=${REAL_LIMIT:-420}
   fi
   # both at once: a 135M model's decode leaves the GPU mostly idle, so two runs share it (their times overlap)
