@@ -149,8 +149,11 @@ def open_policy(
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
     (any source `stages.model_source.resolve_model_dir` takes), with the recipe's engine settings."""
     store = store or Store.from_config(recipe.storage)
+    from cascade.stages.distributed import resolve_device
+
     with owned_tempdir(prefix="cascade-eval-") as download:
         model, tokenizer = load_checkpoint(recipe, store, checkpoint, download)  # in memory: the copy goes
+    model = model.to(resolve_device(recipe.compute.device))  # where the stages train: a GPU's evals run on it
     engine_cfg = recipe.engine if batch_size is None else recipe.engine.model_copy(update={"batch_size": batch_size})
     return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
 

