@@ -1,6 +1,7 @@
 """The stage driver: a recipe's stages in order, or some of them, without Prefect or MLflow.
 
     python -m cascade.stages.run RECIPE [key=value ...] [--stage NAME ...] [--run-id ID] [--metrics-json FILE]
+        [--profile FILE]
 
 The same code path as the flow's stage task under a thinner caller: each stage runs through
 `run_stage_where_configured` (in this process, or torchrun ranks per `compute:`) with the inputs the registry
@@ -23,6 +24,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +135,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--run-id", default=RUN_ID)
     parser.add_argument("--log-every", type=int, default=10, help="print every N-th step's metrics")
     parser.add_argument("--metrics-json", type=Path, help="write each stage's checkpoint, seconds and metrics here")
+    parser.add_argument(
+        "--profile", type=Path, help="run under torch.profiler; write its table of ops and grpo.* phases here"
+    )
     return parser.parse_intermixed_args(argv)  # overrides may follow the options
 
 
@@ -153,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.log_every < 1:
             raise RecipeError(f"--log-every must be at least 1, not {args.log_every}")
         check_host(recipe)
-        if args.metrics_json:
-            refuse_unwritable(args.metrics_json)
-        summary = run_stages(recipe, args.run_id, args.stages, args.log_every)
+        for option, path in (("--metrics-json", args.metrics_json), ("--profile", args.profile)):
+            if path:
+                refuse_unwritable(option, path)
+        with profiled(args.profile):
+            summary = run_stages(recipe, args.run_id, args.stages, args.log_every)
         if args.metrics_json:
             args.metrics_json.write_text(json.dumps(summary, indent=1))
     except BAD_INPUT as e:
@@ -176,15 +184,42 @@ def one_line(error: BaseException, code: int) -> int:
     return code
 
 
-def refuse_unwritable(path: Path) -> None:
-    """--metrics-json is written after the last stage: a path that cannot take it is refused before the first."""
+def refuse_unwritable(option: str, path: Path) -> None:
+    """--metrics-json and --profile are written after the last stage: a path that cannot take one is refused
+    before the first."""
     if path.is_dir():
-        raise RecipeError(f"--metrics-json {path}: is a directory")
+        raise RecipeError(f"{option} {path}: is a directory")
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
-        raise RecipeError(f"--metrics-json {path}: no folder {folder}")
+        raise RecipeError(f"{option} {path}: no folder {folder}")
     if not os.access(path if path.exists() else folder, os.W_OK):
-        raise RecipeError(f"--metrics-json {path}: not writable")
+        raise RecipeError(f"{option} {path}: not writable")
+
+
+@contextmanager
+def profiled(table: Path | None) -> Iterator[None]:
+    """The stages under torch.profiler (the CPU, and CUDA where torch sees it), its ops and the stages' named
+    ranges (grpo.rollout, grpo.forward_backward, ...) written to `table`, most device time first; None: as is."""
+    if table is None:
+        yield
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        yield
+    from torch.autograd.profiler_util import EventList
+
+    order = "cuda_time_total" if cuda else "cpu_time_total"
+    ops = prof.key_averages()
+    phases = EventList([e for e in ops if e.key.startswith(PROFILED_PHASES)])
+    tables = [events.table(sort_by=order, row_limit=40, max_name_column_width=60) for events in (phases, ops)]
+    table.write_text("\n".join(tables) + "\n")
+
+
+PROFILED_PHASES = ("grpo.",)  # the stages' record_function ranges, listed whole before the 40 costliest ops
 
 
 if __name__ == "__main__":

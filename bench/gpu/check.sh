@@ -9,7 +9,9 @@
 #                                         # PARTS="tests tiny-main shapes" runs only those parts (default: all of
 #                                         # tests tiny-main tiny-ref shapes decode fsdp2; decode: the decoders' A/B
 #                                         # on each shape, with shapes); SHAPE_RL=6 times more GRPO steps;
-#                                         # GPU_TESTS_K="cuda and flex" picks the tests (pytest -k)
+#                                         # GPU_TESTS_K="cuda and flex" picks the tests (pytest -k); PROFILE=1
+#                                         # profiles each shape's stages (the driver's --profile: its times then
+#                                         # carry the profiler's cost) into logs.tgz
 #   bash bench/gpu/check.sh --mfu [--out DIR]  # there: only the ~0.5B shape's SFT, once per way of running its
 #                                         # forward (attention sdpa | flex_attention, compile, micro-batch)
 #   bash bench/gpu/check.sh [--out DIR]   # there: device run `bash bench/gpu/check.sh --out $OUT`, carry .whl .gpu-store
@@ -198,7 +200,7 @@ wanted shapes && for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
     "stages.sft.pack_length=2048" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1" \
     "stages.math_rl.steps=$SHAPE_RL" "stages.math_rl.prompts_per_step=$SHAPE_PROMPTS" "stages.math_rl.group_size=$SHAPE_GROUP" \
     "stages.math_rl.micro_batch_size=32" "stages.math_rl.drop_flat_groups=false" "domains.math.max_new_tokens=$SHAPE_NEW" \
-    "${SHAPE_UPDATE[@]}"
+    "${SHAPE_UPDATE[@]}" $([ "${PROFILE:-0}" = 1 ] && echo --profile "$WORK/$arch.profile.txt")
   # gigabytes on the 0.5B shape; each checkpoint's config.json stays (the report counts the model's FLOPs from it)
   rm -rf "/tmp/cascade-gpu-models/$arch"; find "$STORE/runs/$arch" -name "*.safetensors" -delete
 done

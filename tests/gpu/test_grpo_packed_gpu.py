@@ -2,8 +2,6 @@
 compile: true) against the shared prefix, on cuda in fp32. Flex attention has no CPU backward: this runs only
 there (bench/gpu/check.sh's gpu-tests part selects it by name)."""
 
-import random
-
 import pytest
 import torch
 
@@ -14,12 +12,12 @@ from cascade.stages.completions import (
     completion_logprobs,
 )
 from cascade.stages.config import ModelConfig
-from cascade.stages.engines.base import Completion
 from cascade.stages.losses import grpo_loss
 from cascade.stages.model import build_tiny_model
 from cascade.stages.packing import check_packing_isolates_rows, compile_layers
 from cascade.stages.training import backward_micro_batches
 from tests.conftest import needs_cuda
+from tests.stages.test_training import ragged_rollouts
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 
@@ -30,7 +28,7 @@ def test_packed_flex_compiled_update_gives_the_shared_prefix_logprobs_on_cuda():
     logprobs, the loss and the gradient equal the eager sdpa shared prefix's, up to flex's and the fused kernels'
     rounding."""
     vocab, pad = 1024, 0
-    batch = completion_batch(ragged_rollouts(vocab, prompts=3, group=4), pad, 0.8, 0.95).to("cuda")
+    batch = completion_batch(ragged_rollouts(vocab, prompts=3, group=4, seed=3), pad, 0.8, 0.95).to("cuda")
     adv = torch.linspace(-1.5, 1.5, len(batch), device="cuda")
     num_tokens = int(batch.mask.sum())
 
@@ -57,15 +55,3 @@ def test_packed_flex_compiled_update_gives_the_shared_prefix_logprobs_on_cuda():
     assert loss == pytest.approx(want_loss, abs=1e-4)
     for g, want in zip(grads, want_grads):
         torch.testing.assert_close(g, want, atol=1e-4, rtol=0)
-
-
-def ragged_rollouts(vocab: int, prompts: int, group: int) -> list[tuple[list[int], Completion]]:
-    """Groups of ragged completions (1-9 tokens) of ragged prompts (3-8 tokens), as (prompt, completion) rows."""
-    rng = random.Random(3)
-    rows = []
-    for _ in range(prompts):
-        prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 8))]
-        for _ in range(group):
-            comp = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 9))]
-            rows.append((prompt, Completion(comp, [-1.0] * len(comp), "", "length")))
-    return rows

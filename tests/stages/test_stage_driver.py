@@ -42,6 +42,17 @@ def test_one_stage_at_a_time_adopts_the_committed_ones_and_equals_both_at_once(t
     assert store.exists("runs/driver/metrics/01-sft.jsonl")  # the step log the report's curves read
 
 
+def test_a_profiled_run_writes_the_table_of_its_grpo_phases(tmp_path, capsys):
+    """--profile: the run's ops and the GRPO step's named phases, with their times, most time first."""
+    table = tmp_path / "profile.txt"
+    args = driver_args(tmp_path, "stages.if_rl.steps=1", "stages.if_rl.drop_flat_groups=false", "--profile", str(table))
+    assert main([*args, "--stage", "sft_data", "--stage", "sft", "--stage", "difficulty", "--stage", "if_rl"]) == 0
+    rows = table.read_text().splitlines()
+    phases = [r.split()[0] for r in rows if r.strip().startswith("grpo.")]
+    assert {"grpo.rollout", "grpo.forward_backward", "grpo.optimizer"} <= set(phases), phases
+    assert "Self CPU time total" in rows[-1] or "Self CPU time total" in rows[-2]
+
+
 def test_a_stage_whose_inputs_are_not_committed_is_refused_before_anything_is_written(tmp_path, capsys):
     assert main(driver_args(tmp_path, "--stage", "sft")) == 2
     err = capsys.readouterr().err.strip()
@@ -85,6 +96,7 @@ def test_what_the_run_cannot_use_is_one_line_before_any_stage(tmp_path):
     cases = [
         (driver_args(tmp_path, "--metrics-json", str(tmp_path / "taken")), "is a directory"),
         (driver_args(tmp_path, "--metrics-json", str(tmp_path / "no/such/m.json")), "no folder"),
+        (driver_args(tmp_path, "--profile", str(tmp_path / "taken")), "--profile"),
         (["micro", "storage.root=s3://bucket/x", "storage.endpoint_url=http://127.0.0.1:9"], "no credentials"),
         (["micro", "storage.root=s3://bucket/x", "storage.endpoint_url=http://127.0.0.1:9"], "cannot be reached"),
     ]
