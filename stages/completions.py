@@ -22,7 +22,6 @@ Every tensor here is in completion coordinates: column j is the j-th sampled tok
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -35,7 +34,7 @@ from cascade.stages.engines.base import Completion
 from cascade.stages.engines.hf import left_padded
 from cascade.stages.losses import scoring_logits, token_logprobs
 from cascade.stages.model import Example
-from cascade.stages.packing import PACKING_LEAK_RTOL, pack_batch, pack_rows, packing_leak
+from cascade.stages.packing import PACKING_LEAK_RTOL, compiled_token_logprobs, fill_packed, pack_rows, packing_leak
 
 
 @dataclass(frozen=True)
@@ -126,13 +125,6 @@ def runs_full_rows(model: torch.nn.Module) -> bool:
     return bool(getattr(model, "is_activation_checkpointing", False)) or isinstance(model, FSDPModule)
 
 
-@functools.cache
-def compiled_token_logprobs():
-    """token_logprobs through torch.compile, made once per process, as SFT's loss runs it: the log-softmax read
-    from the bf16 logits, no fp32 copy of [n, C, V]."""
-    return torch.compile(token_logprobs)
-
-
 def shared_prefix_logits(model, prompts: list[list[int]], repeat: Tensor, ids: Tensor, pad: int) -> Tensor:
     """Each prompt forwarded once, its cache repeated to its rows. repeat: [n] row -> prompt; ids: [n, C] ->
     [n, C, V], column j the logits that predict ids[:, j]."""
@@ -183,14 +175,14 @@ def packed_row_logits(
     reads its row's last position (finite, masked out by every caller)."""
     owner, tokens, counts = repeat.tolist(), ids.tolist(), [int(n) for n in lengths.tolist()]
     rows = [prompts[p] + tokens[r][: max(counts[r] - 1, 0)] for r, p in enumerate(owner)]
-    _, packed = pack_rows([len(row) for row in rows], pack_length)
+    width, packed = pack_rows([len(row) for row in rows], pack_length)
     place = [(0, 0)] * len(rows)  # row -> (packed row, column of its prompt's last token)
     for k, members in enumerate(packed):
         start = 0
         for r in members:
             place[r] = (k, start + len(prompts[owner[r]]) - 1)
             start += len(rows[r])
-    packed_ids, _, positions = pack_batch([Example(row, ()) for row in rows], pad, pack_length)
+    packed_ids, _, positions = fill_packed([Example(row, ()) for row in rows], pad, width, packed)
     hidden = model.get_decoder()(
         input_ids=packed_ids.to(ids.device), position_ids=positions.to(ids.device), use_cache=False
     ).last_hidden_state  # [R, T, H]

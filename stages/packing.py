@@ -7,11 +7,13 @@ of them.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
 
 from cascade.stages.distributed import World, decoder_layers
+from cascade.stages.losses import token_logprobs
 from cascade.stages.recipe import RecipeError
 
 if TYPE_CHECKING:
@@ -53,7 +55,13 @@ def pack_batch(
     token attends across rows. A row's first
     token is never a target (as in padding: mask[:, 1:]), so no token is trained on the row before it. The tail
     of a packed row is padding, positions continuing the last row, masked out of the loss."""
-    width, packed = pack_rows([len(ids) for ids, _ in batch], pack_length)
+    return fill_packed(batch, pad, *pack_rows([len(ids) for ids, _ in batch], pack_length))
+
+
+def fill_packed(
+    batch: list[Example], pad: int, width: int, packed: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pack_batch's tensors for a layout pack_rows made: ids, loss mask and position ids, [R, T] each."""
     ids = torch.full((len(packed), width), pad, dtype=torch.long)
     mask = torch.zeros((len(packed), width))
     positions = torch.zeros((len(packed), width), dtype=torch.long)
@@ -113,6 +121,13 @@ def check_forward_options(cfg: ForwardOptions, world: World) -> None:
         )
     if cfg.compile and world.distributed:
         raise RecipeError(f"stage {cfg.name!r}: compile runs in one process only (one rank, compute.launcher: auto)")
+
+
+@functools.cache
+def compiled_token_logprobs():
+    """losses.token_logprobs through torch.compile, made once per process: the log-softmax read from the bf16
+    logits, no fp32 copy of [n, C, V] (SFT's loss and the GRPO update's logprobs under `compile: true`)."""
+    return torch.compile(token_logprobs)
 
 
 def compile_layers(model: torch.nn.Module) -> None:

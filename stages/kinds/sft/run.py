@@ -34,7 +34,13 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft import SFTConfig
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import Example, conversation_example
-from cascade.stages.packing import check_forward_options, check_packing_isolates_rows, compile_layers, pack_batch
+from cascade.stages.packing import (
+    check_forward_options,
+    check_packing_isolates_rows,
+    compile_layers,
+    compiled_token_logprobs,
+    pack_batch,
+)
 from cascade.stages.recipe import RecipeError
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
 
@@ -54,7 +60,7 @@ def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResu
         check_packing_isolates_rows(run.model, device)
     if cfg.compile:  # after the packing probe, whose 6-token shape would be a compile of its own
         compile_layers(run.model)
-    logprobs = torch.compile(token_logprobs) if cfg.compile else token_logprobs
+    logprobs = compiled_token_logprobs() if cfg.compile else token_logprobs
     tokens_seen = 0
     loss = 0.0
     while run.step < cfg.steps:
