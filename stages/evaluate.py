@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import BENCHMARK_COLUMN, DEV_COLUMN, GREEDY_COLUMN, pass_at_column
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
@@ -173,3 +174,22 @@ def evaluate_model(
         return {**scores, **bench_scores}, rows + bench_rows
     finally:
         engine.close()
+
+
+def stored_or_evaluated(
+    recipe: Recipe,
+    store: Store,
+    key: str,
+    model: CheckpointRef | None,
+    progress: ProgressFactory | None = None,
+) -> tuple[EvalRecord, bool]:
+    """The eval record at `key` when it scored this checkpoint (the same digest: a re-trained stage is evaluated
+    again), else a new eval of `model` (None: the recipe's model source), written there; and whether it is new."""
+    digest = model.digest if model else None
+    stored = EvalRecord.parse(store.read_bytes(key), store.uri(key)) if store.exists(key) else None
+    if stored is not None and stored.digest == digest:
+        return stored, False
+    scores, rows = evaluate_model(recipe, model, store, progress)
+    record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
+    store.write_bytes(key, record.to_json())
+    return record, True

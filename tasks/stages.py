@@ -34,7 +34,6 @@ from cascade.artifacts.checkpoint import CheckpointRef, adoptable
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.html_report import write_run_report
 from cascade.artifacts.lease import hold_run
-from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
@@ -42,7 +41,7 @@ from cascade.artifacts.tracking import Tracker, redact, register_stage, tracking
 from cascade.stages.config_base import StageConfig
 from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.errors import GateFailed
-from cascade.stages.evaluate import evaluate_model
+from cascade.stages.evaluate import stored_or_evaluated
 from cascade.stages.gate import best_stages, decide
 from cascade.stages.kinds import StageInputs, gain_targets, kind_of
 from cascade.stages.launch import run_stage_where_configured
@@ -224,18 +223,12 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
     """Scores of every domain after a stage; reused from the store when already computed."""
     store, report = open_report(recipe, run_id)
     key = layout.eval_key(run_id, index, stage)
-    digest = model.digest if model else None
-    stored = EvalRecord.parse(store.read_bytes(key), store.uri(key)) if store.exists(key) else None
-    if stored is not None and stored.digest == digest:  # a re-trained stage must be re-evaluated
-        scores = stored.scores
-    else:
-        scores, rows = evaluate_model(recipe, model, store, lambda part: progress_for(f"eval {stage}: {part}"))
-        record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
-        store.write_bytes(key, record.to_json())
-        if tracking_on(recipe.tracking):
-            tracker = Tracker(recipe, run_id)
-            tracker.log_scores(len(report.evals), scores)
-            tracker.log_eval(stage, index, scores, rows)
+    record, new = stored_or_evaluated(recipe, store, key, model, lambda part: progress_for(f"eval {stage}: {part}"))
+    scores = record.scores
+    if new and tracking_on(recipe.tracking):
+        tracker = Tracker(recipe, run_id)
+        tracker.log_scores(len(report.evals), scores)
+        tracker.log_eval(stage, index, scores, record.items)
     report.record_eval(stage, scores)
     report.save(store)
     if tracking_on(recipe.tracking) and model is not None:

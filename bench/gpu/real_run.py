@@ -26,7 +26,6 @@ from ifeval_gain import IFEVAL, column_rows, ifeval_rows, rows_by_id  # noqa: E4
 
 from cascade.artifacts import layout  # noqa: E402
 from cascade.artifacts.checkpoint import CheckpointRef, adoptable  # noqa: E402
-from cascade.artifacts.records import EvalRecord  # noqa: E402
 from cascade.artifacts.store import Store  # noqa: E402
 from cascade.stages.config import SOURCE_EVAL  # noqa: E402
 from cascade.stages.kinds import kind_of  # noqa: E402
@@ -49,19 +48,12 @@ def policy_checkpoints(recipe: Recipe, store: Store, run_id: str) -> list[tuple[
 
 def evaluated(recipe: Recipe, store: Store, run_id: str, index: int, stage: str, ref: CheckpointRef | None) -> dict:
     """The eval record of one model (None: the source), as the flow writes it; reused when its digest matches."""
-    from cascade.stages.evaluate import evaluate_model
+    from cascade.stages.evaluate import stored_or_evaluated
 
-    key = layout.eval_key(run_id, index, stage)
-    digest = ref.digest if ref else None
-    if store.exists(key):
-        stored = EvalRecord.parse(store.read_bytes(key), store.uri(key))
-        if stored.digest == digest:
-            return json.loads(stored.to_json())
     started = time.time()
-    scores, rows = evaluate_model(recipe, ref, store)
-    record = EvalRecord(model=ref.uri if ref else None, digest=digest, scores=scores, items=rows)
-    store.write_bytes(key, record.to_json())
-    print(f"[eval {stage}] {time.time() - started:.1f} s: {json.dumps(scores)}", file=sys.stderr, flush=True)
+    record, new = stored_or_evaluated(recipe, store, layout.eval_key(run_id, index, stage), ref)
+    if new:
+        print(f"[eval {stage}] {time.time() - started:.1f} s: {json.dumps(record.scores)}", file=sys.stderr, flush=True)
     return json.loads(record.to_json())
 
 
