@@ -86,11 +86,12 @@ def max_new_tokens(recipe: Recipe, domains: list[str]) -> int:
     return max(recipe.domains[d].max_new_tokens for d in domains)
 
 
-def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int) -> RolloutEngine:
-    """The engine an on-policy stage samples with: on the trainer's policy in one process (with LoRA, a merged
-    copy of it), else `ShardedRollouts` (run: a stages.training.TrainRun)."""
+def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int, separate: bool = False) -> RolloutEngine:
+    """The engine an on-policy stage samples with: on the trainer's policy in one process (with LoRA or
+    `separate`, a copy of it: run.policy_for_sampling), else `ShardedRollouts` or `SharedServerRollouts`, whose
+    replicas and servers are copies already (run: a stages.training.TrainRun)."""
     if not run.world.distributed:
-        return make_engine(cfg, run.policy_for_sampling(), run.tokenizer, seed=seed)
+        return make_engine(cfg, run.policy_for_sampling(separate), run.tokenizer, seed=seed)
     if cfg.kind == "vllm":
         return SharedServerRollouts(cfg, run, seed)
     return ShardedRollouts(cfg, run, seed)
@@ -118,7 +119,28 @@ def unsharded_replica(
     return replica
 
 
-class ShardedRollouts:
+class RankShares:
+    """An engine of a multi-rank stage whose ranks each sample a share of the prompts (`generate_share`, no
+    collective): `generate` is every rank's share, gathered in prompt order on every rank."""
+
+    world: Any
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        return self.gather(self.generate_share(prompts, n, sampling, seeds))
+
+    def generate_share(
+        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        raise NotImplementedError
+
+    def gather(self, share: list[list[Completion]]) -> list[list[Completion]]:
+        """Every rank's share, in prompt order (a collective)."""
+        return [group for rank_share in self.world.all_gather(share) for group in rank_share]
+
+
+class ShardedRollouts(RankShares):
     """Under torchrun: each rank samples its share of the prompts (its seed offset by its rank; per-prompt `seeds`
     go with their prompts) from its own full copy of the policy, and every rank returns every rank's samples, in
     prompt order. The trainer's FSDP2 shards cannot generate: their forwards are collectives, and ranks stop
@@ -130,20 +152,19 @@ class ShardedRollouts:
         self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
         self.name = self.engine.name
 
-    def generate(
+    def generate_share(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
     ) -> list[list[Completion]]:
         if len(prompts) < self.world.size:
             raise ValueError(f"{len(prompts)} prompts per step cannot be shared by {self.world.size} ranks")
         mine = self.world.shard(len(prompts))
         seed = None if sampling.seed is None else sampling.seed + self.world.rank
-        groups = self.engine.generate(
+        return self.engine.generate(
             prompts[mine.start : mine.stop],
             n,
             dataclasses.replace(sampling, seed=seed),
             seeds=None if seeds is None else seeds[mine.start : mine.stop],
         )
-        return [group for share in self.world.all_gather(groups) for group in share]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.replica.load_state_dict(full_weights_everywhere(model, self.world))
@@ -153,7 +174,7 @@ class ShardedRollouts:
         self.engine.close()
 
 
-class SharedServerRollouts:
+class SharedServerRollouts(RankShares):
     """Under torchrun or Ray with engine.kind vllm: one vLLM server serves every rank. Rank 0 starts the managed
     server (under Ray: as an actor on `engine.ray_resources`, stages/engines/vllm/ray_actor.py; under torchrun: on
     its own node, from an unsharded copy of the policy) or syncs the external one at engine.url; after each update
@@ -179,7 +200,7 @@ class SharedServerRollouts:
             self.engine = vllm_client(url, run.model, run.tokenizer)
         self.last_sync: dict[str, float] = {}
 
-    def generate(
+    def generate_share(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
     ) -> list[list[Completion]]:
         from cascade.stages.engines.vllm.engine import prompt_seeds
@@ -187,10 +208,9 @@ class SharedServerRollouts:
         if seeds is None and sampling.seed is not None:
             seeds = prompt_seeds(sampling.seed, len(prompts))
         mine = self.world.shard(len(prompts))
-        groups = self.engine.generate(
+        return self.engine.generate(
             prompts[mine.start : mine.stop], n, sampling, seeds=None if seeds is None else seeds[mine.start : mine.stop]
         )
-        return [group for share in self.world.all_gather(groups) for group in share]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         weights = full_weights_everywhere(model, self.world)
@@ -231,6 +251,39 @@ def step_prompts(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class StepRequest:
+    """What a step's rollout phase samples: its prompts (items and chat-formatted ids), G of each, how."""
+
+    items: list[Item]
+    prompts: list[list[int]]
+    group_size: int
+    sampling: SamplingParams
+
+
+def step_request(
+    tokenizer,
+    pool: list[Item],
+    cfg: OnPolicyConfig,
+    recipe: Recipe,
+    domains: list[str],
+    step: int,
+    refill: int = 0,
+    count: int | None = None,
+) -> StepRequest:
+    """This step's P prompts (or `count`), their chat-formatted token ids, and the step's sampling parameters.
+    Refill round r > 0 of a step draws its prompts and samples with seeds of their own, so a resumed step replays
+    every round."""
+    items = step_prompts(pool, cfg, recipe.seed, step, refill, count)
+    sampling = SamplingParams(
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=max_new_tokens(recipe, domains),
+        seed=step_seed(recipe.seed, prompt_stream(cfg, refill), step),
+    )
+    return StepRequest(items, [prompt_ids(tokenizer, it.prompt) for it in items], cfg.group_size, sampling)
+
+
 def sample_groups(
     engine: RolloutEngine,
     tokenizer,
@@ -242,19 +295,10 @@ def sample_groups(
     refill: int = 0,
     count: int | None = None,
 ) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
-    """The rollout phase of every on-policy stage: this step's P prompts (or `count`), their chat-formatted token
-    ids, and G samples of each from the current policy (groups[p][j] is sample j of prompt p). Refill round r > 0
-    of a step draws its prompts and samples with seeds of their own, so a resumed step replays every round."""
-    items = step_prompts(pool, cfg, recipe.seed, step, refill, count)
-    prompts = [prompt_ids(tokenizer, it.prompt) for it in items]
-    stream = prompt_stream(cfg, refill)
-    sampling = SamplingParams(
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_new_tokens=max_new_tokens(recipe, domains),
-        seed=step_seed(recipe.seed, stream, step),
-    )
-    return items, prompts, engine.generate(prompts, cfg.group_size, sampling)
+    """The rollout phase of every on-policy stage: step_request's prompts and G samples of each from the current
+    policy (groups[p][j] is sample j of prompt p)."""
+    request = step_request(tokenizer, pool, cfg, recipe, domains, step, refill, count)
+    return request.items, request.prompts, engine.generate(request.prompts, cfg.group_size, request.sampling)
 
 
 def score_groups(recipe: Recipe, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:

@@ -150,6 +150,7 @@ class TrainRun:
             self.model = prepare_model(self._adapted(model, heads), self.world)
             self.optimizer = make_optimizer(self.model, cfg.lr, cfg)
             self.step, self.history = 0, []
+            self.carried: dict[str, Any] = {}  # what a stage carries across steps in its step checkpoints
             torch.manual_seed(ctx.recipe.seed)
         else:
             # with LoRA the step's model/ is merged; the train state below restores the unmerged weights exactly
@@ -161,6 +162,7 @@ class TrainRun:
             else:
                 load_train_state(self.model, self.optimizer, local / "state" / TRAIN_STATE_DIR)
             self.step, self.history = state["step"], state["history"]
+            self.carried = state.get("carried", {})
             set_rng_state(state["rng"])
             restore = getattr(ctx.log, "restore", None)  # a step log in the store: the history is its truth
             if restore is not None:
@@ -172,18 +174,20 @@ class TrainRun:
     def _adapted(self, model: torch.nn.Module, heads: tuple[str, ...]) -> torch.nn.Module:
         return model if self.cfg.lora is None else add_lora(model, self.cfg.lora, self.ctx.recipe.seed, heads)
 
-    def policy_for_sampling(self) -> torch.nn.Module:
-        """The module an engine samples from, with the current weights: the trained module itself, or with LoRA a
-        plain copy holding its merged weights, refreshed on each call (after each update)."""
-        if self.cfg.lora is None:
+    def policy_for_sampling(self, separate: bool = False) -> torch.nn.Module:
+        """The module an engine samples from, with the current weights: the trained module itself, or a plain copy
+        holding its (with LoRA: merged) weights, refreshed on each call (after each update). `separate`: a copy
+        even without LoRA, for an engine that samples while the trainer steps (stages/rollout_ahead.py)."""
+        if self.cfg.lora is None and not separate:
             return self.model
         if self._merged is None:
             self._merged = MergedCopy(self.model)
             return self._merged.module
         return self._merged.refresh()
 
-    def record_step(self, metrics: dict[str, float]) -> None:
-        """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint.
+    def record_step(self, metrics: dict[str, float], carried: dict[str, Any] | None = None) -> None:
+        """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint,
+        which holds `carried` (plain data a stage restores from `self.carried`, such as a batch drawn ahead).
         Adds the step's wall seconds (from the end of the previous step's record, a step checkpoint's commit
         excluded): the stage reads a device-synced value (loss, grad norm) before it records, so the time holds.
         A step that clip_and_step skipped (its grad_norm NaN) is logged with `skipped: 1`; the last
@@ -196,7 +200,7 @@ class TrainRun:
         self.ctx.progress(self.step, self.cfg.steps)
         every = self.cfg.checkpoint_every
         if every > 0 and self.step % every == 0 and self.step < self.cfg.steps:
-            state = {"step": self.step, "rng": rng_state(), "history": self.history}
+            state = {"step": self.step, "rng": rng_state(), "history": self.history, "carried": carried or {}}
             self._commit(step_key(self.ctx.key, self.step), {}, state)
             if self.world.is_main:
                 prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)

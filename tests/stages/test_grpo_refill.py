@@ -32,6 +32,9 @@ class SignalOnEvenIds:
             [[float(j % 2) if int(it.id) % 2 == 0 else 0.0 for j in range(len(g))] for it, g in zip(items, groups)]
         )
 
+    def metrics(self):
+        return {}
+
 
 TOKENIZER = load_tokenizer()
 POOL = [Item("math", str(i), f"q{i:03d}", "", {}) for i in range(40)]
@@ -45,11 +48,10 @@ def run_for(refill_rounds, step=0):
         }
     )
     cfg = GRPOConfig(name="rl", domains=["math"], prompts_per_step=8, group_size=4, refill_rounds=refill_rounds)
-    run = SimpleNamespace(
-        ctx=SimpleNamespace(recipe=recipe), tokenizer=TOKENIZER, step=step, world=SimpleNamespace(size=1)
-    )
+    run = SimpleNamespace(ctx=SimpleNamespace(recipe=recipe), tokenizer=TOKENIZER, world=SimpleNamespace(size=1))
     engine = CountingEngine()
-    return rollout_and_score(engine, run, POOL, cfg, SignalOnEvenIds()), engine
+    batch = rollout_and_score(engine, run, POOL, cfg, SignalOnEvenIds(), step)
+    return (batch.items, batch.prompts, batch.groups, batch.rewards, batch.refilled), engine
 
 
 def test_refill_replaces_groups_without_signal_with_fresh_prompts():

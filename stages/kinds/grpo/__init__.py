@@ -65,6 +65,10 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     # in few, full rows, and `attention: flex_attention` and `compile: true` (ForwardOptions) apply to it only.
     # micro_batch_size still counts completion rows. FSDP and activation checkpointing run full rows either way.
     update_layout: Literal["shared_prefix", "packed"] = "shared_prefix"
+    # 0: strictly on-policy, the paper's loop. 1: step t+1's batch is sampled from the weights step t starts from,
+    # in the background while step t trains, and importance_correction (auto: tis) weights its tokens
+    # (stages/rollout_ahead.py). It pays where the sampler has cores of its own: a vLLM server, another Ray node.
+    max_staleness: Literal[0, 1] = 0
     pack_length: Count | None = None
     not_hashed: ClassVar[frozenset[str]] = (
         OnPolicyConfig.not_hashed | ForwardOptions.FORWARD_OPTIONS | {"update_layout", "pack_length"}
@@ -77,6 +81,15 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
         low, high = self.mis_band
         if not low < 1.0 < high:
             raise ValueError(f"stage {self.name!r}: mis_band {list(self.mis_band)} must hold 1 strictly inside")
+        return self
+
+    @model_validator(mode="after")
+    def _ahead_without_refills(self) -> GRPOConfig:
+        if self.max_staleness and self.refill_rounds:
+            raise ValueError(
+                f"stage {self.name!r}: refill_rounds choose prompts by the scores of a step's groups, which a batch "
+                "sampled ahead (max_staleness: 1) does not have yet; set one of them to 0"
+            )
         return self
 
     @model_validator(mode="after")

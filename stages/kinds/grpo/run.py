@@ -10,17 +10,18 @@ One gradient step per rollout batch, so the importance ratio is exactly 1 and PP
 Deviation, as the peers ship it: the engine's logprob pi_inf of each sampled token is the behaviour policy, and
 `importance_correction` weights the token's term by w_t = min(pi_train / pi_inf, is_cap) (tis) or by the ratio
 zeroed outside mis_band (mis, IcePop); none (w = 1) is the paper's loss, and auto picks tis where a mismatch is
-real (vLLM rollouts, bf16 training). The step logs the mismatch's mean and max and the share of tokens
-corrected (`is_corrected`). With
-`kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere else), L gains kl_coef * KL(pi_theta || pi_ref), the k3
-estimator on the sampled tokens (stages.losses.kl_k3), pi_ref a frozen checkpoint (`reference`, default the
-stage's start). Groups whose G rewards are all equal carry no signal and are dropped (dynamic
-filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their own, more compute).
-The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
+real (vLLM rollouts, bf16 training, a batch sampled ahead). Deviation, off by default: `max_staleness: 1`
+samples step t+1's batch while step t trains, from theta_t (stages/rollout_ahead.py); the correction then also
+covers that step of staleness, and the step logs it (`staleness`). The step logs the mismatch's mean and max
+and the share of tokens corrected (`is_corrected`). With `kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere
+else), L gains kl_coef * KL(pi_theta || pi_ref), the k3 estimator on the sampled tokens (stages.losses.kl_k3),
+pi_ref a frozen checkpoint (`reference`, default the stage's start). Groups whose G rewards are all equal carry no
+signal and are dropped (dynamic filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their
+own, more compute). The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
 sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
-phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling seed
-is a function of (recipe seed, stage, step),
-so a resumed stage replays exactly the rollouts it would have drawn. `prompts:` picks the pool: the ones an earlier
+phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling
+seed is a function of (recipe seed, stage, step), so a resumed stage replays exactly the rollouts it would have
+drawn (and a step checkpoint carries a batch sampled ahead). `prompts:` picks the pool: the ones an earlier
 difficulty stage kept (stages/kinds/difficulty/), or real data files per domain (GSM8K train, a user's JSONL or
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
 
@@ -66,7 +67,15 @@ from cascade.stages.losses import (
 )
 from cascade.stages.packing import check_forward_options, check_packing_isolates_rows, compile_layers
 from cascade.stages.rewards import make_reward_source
-from cascade.stages.rollout import make_rollout_engine, reward_metrics, sample_groups, sync_metrics
+from cascade.stages.rollout import (
+    StepRequest,
+    make_rollout_engine,
+    reward_metrics,
+    sample_groups,
+    step_request,
+    sync_metrics,
+)
+from cascade.stages.rollout_ahead import CARRY_KEY, Rollout, RolloutPipeline
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
 
 
@@ -81,49 +90,83 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             f"fewer than prompts_per_step={cfg.prompts_per_step}"
         )
     run = TrainRun(ctx, cfg, inputs.policy)
-    sampling_attention = prepare_update(run, cfg)
-    engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
+    ahead = cfg.max_staleness > 0
+    engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed, separate=ahead)
+    sampling_attention = prepare_update(run, cfg)  # after the engine: a sampling copy keeps the loaded attention
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
     reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
     weighting = importance_weighting(cfg, ctx.recipe.engine.kind, run.world.dtype)
+    rollouts = rollout_pipeline(engine, run, pool, cfg, reward_source, sampling_attention)
     try:
         while run.step < cfg.steps:
-            # rollout and score: P prompts x G samples from the current policy, scored by the stage's reward source
-            # (by default the domain's grader, the one the eval uses); with refill_rounds, groups without signal
-            # are replaced by fresh prompts' groups
+            # rollout and score: P prompts x G samples, scored by the stage's reward source (by default the
+            # domain's grader, the one the eval uses), from the current policy; with max_staleness 1, drawn
+            # during the previous step's update from the weights that update started from, and the next step's
+            # batch starts now
             step_started = time.perf_counter()
-            with sampling_forward(run.model, cfg, sampling_attention):
-                items, prompts, groups, rewards, refilled = rollout_and_score(engine, run, pool, cfg, reward_source)
+            batch = rollouts.take(run.step)
+            if run.step + 1 < cfg.steps:
+                rollouts.draw_ahead(run.step + 1)
             rollout_seconds = time.perf_counter() - step_started  # rewards are on the host: the device is done
 
             # advantages: group-normalized; zero-variance groups dropped
+            rewards, groups = batch.rewards, batch.groups
             keep = groups_with_signal(rewards) if cfg.drop_flat_groups else torch.ones(len(groups), dtype=torch.bool)
             advantages = grpo_advantages(rewards, cfg.std_eps)
 
-            # update: one on-policy step, token-level loss over the kept groups
-            update = policy_update(run, cfg, weighting, prompts, groups, advantages, keep, reference)
+            # update: one step, token-level loss over the kept groups
+            update = policy_update(run, cfg, weighting, batch.prompts, groups, advantages, keep, reference)
             update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
-            with record_function("grpo.weight_sync"):
-                engine.sync_weights(run.policy_for_sampling())
+            with record_function("grpo.weight_sync"):  # a batch in flight finishes first: it is scored here
+                waited = rollouts.sync(run.policy_for_sampling(separate=ahead))
 
             # log
             with record_function("grpo.logging"):
                 run.record_step(
                     {
-                        **step_metrics(items, groups, rewards, keep, update),
-                        **reward_source.metrics(),
+                        **step_metrics(batch, keep, update),
+                        **batch.reward_metrics,
                         **sync_metrics(engine),
-                        "rollout_seconds": rollout_seconds,
+                        "rollout_seconds": rollout_seconds + waited,
                         "update_seconds": update_seconds,
-                        **({"refill_prompts": float(refilled)} if cfg.refill_rounds else {}),
-                    }
+                        **({"staleness": float(run.step - 1 - batch.version)} if ahead else {}),
+                        **({"refill_prompts": float(batch.refilled)} if cfg.refill_rounds else {}),
+                    },
+                    carried={CARRY_KEY: rollouts.carried()} if ahead else None,
                 )
     finally:
+        rollouts.close()
         engine.close()
         reward_source.close()
     summary = summarize(run.history, engine.name, time.time() - started)
     return run.finish(summary)
+
+
+def rollout_pipeline(
+    engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source, sampling_attention: str
+) -> RolloutPipeline:
+    """The stage's batches: drawn at their step on the trained module (sampling_forward), or with max_staleness 1
+    one step ahead on the engine's separate copy; a resumed stage takes the batch its checkpoint carried."""
+    recipe = run.ctx.recipe
+
+    def draw_now(step: int) -> Rollout:
+        with sampling_forward(run.model, cfg, sampling_attention):
+            return rollout_and_score(engine, run, pool, cfg, reward_source, step)
+
+    def score(request: StepRequest, groups) -> tuple[Tensor, dict[str, float]]:
+        with record_function("grpo.scoring"):
+            return reward_source.rewards(request.items, groups), reward_source.metrics()
+
+    return RolloutPipeline(
+        engine,
+        draw_now,
+        lambda step: step_request(run.tokenizer, pool, cfg, recipe, cfg.domains, step),
+        score,
+        cfg.max_staleness,
+        version=run.step,
+        carried=run.carried.get(CARRY_KEY),
+    )
 
 
 def prepare_update(run: TrainRun, cfg: GRPOConfig) -> str:
@@ -162,13 +205,13 @@ def sampling_forward(model: torch.nn.Module, cfg: GRPOConfig, attention: str) ->
             model.set_attn_implementation(cfg.attention)
 
 
-def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source):
-    """(items, prompt ids, groups, rewards [P, G], prompts sampled beyond P). Each refill round (at most
-    cfg.refill_rounds) samples as many unused prompts as groups lack signal and puts their groups in place of
-    those, as the paper's dynamic sampling over-samples; a step costs at most 1 + refill_rounds rollout phases."""
+def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, reward_source, step: int) -> Rollout:
+    """The step's batch, drawn now from the engine's weights. Each refill round (at most cfg.refill_rounds)
+    samples as many unused prompts as groups lack signal and puts their groups in place of those, as the paper's
+    dynamic sampling over-samples; a step costs at most 1 + refill_rounds rollout phases."""
     recipe = run.ctx.recipe
     with record_function("grpo.rollout"):
-        items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, recipe, cfg.domains, run.step)
+        items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, recipe, cfg.domains, step)
     with record_function("grpo.scoring"):
         rewards = reward_source.rewards(items, groups)
     refilled = 0
@@ -179,12 +222,12 @@ def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, 
         unused = [it for it in pool if (it.domain, it.id, it.prompt) not in drawn]
         if missing == 0 or len(unused) < missing or missing < run.world.size:  # every rank samples a share
             break
-        more = sample_groups(engine, run.tokenizer, unused, cfg, recipe, cfg.domains, run.step, refill, missing)
+        more = sample_groups(engine, run.tokenizer, unused, cfg, recipe, cfg.domains, step, refill, missing)
         kept = [p for p in range(len(items)) if keep[p]]
         items, prompts, groups = ([seq[p] for p in kept] + new for seq, new in zip((items, prompts, groups), more))
         rewards = torch.cat([rewards[keep], reward_source.rewards(more[0], more[2])])
         refilled += missing
-    return items, prompts, groups, rewards, refilled
+    return Rollout(items, prompts, groups, rewards, step, refilled, reward_source.metrics())
 
 
 def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> list[Item]:
@@ -281,10 +324,11 @@ def row_layout(cfg: GRPOConfig) -> RowLayout:
 
 def importance_weighting(cfg: GRPOConfig, engine: str, dtype: str) -> Callable[[Tensor, Tensor], Tensor] | None:
     """The stage's correction of the train/inference mismatch, (logp, inf_logp) -> token weights, or None for
-    none. auto: tis where the engine is vLLM or the stage trains in bf16 (the mismatch is real there), else none."""
+    none. auto: tis where the engine is vLLM, the stage trains in bf16 or samples a step ahead (the mismatch is
+    real there), else none."""
     choice = cfg.importance_correction
     if choice == "auto":
-        choice = "tis" if engine == "vllm" or dtype == "bf16" else "none"
+        choice = "tis" if engine == "vllm" or dtype == "bf16" or cfg.max_staleness else "none"
     if choice == "tis":
         return partial(tis_weights, cap=cfg.is_cap)
     if choice == "mis":
@@ -306,13 +350,14 @@ def mismatch_sum(run: TrainRun, cfg: GRPOConfig, batch: CompletionBatch) -> floa
     return total
 
 
-def step_metrics(items, groups, rewards, keep, update) -> dict[str, float]:
+def step_metrics(batch: Rollout, keep, update) -> dict[str, float]:
+    groups = batch.groups
     return {
         "kept_groups": float(keep.float().mean()),
         "response_length": sum(len(c.token_ids) for g in groups for c in g) / sum(len(g) for g in groups),
         "tokens_sampled": float(sum(len(c.token_ids) for g in groups for c in g)),
         **update,
-        **reward_metrics(items, rewards),
+        **reward_metrics(batch.items, batch.rewards),
     }
 
 
