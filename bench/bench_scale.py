@@ -11,6 +11,17 @@ launcher, as medians over rounds: the median step time (rank 0's `step_seconds`,
 the wall time of the stage, and the launch overhead: wall minus the sum of the step times (process or actor
 start-up, imports, model load, process-group set-up, checkpoint writes, tear-down). The load average is printed
 with the table. The Ray instance is stopped at the end.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_scale.py --grpo-ahead --steps 12 --rounds 3
+
+GRPO with rollouts a step ahead on the Ray layout: micro's math_rl stage from micro's initial model, 2 ranks on
+two Ray training nodes of 1 CPU each and the managed vLLM server as an actor on a rollout node
+(infra/ray_local.py, all on this host), `--steps` steps of 4 prompts x 4 samples rewarded by the share of vowels
+in the answer (bench/rewards.py: a random model has signal at once), with `max_staleness` 0 and 1, per round a
+recipe seed of its own and the order alternated. Printed per variant: the stage's wall time, the median step
+time and the median seconds a step waited for its rollouts (steps after the first), and the reward gain (mean of
+the last quarter of steps minus the first quarter) with its SE across rounds, then the paired difference of
+wall times and gains. Needs .venv-vllm (`make vllm`).
 """
 
 from __future__ import annotations
@@ -63,13 +74,93 @@ def one_run(tmp: Path, data, steps: int, launcher: str, n: int) -> tuple[float, 
     return statistics.median(step_times[2:]), wall - sum(step_times)
 
 
+AHEAD_STAGE = [
+    "stages.math_rl.prompts_per_step=4",
+    "stages.math_rl.group_size=4",
+    "stages.math_rl.checkpoint_every=0",
+    "stages.math_rl.lr=1e-2",
+    "stages.math_rl.reward={kind: callable, function: 'bench.rewards:vowel_share'}",
+    "engine.kind=vllm",
+    "engine.ray_resources={rollout: 1}",
+    "compute.launcher=ray",
+    "compute.nnodes=2",
+]
+
+
+def ahead_run(tmp: Path, steps: int, staleness: int, seed: int) -> dict[str, float]:
+    """One math_rl stage on the Ray layout: wall seconds, median step and rollout-wait seconds, reward gain."""
+    from cascade.artifacts.store import Store
+    from cascade.flows.recipes import load_recipe
+    from cascade.stages.context import ListSink, StageContext
+    from cascade.stages.kinds import StageInputs
+    from cascade.stages.launch import run_stage_where_configured
+
+    overrides = [f"storage.root=file://{tmp}/store", "tracking.enabled=false", f"seed={seed}", *AHEAD_STAGE]
+    recipe = load_recipe(
+        "micro", [*overrides, f"stages.math_rl.steps={steps}", f"stages.math_rl.max_staleness={staleness}"]
+    )
+    work = tmp / f"work-{seed}-{staleness}"
+    work.mkdir()
+    sink = ListSink()
+    key = f"runs/bench/{seed}-{staleness}-math_rl"
+    ctx = StageContext(recipe, Store.from_config(recipe.storage), "bench", key, sink, workdir=work)
+    start = time.perf_counter()
+    run_stage_where_configured(recipe.stage("math_rl"), ctx, StageInputs())
+    rewards, quarter = sink.series("reward"), max(1, steps // 4)
+    return {
+        "wall": time.perf_counter() - start,
+        "step": statistics.median(sink.series("step_seconds")[1:]),
+        "rollout": statistics.median(sink.series("rollout_seconds")[1:]),
+        "gain": statistics.mean(rewards[-quarter:]) - statistics.mean(rewards[:quarter]),
+    }
+
+
+def mean_se(values: list[float]) -> str:
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    return f"{statistics.mean(values):+.3f} ± {se:.3f}"
+
+
+def grpo_ahead(steps: int, rounds: int) -> None:
+    from cascade.infra.ray_local import local_ray_cluster
+
+    runs: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        with local_ray_cluster(tmp / "ray-home", {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}) as address:
+            os.environ["RAY_ADDRESS"] = address
+            for r in range(rounds):
+                for staleness in (0, 1) if r % 2 == 0 else (1, 0):
+                    row = ahead_run(tmp, steps, staleness, seed=100 + r)
+                    runs[staleness].append(row)
+                    print(f"round {r + 1} max_staleness {staleness}: {row}", file=sys.stderr)
+    print(
+        f"micro math_rl on Ray (2 training nodes of 1 CPU, vLLM on a rollout node), {steps} steps of 4 x 4, "
+        f"{rounds} rounds (seeds 100-{99 + rounds}); load average {os.getloadavg()[0]:.2f}"
+    )
+    print("| max_staleness | wall (s) | step (s) | rollout wait (s) | reward gain (SE across rounds) |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for staleness, rows in runs.items():
+        med = {k: statistics.median(row[k] for row in rows) for k in ("wall", "step", "rollout")}
+        print(
+            f"| {staleness} | {med['wall']:.1f} | {med['step']:.2f} | {med['rollout']:.2f} | "
+            f"{mean_se([row['gain'] for row in rows])} |"
+        )
+    walls = [b["wall"] - a["wall"] for a, b in zip(runs[0], runs[1])]
+    gains = [b["gain"] - a["gain"] for a, b in zip(runs[0], runs[1])]
+    print(f"paired, 1 minus 0: wall {mean_se(walls)} s, reward gain {mean_se(gains)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--grpo-ahead", action="store_true", help="GRPO with max_staleness 0 and 1 on Ray + vLLM")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("RAY_worker_niceness", "0")
+    if args.grpo_ahead:
+        grpo_ahead(args.steps, args.rounds)
+        return
     import ray
 
     from cascade.artifacts.store import Store

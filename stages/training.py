@@ -177,8 +177,9 @@ class TrainRun:
     def policy_for_sampling(self, separate: bool = False) -> torch.nn.Module:
         """The module an engine samples from, with the current weights: the trained module itself, or a plain copy
         holding its (with LoRA: merged) weights, refreshed on each call (after each update). `separate`: a copy
-        even without LoRA, for an engine that samples while the trainer steps (stages/rollout_ahead.py)."""
-        if self.cfg.lora is None and not separate:
+        even without LoRA, for an engine that samples while the trainer steps (stages/rollout_ahead.py); in a
+        multi-rank stage the engines' replicas and servers are copies already, and the module is returned."""
+        if self.cfg.lora is None and (not separate or self.world.distributed):
             return self.model
         if self._merged is None:
             self._merged = MergedCopy(self.model)

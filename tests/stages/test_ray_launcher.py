@@ -10,7 +10,8 @@ worker nodes; the command line runs them all on one machine), stopped at its end
 - one vLLM server for a multi-rank stage: micro's GRPO stage with `engine.kind: vllm` on 2 gloo ranks under
   torchrun (rank 0 starts the server) and on 2 Ray workers (the server is a Ray actor on the rollout node) draws the
   rollouts of the one-process vLLM run: the same tokens and rewards at every step, losses and weights within
-  test_distributed's bounds, and the weight probe passes after every update;
+  test_distributed's bounds, and the weight probe passes after every update; with max_staleness 1 on Ray, step 1's
+  batch is sampled during step 0's update (the ranks' shares gathered at the weight sync);
 - without Ray installed, a recipe that asks for it is one line and exit 2, with nothing written.
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +33,7 @@ from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.layout import stage_key, steps_dir
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
+from cascade.infra.ray_local import local_ray_cluster
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.errors import DistributedStageError
 from cascade.stages.kinds import StageInputs
@@ -44,7 +45,6 @@ from tests.stages.test_vllm_engine import require_vllm_venv
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.long, pytest.mark.slow]
-RAY = str(Path(sys.executable).with_name("ray"))
 TORCHRUN = ["compute.nproc_per_node=2"]
 RAY_TWO_NODES = ["compute.launcher=ray", "compute.nnodes=2"]
 # the completion's length as reward: every group has signal, so each step is an update (math's grader gives the
@@ -55,70 +55,21 @@ GRPO = [
     "stages.math_rl.group_size=4",
     "stages.math_rl.reward={kind: callable, function: 'tests.stages.test_reward_sources:answer_length'}",
 ]
+AHEAD = ["stages.math_rl.max_staleness=1"]
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def ray_address(tmp_path_factory):
-    """A head node and a worker node, 1 CPU each, and a rollout node with no CPU and one `rollout`, on 127.0.0.1;
-    `ray stop` at the end (it stops every Ray node of this host: CI runs no other)."""
-    port = _free_port()
-    # a HOME of their own: a local `ray.init()` (bench/bench_scale.py) leaves ~/.ray/auth_token, and with it there
-    # the second node's `ray start` was refused (InvalidAuthToken)
-    home = tmp_path_factory.mktemp("ray-home")
-    # the nodes' workers import the test's reward function: the repo root on their path. Ray starts its workers at
-    # nice 15: beside the suite's other workers a rank then took minutes to import torch (docs/SCALE.md)
-    env = {
-        **os.environ,
-        **QUIET,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "PYTHONPATH": str(ROOT),
-        "RAY_worker_niceness": "0",
-        "HOME": str(home),
-    }
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
-    try:
-        subprocess.run(
-            [RAY, "start", "--head", f"--port={port}", "--include-dashboard=false", *common],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        subprocess.run(
-            [RAY, "start", f"--address=127.0.0.1:{port}", *common],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        subprocess.run(
-            [
-                RAY,
-                "start",
-                f"--address=127.0.0.1:{port}",
-                "--node-ip-address=127.0.0.1",
-                "--num-cpus=0",
-                '--resources={"rollout": 1}',
-                "--disable-usage-stats",
-            ],
-            env=env,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        ray.init(address=f"127.0.0.1:{port}", logging_level="ERROR", log_to_driver=False)  # the tests' own view
-        yield f"127.0.0.1:{port}"
-    finally:
-        if ray.is_initialized():
+    """Two training nodes of 1 CPU and a rollout node (infra/ray_local.py); the workers import the tests' reward
+    function: the repo root on their path."""
+    env = {**QUIET, "PYTHONPATH": str(ROOT)}
+    with local_ray_cluster(tmp_path_factory.mktemp("ray-home"), env) as address:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)  # the tests' own view
+        try:
+            yield address
+        finally:
             ray.shutdown()
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
 
 def named_node(line: str) -> bool:
@@ -161,6 +112,7 @@ def test_one_vllm_server_serves_two_ranks_under_torchrun_and_on_ray_and_they_dra
             ("one", []),
             ("torchrun", TORCHRUN),
             ("ray", [*RAY_TWO_NODES, "engine.ray_resources={rollout: 1}"]),
+            ("ray, a step ahead", [*RAY_TWO_NODES, "engine.ray_resources={rollout: 1}", *AHEAD]),
         ):
             recipe = micro_recipe(tmp_path, *SFT, *GRPO, "engine.kind=vllm", *world)
             runs[name] = stage_run(recipe, tmp_path, name, "math_rl", StageInputs(policy=sft[2]))
@@ -172,15 +124,19 @@ def test_one_vllm_server_serves_two_ranks_under_torchrun_and_on_ray_and_they_dra
             assert sink.series(rollout_metric) == one.series(rollout_metric), (name, rollout_metric)
         assert sink.series("loss") == pytest.approx(one.series("loss"), abs=1e-5), name
         assert_same_adamw_weights(weights_one, weights)
+    ahead, ray_sink = runs["ray, a step ahead"][0], runs["ray"][0]
+    assert ahead.series("staleness") == [0.0, 1.0]  # step 1's batch was sampled during step 0's update
+    for metric in ("tokens_sampled", "reward", "loss"):  # step 0 is on-policy either way
+        assert ahead.series(metric)[0] == pytest.approx(ray_sink.series(metric)[0], abs=1e-5), metric
     for name, (sink, _, _) in runs.items():
         probes = sink.series("weight_probe_max_abs_diff")
         assert len(probes) == 2 and max(probes) <= 1e-3, (name, probes)  # the engine's probe_atol
     rollout_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("rollout"))
     messages = [r.getMessage() for r in caplog.records]
     served = [m for m in messages if m.startswith("rollout server placed")]
-    assert len(served) == 1 and f"({rollout_node[:8]})" in served[0], served
+    assert len(served) == 2 and all(f"({rollout_node[:8]})" in m for m in served), served  # one per Ray run
     ranks = [m for m in messages if "placed: rank 0" in m]
-    assert len(ranks) == 1 and rollout_node[:8] not in ranks[0], ranks  # the ranks on the training nodes
+    assert len(ranks) == 2 and not any(rollout_node[:8] in m for m in ranks), ranks  # on the training nodes
 
 
 def test_a_stage_that_fails_on_a_rank_is_one_line_naming_rank_and_node(ray_address, tmp_path, monkeypatch):
