@@ -28,16 +28,11 @@ import torch  # noqa: E402
 from cascade.stages.domains import get_domain  # noqa: E402
 from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
-from cascade.stages.kinds.reward_model.run import (  # noqa: E402
-    encode_pairs,
-    labelled_pairs,
-    load_reward_model,
-    pair_scores,
-    sequence_scores,
-)
+from cascade.stages.kinds.reward_model.run import encode_pairs, labelled_pairs, pair_scores  # noqa: E402
 from cascade.stages.losses import bradley_terry_loss  # noqa: E402
 from cascade.stages.model import load_hf  # noqa: E402
 from cascade.stages.precision import cpu_dtype  # noqa: E402
+from cascade.stages.products import load_reward_model, sequence_scores  # noqa: E402
 
 
 def one_row_per_answer(model, pairs, pad):

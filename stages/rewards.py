@@ -25,9 +25,9 @@ import torch
 from cascade.artifacts.checkpoint import CheckpointRef, materialize
 from cascade.stages.domains import Item
 from cascade.stages.engines import Completion
-from cascade.stages.kinds.reward_model.run import load_reward_model, sequence_scores
 from cascade.stages.losses import length_normalized_rewards
 from cascade.stages.model import completion_ids, prompt_ids
+from cascade.stages.products import load_reward_model, sequence_scores
 from cascade.stages.reward_sources import (
     REWARD_SOURCES,
     CallableReward,

@@ -8,11 +8,12 @@ ordinary HF model directory, and only rank 0 writes to the store, after every ra
 from __future__ import annotations
 
 import math
+import random
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -44,6 +45,8 @@ from cascade.stages.distributed import (
 from cascade.stages.errors import NonFiniteSteps
 from cascade.stages.lora import ADAPTER_DIR, MergedCopy, add_lora, merged_state_dict, save_adapter
 from cascade.stages.model import load_hf
+
+Row = TypeVar("Row")
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: OptimizerConfig) -> torch.optim.AdamW:
@@ -113,6 +116,16 @@ def backward_micro_batches(
         loss.backward()
         total += float(loss.detach())
     return total if run is None else run.world.all_sum(total)
+
+
+def batch_for_step(rows: list[Row], step: int, batch_size: int, seed: int) -> list[Row]:
+    """The step's batch of a fixed data set: its slice of the epoch's permutation, a function of (seed, epoch), so
+    a resumed stage reads the rows it would have read (SFT's examples, the reward model's pairs)."""
+    per_epoch = max(1, len(rows) // batch_size)
+    epoch, offset = divmod(step, per_epoch)
+    order = list(range(len(rows)))
+    random.Random(f"sft:{seed}:{epoch}").shuffle(order)
+    return [rows[i] for i in order[offset * batch_size : (offset + 1) * batch_size]]
 
 
 def idle_loss(model: torch.nn.Module, world: World) -> torch.Tensor:

@@ -116,6 +116,33 @@ def test_no_import_cycles():
     assert cycles(import_graph(ROOT)) == []
 
 
+def kind_run_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a kind's run module (stages.kinds.K.run or below) from anywhere but that kind's own folder and
+    the registry, which loads it on the row's first call: kinds meet through stages/products.py."""
+    found = []
+    for mod, deps in graph.items():
+        for dep in deps:
+            parts = dep.split(".")
+            if parts[:2] != ["stages", "kinds"] or len(parts) < 4 or parts[3] != "run":
+                continue
+            if mod != "stages.kinds" and not mod.startswith(f"stages.kinds.{parts[2]}"):
+                found.append(f"{mod} -> {dep}")
+    return sorted(found)
+
+
+def test_no_module_imports_another_kinds_run_module():
+    assert kind_run_imports(import_graph(ROOT)) == []
+
+
+def test_a_kind_reaching_into_another_kinds_run_module_is_caught(tmp_path):
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "stages" / "kinds" / "grpo" / "probe.py").write_text(
+        "def f():\n    from cascade.stages.kinds.sft.run import run_sft\n"
+    )
+    assert kind_run_imports(import_graph(tmp_path)) == ["stages.kinds.grpo.probe -> stages.kinds.sft.run"]
+
+
 def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
     """The checks bite: the real tree plus one function-local artifacts -> stages import, and a two-module cycle."""
     for pkg in PACKAGES:

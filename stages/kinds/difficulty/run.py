@@ -37,7 +37,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from cascade.artifacts.checkpoint import CheckpointRef, materialize, write_checkpoint
+from cascade.artifacts.checkpoint import CheckpointRef, write_checkpoint
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
 from cascade.artifacts.store import Store, sha256_file
@@ -49,11 +49,11 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty import DifficultyConfig
 from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids
 from cascade.stages.model_source import resolve_model_dir
+from cascade.stages.products import PROMPTS_FILE
 from cascade.stages.rollout import prompt_pool, score_texts, step_seed
 from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
 
 CHUNK_PROMPTS = 64  # prompts per engine call and per cache shard
-PROMPTS_FILE = "data/prompts.jsonl"
 PASS_RATES_FILE = "data/pass_rates.jsonl"
 HISTOGRAM_FILE = "pass_rates.png"
 DECISIONS = ("kept", "dropped_solved", "dropped_unsolved")
@@ -282,10 +282,3 @@ def plot_pass_rates(items: list[Item], solved: list[int], k: int, drop_solved_at
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
-
-
-def load_kept_prompts(ctx: StageContext, ref: CheckpointRef, domains: list[str]) -> list[Item]:
-    """The items a difficulty stage kept, of the given domains."""
-    local = materialize(ctx.store, ref, Path(tempfile.mkdtemp(dir=ctx.workdir)))
-    rows = [json.loads(line) for line in (local / PROMPTS_FILE).read_text().splitlines()]
-    return [Item(**row) for row in rows if row["domain"] in domains]

@@ -54,7 +54,6 @@ from cascade.stages.datasets.sources import iter_rows
 from cascade.stages.distributed import rank_micro_batches
 from cascade.stages.domains import Item
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.difficulty.run import load_kept_prompts
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.losses import (
     groups_with_signal,
@@ -66,6 +65,7 @@ from cascade.stages.losses import (
     token_entropy,
 )
 from cascade.stages.packing import check_forward_options, check_packing_isolates_rows, compile_layers
+from cascade.stages.products import load_kept_prompts
 from cascade.stages.rewards import make_reward_source
 from cascade.stages.rollout import (
     StepRequest,

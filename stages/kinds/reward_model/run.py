@@ -34,10 +34,8 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from cascade.artifacts.checkpoint import materialize
 from cascade.stages.context import StageContext, StageResult
@@ -48,13 +46,19 @@ from cascade.stages.domains import Domain, Item, get_domain
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
-from cascade.stages.kinds.sft.run import batch_for_step
 from cascade.stages.losses import bradley_terry_loss
 from cascade.stages.model import completion_ids, load_hf, prompt_ids
 from cascade.stages.model_source import resolve_model_dir
+from cascade.stages.products import load_reward_model
 from cascade.stages.rollout import step_seed
-from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_cosine
+from cascade.stages.training import (
+    TrainRun,
+    backward_micro_batches,
+    batch_for_step,
+    clip_and_step,
+    idle_loss,
+    warmup_cosine,
+)
 
 Pair = tuple[list[int], list[int]]  # token ids of prompt + chosen, of prompt + rejected
 
@@ -169,21 +173,6 @@ def init_model_dir(ctx: StageContext, cfg: RewardModelConfig, inputs: StageInput
     return resolve_model_dir(cfg.init, ctx.workdir)
 
 
-def load_reward_model(model_dir: Path) -> tuple[torch.nn.Module, Any]:
-    """A one-label sequence classifier from an HF dir: a reward model's checkpoint, or a causal LM's backbone
-    (whose new score head starts at zero)."""
-    tokenizer = load_tokenizer(model_dir)
-    # sdpa reads pair_scores' boolean [K, 1, T, T] mask as "may attend"; eager would add it to the scores
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(model_dir), num_labels=1, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    if getattr(model.config, "problem_type", None) is None:  # a fresh head: not yet trained as a reward model
-        torch.nn.init.zeros_(model.score.weight)
-        model.config.problem_type = "regression"
-    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last token that is not padding
-    return model, tokenizer
-
-
 def load_pairs(
     cfg: RewardModelConfig, ctx: StageContext, inputs: StageInputs
 ) -> tuple[list[PreferencePair], list[PreferencePair]]:
@@ -251,14 +240,6 @@ def encode_pairs(tokenizer, pairs: list[PreferencePair]) -> list[Pair]:
         return prompt_ids(tokenizer, prompt) + completion_ids(tokenizer, answer)
 
     return [(ids(p.prompt, p.chosen), ids(p.prompt, p.rejected)) for p in pairs]
-
-
-def sequence_scores(model: torch.nn.Module, seqs: list[list[int]], pad: int) -> torch.Tensor:
-    """r_phi of each token sequence [n], right-padded into one batch (the head pools the last real token)."""
-    ids = torch.full((len(seqs), max(len(s) for s in seqs)), pad, dtype=torch.long)
-    for row, seq in enumerate(seqs):
-        ids[row, : len(seq)] = torch.tensor(seq)
-    return model(input_ids=ids.to(model.device)).logits[:, 0].float()
 
 
 def pair_scores(model: torch.nn.Module, pairs: list[Pair], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

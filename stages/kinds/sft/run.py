@@ -21,7 +21,6 @@ change how the step runs, not what it computes (docs/RECIPES.md).
 
 from __future__ import annotations
 
-import random
 import time
 
 import torch
@@ -42,7 +41,7 @@ from cascade.stages.packing import (
     pack_batch,
 )
 from cascade.stages.recipe import RecipeError
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, warmup_cosine
+from cascade.stages.training import TrainRun, backward_micro_batches, batch_for_step, clip_and_step, warmup_cosine
 
 
 def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -109,14 +108,6 @@ def load_examples(ctx: StageContext, data: CheckpointRef, tokenizer) -> list[Exa
     shards one record batch at a time."""
     local = materialize(ctx.store, data, ctx.workdir / f"data-{data.digest[:12]}")
     return [conversation_example(tokenizer, messages) for messages in iter_conversations(shard_paths(local / DATA_DIR))]
-
-
-def batch_for_step(examples: list[Example], step: int, batch_size: int, seed: int) -> list[Example]:
-    per_epoch = max(1, len(examples) // batch_size)
-    epoch, offset = divmod(step, per_epoch)
-    order = list(range(len(examples)))
-    random.Random(f"sft:{seed}:{epoch}").shuffle(order)
-    return [examples[i] for i in order[offset * batch_size : (offset + 1) * batch_size]]
 
 
 def pad_batch(batch: list[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
