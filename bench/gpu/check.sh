@@ -82,7 +82,7 @@ if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || exit 1
   export PYTHONPATH="/tmp/site:$PYTHONPATH"
-  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024
+  DEVICE=cuda; SHAPE_LAYERS=""; TINY_SFT=40; TINY_RL=4; SHAPE_SFT=8; SHAPE_RL=${SHAPE_RL:-3}; SHAPE_BATCH=1024; SHAPE_PACK=2048
   SHAPE_NEW=128; SHAPE_PROMPTS=16; SHAPE_GROUP=8
   DECODERS=hf-shared_prefix,hf-per_row,hf-cuda_graphs; DECODE_DTYPE=bfloat16; DECODE_ROUNDS=${DECODE_ROUNDS:-3}
   # the GRPO update in packed rows under flex_attention, compiled (SHAPE_UPDATE= keeps the shared-prefix update)
@@ -90,7 +90,9 @@ if [ "$MODE" = gpu ] || [ "$MODE" = mfu ]; then
 stages.math_rl.compile=true stages.math_rl.pack_length=2048}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 else
+  # SHAPE_PACK: 8 rows fill a fraction of 2048 positions, and the 49k-wide head costs the same on the padding
   DEVICE=cpu; SHAPE_LAYERS="--layers 1"; TINY_SFT=4; TINY_RL=2; SHAPE_SFT=2; SHAPE_RL=1; SHAPE_BATCH=8; SHAPE_NEW=4
+  SHAPE_PACK=256
   SHAPE_PROMPTS=2; SHAPE_GROUP=2; DECODERS=hf-shared_prefix,hf-per_row; DECODE_DTYPE=float32; DECODE_ROUNDS=1
   SHAPE_UPDATE=("stages.math_rl.update_layout=packed")  # flex_attention and compile are the GPU's
 fi
@@ -197,7 +199,7 @@ wanted shapes && for arch in ${SHAPES:-smollm2-135m qwen2-0.5b}; do
     --samples "$SHAPE_GROUP" --tokens "$SHAPE_NEW" --hf-batch $((SHAPE_PROMPTS * SHAPE_GROUP)) --rounds "$DECODE_ROUNDS"
   part "$arch" 240 drive "$arch" "compute.device=$DEVICE" "model.source=/tmp/cascade-gpu-models/$arch" \
     "stages.sft.steps=$SHAPE_SFT" "stages.sft.batch_size=$SHAPE_BATCH" "stages.sft.micro_batch_size=8" \
-    "stages.sft.pack_length=2048" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1" \
+    "stages.sft.pack_length=$SHAPE_PACK" "stages.sft.lr=1e-4" "stages.sft.warmup_steps=1" \
     "stages.math_rl.steps=$SHAPE_RL" "stages.math_rl.prompts_per_step=$SHAPE_PROMPTS" "stages.math_rl.group_size=$SHAPE_GROUP" \
     "stages.math_rl.micro_batch_size=32" "stages.math_rl.drop_flat_groups=false" "domains.math.max_new_tokens=$SHAPE_NEW" \
     "${SHAPE_UPDATE[@]}" $([ "${PROFILE:-0}" = 1 ] && echo --profile "$WORK/$arch.profile.txt")
