@@ -284,21 +284,10 @@ def step_request(
     return StepRequest(items, [prompt_ids(tokenizer, it.prompt) for it in items], cfg.group_size, sampling)
 
 
-def sample_groups(
-    engine: RolloutEngine,
-    tokenizer,
-    pool: list[Item],
-    cfg: OnPolicyConfig,
-    recipe: Recipe,
-    domains: list[str],
-    step: int,
-    refill: int = 0,
-    count: int | None = None,
-) -> tuple[list[Item], list[list[int]], list[list[Completion]]]:
-    """The rollout phase of every on-policy stage: step_request's prompts and G samples of each from the current
-    policy (groups[p][j] is sample j of prompt p)."""
-    request = step_request(tokenizer, pool, cfg, recipe, domains, step, refill, count)
-    return request.items, request.prompts, engine.generate(request.prompts, cfg.group_size, request.sampling)
+def sample_groups(engine: RolloutEngine, request: StepRequest) -> list[list[Completion]]:
+    """The rollout phase of every on-policy stage: G samples of each of the request's prompts from the engine's
+    current weights (groups[p][j] is sample j of prompt p)."""
+    return engine.generate(request.prompts, request.group_size, request.sampling)
 
 
 def score_groups(recipe: Recipe, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:

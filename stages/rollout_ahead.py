@@ -144,13 +144,14 @@ class RolloutPipeline:
         rewards, metrics = self.score(request, groups)
         self._ready = (step, Rollout(request.items, request.prompts, groups, rewards, self.version, 0, metrics))
 
-    def sync(self, model: torch.nn.Module) -> float:
-        """The engine takes `model`'s weights once the batch in flight (drawn from the old ones) is settled.
-        Returns the seconds the stage's thread waited for that batch."""
+    def sync(self, policy: Callable[[], torch.nn.Module]) -> float:
+        """The engine takes the weights of `policy()` once the batch in flight (drawn from the old ones) is
+        settled; `policy` runs only then, since it may refresh the very copy the batch is drawn from
+        (TrainRun.policy_for_sampling). Returns the seconds the stage's thread waited for that batch."""
         started = time.perf_counter()
         self.settle()
         waited = time.perf_counter() - started
-        self.engine.sync_weights(model)
+        self.engine.sync_weights(policy())
         self.version += 1
         return waited
 

@@ -61,7 +61,7 @@ def drawn_by(rollouts, steps):
         if step + 1 < steps:
             rollouts.draw_ahead(step + 1)
         versions.append(batch.groups[0][0].token_ids[0])
-        rollouts.sync(torch.nn.Linear(1, 1))
+        rollouts.sync(lambda: torch.nn.Linear(1, 1))
     rollouts.close()
     return versions
 
@@ -83,13 +83,19 @@ def test_the_next_batch_samples_while_the_update_runs_and_the_sync_waits_for_it(
     engine.release.clear()
     rollouts.draw_ahead(1)
     assert engine.started.wait(10)  # sampling under way while the stage's thread is free to train
-    syncing = threading.Thread(target=rollouts.sync, args=(torch.nn.Linear(1, 1),))
+    asked = []
+
+    def policy():  # a sampling copy is refreshed when it is asked for: never under a batch in flight
+        asked.append(engine.release.is_set())
+        return torch.nn.Linear(1, 1)
+
+    syncing = threading.Thread(target=rollouts.sync, args=(policy,))
     syncing.start()
     syncing.join(0.3)
-    assert syncing.is_alive() and engine.version == 0  # no new weights under a batch in flight
+    assert syncing.is_alive() and engine.version == 0 and asked == []  # no new weights under a batch in flight
     engine.release.set()
     syncing.join(10)
-    assert engine.version == 1
+    assert engine.version == 1 and asked == [True]
     batch = rollouts.take(1)
     assert batch.version == 0 and batch.rewards.tolist() == [[1.0, 1.0]] and batch.reward_metrics == {"rm": 1.0}
     rollouts.close()
@@ -100,7 +106,7 @@ def test_a_carried_batch_is_taken_once_and_survives_a_checkpoint_as_plain_data()
     rollouts = pipeline(engine, 1)
     rollouts.take(0)
     rollouts.draw_ahead(1)
-    rollouts.sync(torch.nn.Linear(1, 1))
+    rollouts.sync(lambda: torch.nn.Linear(1, 1))
     carried = rollouts.carried()
     rollouts.close()
     assert carried["step"] == 1 and carried["rollout"]["groups"][0][0]["token_ids"] == [0]

@@ -119,7 +119,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
             with record_function("grpo.weight_sync"):  # a batch in flight finishes first: it is scored here
-                waited = rollouts.sync(run.policy_for_sampling(separate=ahead))
+                waited = rollouts.sync(partial(run.policy_for_sampling, separate=ahead))
 
             # log
             with record_function("grpo.logging"):
@@ -211,7 +211,8 @@ def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, 
     dynamic sampling over-samples; a step costs at most 1 + refill_rounds rollout phases."""
     recipe = run.ctx.recipe
     with record_function("grpo.rollout"):
-        items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, recipe, cfg.domains, step)
+        request = step_request(run.tokenizer, pool, cfg, recipe, cfg.domains, step)
+        items, prompts, groups = request.items, request.prompts, sample_groups(engine, request)
     with record_function("grpo.scoring"):
         rewards = reward_source.rewards(items, groups)
     refilled = 0
@@ -222,7 +223,8 @@ def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, 
         unused = [it for it in pool if (it.domain, it.id, it.prompt) not in drawn]
         if missing == 0 or len(unused) < missing or missing < run.world.size:  # every rank samples a share
             break
-        more = sample_groups(engine, run.tokenizer, unused, cfg, recipe, cfg.domains, step, refill, missing)
+        request = step_request(run.tokenizer, unused, cfg, recipe, cfg.domains, step, refill, missing)
+        more = request.items, request.prompts, sample_groups(engine, request)
         kept = [p for p in range(len(items)) if keep[p]]
         items, prompts, groups = ([seq[p] for p in kept] + new for seq, new in zip((items, prompts, groups), more))
         rewards = torch.cat([rewards[keep], reward_source.rewards(more[0], more[2])])

@@ -33,6 +33,7 @@ from cascade.stages.rollout import (
     reward_metrics,
     sample_groups,
     score_groups,
+    step_request,
     sync_metrics,
 )
 from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches, warmup_constant
@@ -53,7 +54,8 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     try:
         while run.step < cfg.steps:
             # rollout: the student samples; the engine reports pi_inf per token
-            items, prompts, groups = sample_groups(engine, run.tokenizer, pool, cfg, ctx.recipe, domains, run.step)
+            request = step_request(run.tokenizer, pool, cfg, ctx.recipe, domains, run.step)
+            items, prompts, groups = request.items, request.prompts, sample_groups(engine, request)
             pairs = [(prompts[p], c) for p, group in enumerate(groups) for c in group]
             row_domains = [items[p].domain for p, group in enumerate(groups) for _ in group]
             mine = run.world.shard(len(pairs))  # this rank's rows (all of them in one process)
