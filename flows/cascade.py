@@ -24,7 +24,7 @@ from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.stages.config import SOURCE_EVAL
-from cascade.stages.kinds import kind_of, stage_inputs
+from cascade.stages.kinds import chooses_teachers, kind_of, stage_inputs
 from cascade.stages.recipe import Recipe
 from cascade.tasks.results import result_storage
 from cascade.tasks.stages import (
@@ -78,7 +78,7 @@ def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
         if recipe.eval.enabled and recipe.eval.source:
             _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None)
         for index, stage in enumerate(recipe.stages):
-            if getattr(stage, "teachers", None) == "auto":
+            if chooses_teachers(stage):
                 stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(
                     recipe, run_id, stage, evaluated
                 )
@@ -106,7 +106,7 @@ def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
             recovery = choose_teachers_task(
                 recipe, run_id, recipe.gate.recovery.model_copy(update={"name": f"recover-{stage.name}"}), stage.name
             )
-            policy = made[recovery.name] = _named(stage_run, recipe, run_id, f"mopd-recover-{stage.name}")(
+            policy = made[recovery.name] = _named(stage_run, recipe, run_id, f"{recovery.kind}-{recovery.name}")(
                 recipe, run_id, recovery, index, stage_inputs(recovery, policy, made)
             )
             recovered = _named(eval_task, recipe, run_id, f"eval-after-recover-{stage.name}")(

@@ -54,7 +54,7 @@ def recover_flow(
     inputs = StageInputs(policy=start, stages={f"best-{d}": ref for d, ref in teachers.items()})
     with running(loaded, run_id) as loaded:  # one writer per run: LeaseHeld otherwise
         recover_stage = stage_task.with_options(
-            task_run_name=f"00-mopd-{STAGE}", result_storage=result_storage(loaded, run_id)
+            task_run_name=f"00-{cfg.kind}-{STAGE}", result_storage=result_storage(loaded, run_id)
         )
         model = recover_stage(loaded, run_id, cfg, 0, inputs)
         record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(

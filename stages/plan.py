@@ -175,6 +175,11 @@ class Plan:
         return sum(getattr(r, attr) for r in self.rows)
 
 
+def recovery_label(gate) -> str:
+    """How the plan names the gate's recovery stage: by its kind, e.g. "MOPD recovery"."""
+    return f"{gate.recovery.kind.upper()} recovery"
+
+
 def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1, prompt_tokens: int = 128) -> Plan:
     rows = []
     for cfg in recipe.stages:
@@ -184,7 +189,7 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
     recovery = None
     if recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0 and recipe.eval.enabled:
         recovery = estimate_stage(
-            recipe.gate.recovery.model_copy(update={"name": "MOPD recovery"}), recipe, size, prompt_tokens
+            recipe.gate.recovery.model_copy(update={"name": recovery_label(recipe.gate)}), recipe, size, prompt_tokens
         )
         recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
     for est in rows + ([recovery] if recovery else []):
@@ -239,7 +244,7 @@ def dag_lines(recipe: Recipe) -> list[str]:
         benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
         lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
         branch = (
-            f"fired -> MOPD recovery ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
+            f"fired -> {recovery_label(gate)} ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
             "so far) -> eval -> go on from it"
             if gate.policy == "recover"
             else f"fired -> {gate.policy}"
@@ -333,7 +338,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
                 ax.text(
                     8.3,
                     y,
-                    "fired:\nMOPD recovery",
+                    f"fired:\n{recovery_label(recipe.gate)}",
                     ha="center",
                     va="center",
                     fontsize=8,

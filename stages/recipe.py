@@ -44,7 +44,7 @@ from cascade.stages.config_base import (
     SyntheticSource,
     first_error,
 )
-from cascade.stages.kinds import KINDS, kind_of, recovery_kinds
+from cascade.stages.kinds import KINDS, chooses_teachers, kind_of, recovery_kinds
 from cascade.stages.kinds.sft_data import SFTDataConfig
 
 # The shipped recipes are package data: a checkout, an editable install and a wheel all find them here.
@@ -120,7 +120,7 @@ class Recipe(Strict):
                 f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
                 f"{', '.join(recovery_kinds())}"
             )
-        if not self.eval.enabled and any(getattr(s, "teachers", None) == "auto" for s in self.stages):
+        if not self.eval.enabled and any(chooses_teachers(s) for s in self.stages):
             raise ValueError("teachers: auto chooses from the evals, but eval.enabled is false")
         if self.eval.benchmarks:
             _check_benchmarks(self.eval)

@@ -288,7 +288,7 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
     ui_artifacts.create_table_artifact(
         fired,
         key=_artifact_key(run_id, "gate"),
-        description=f"Regression gate after {stage}, with MOPD recovery scores",
+        description=f"Regression gate after {stage}, with the recovery's scores",
     )
     if tracking_on(recipe.tracking):
         Tracker(recipe, run_id).set_tags(

@@ -1,7 +1,8 @@
 """Nothing outside a stage kind's registry row and its own modules names the kind; the same for reward sources.
 
 A name is a string literal equal to a registered kind or reward source (`"grpo"`, `"judge"`), anywhere in flows/,
-tasks/, stages/, artifacts/ and infra/ (docstrings and comments are not literals equal to a name). It may appear
+tasks/, stages/, artifacts/ and infra/ (docstrings and comments are not literals equal to a name), or a word of an
+f-string's text equal to one (f"mopd-recover-{stage}" builds a name from parts). It may appear
 only in a home of what it names: the registry module, the module of the row's config class and the module of its
 run function or builder. A kind's name may also be a product's (`Product`: what a stage makes; a reward_model stage
 makes a `"reward_model"`): then it is at home where `Product` is declared too.
@@ -10,6 +11,7 @@ makes a `"reward_model"`): then it is at home where `Product` is declared too.
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +31,18 @@ NOT_NAMES = {
     ("stages/kinds/sft/__init__.py", "sft_data"): "`data`: the stage whose dataset SFT trains on",
     ("stages/kinds/difficulty/__init__.py", "sft"): "`reference`: the model stage that rolls out",
     ("stages/kinds/reward_model/__init__.py", "sft"): "`init`: the policy stage the backbone starts from",
+}
+
+
+# Words of f-strings equal to a name that are not that name: (file, name) -> what they are.
+NOT_NAMES_IN_PARTS = {
+    ("flows/cli/evals.py", "judge"): "the --judge option, in its error lines",
+    ("flows/regression_eval.py", "judge"): "the regression eval's judge task, named per domain",
+    ("stages/datasets/sources.py", "grader"): "a domain's grader, in an error line",
+    ("stages/kinds/sft_data/run.py", "grader"): "a domain's grader, in an error line",
+    ("stages/recipe.py", "sft"): "prose of an error line: conversations are SFT data",
+    ("stages/recipe.py", "sft_data"): "prose of an error line: an sft_data stage reads conversations",
+    ("stages/training.py", "sft"): "the label of the SFT batch order's seed stream (changing it changes every run)",
 }
 
 
@@ -83,8 +97,28 @@ def stray_names(root: Path, allowed: dict[str, set[str]]) -> list[str]:
     return found
 
 
+def built_names(root: Path, allowed: dict[str, set[str]]) -> list[str]:
+    """`file:line: name in "part"` for every word of an f-string's text equal to a registered name outside that
+    name's homes: a name built from parts (f"mopd-recover-{stage}") is a name too."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.JoinedStr):
+                    continue
+                for part in node.values:
+                    if not (isinstance(part, ast.Constant) and isinstance(part.value, str)):
+                        continue
+                    for word in sorted({w.lower() for w in re.split(r"[^A-Za-z0-9_]+", part.value)} & set(allowed)):
+                        if rel not in allowed[word] and (rel, word) not in NOT_NAMES_IN_PARTS:
+                            found.append(f'{rel}:{part.lineno}: {word} in "{part.value}"')
+    return found
+
+
 def test_no_kind_or_reward_source_is_named_outside_its_homes():
     assert stray_names(ROOT, homes()) == []
+    assert built_names(ROOT, homes()) == []
 
 
 def test_a_kind_named_elsewhere_is_caught(tmp_path):
@@ -94,6 +128,8 @@ def test_a_kind_named_elsewhere_is_caught(tmp_path):
     (tmp_path / "flows" / "probe.py").write_text('def gains(cfg):\n    return cfg.kind == "grpo"\n')
     (tmp_path / "stages" / "probe.py").write_text('def frozen(reward):\n    return reward.kind in ("judge",)\n')
     assert stray_names(tmp_path, homes()) == ['flows/probe.py:2: "grpo"', 'stages/probe.py:2: "judge"']
+    (tmp_path / "flows" / "built.py").write_text('def task_name(stage):\n    return f"mopd-recover-{stage}"\n')
+    assert built_names(tmp_path, homes()) == ['flows/built.py:2: mopd in "mopd-recover-"']
 
 
 def test_every_home_exists():

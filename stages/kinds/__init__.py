@@ -95,6 +95,9 @@ class StageKind:
     # the gate may recover with it: its config's `teachers` (domain -> stage) the flow fills from the eval history,
     # one per domain of its `domains` (None: every recipe domain)
     recovers: bool = False
+    # the stage's config chooses its teachers from the evals (MOPD's `teachers: auto`): the flow fills them in
+    # before the stage runs, and the recipe needs evals on
+    chooses_teachers: Callable[[Any], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.distributable and not issubclass(self.config, TrainingConfig):
@@ -124,6 +127,12 @@ def kind_of(kind: str) -> StageKind:
     if kind not in KINDS:
         raise KeyError(f"unknown stage kind {kind!r}; known: {', '.join(sorted(KINDS))}")
     return KINDS[kind]
+
+
+def chooses_teachers(stage: StageConfig) -> bool:
+    """The stage's teachers come from the evals before it runs (its row's `chooses_teachers`)."""
+    choose = kind_of(stage.kind).chooses_teachers
+    return choose is not None and choose(stage)
 
 
 def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
@@ -400,6 +409,7 @@ for _row in (
         estimate=_estimate_mopd,
         distributable=True,
         recovers=True,
+        chooses_teachers=lambda cfg: cfg.teachers == "auto",
     ),
 ):
     register_kind(_row)
