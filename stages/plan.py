@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.stages.config import EngineConfig
+from cascade.stages.config import EngineConfig, GateConfig
 from cascade.stages.config_base import ComputeConfig, OnPolicyConfig, StageConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import kind_of
@@ -175,7 +175,7 @@ class Plan:
         return sum(getattr(r, attr) for r in self.rows)
 
 
-def recovery_label(gate) -> str:
+def recovery_label(gate: GateConfig) -> str:
     """How the plan names the gate's recovery stage: by its kind, e.g. "MOPD recovery"."""
     return f"{gate.recovery.kind.upper()} recovery"
 
