@@ -199,9 +199,10 @@ class TrainRun:
             return self._merged.module
         return self._merged.refresh()
 
-    def record_step(self, metrics: dict[str, float], carried: dict[str, Any] | None = None) -> None:
+    def record_step(self, metrics: dict[str, float], carried: Callable[[], dict[str, Any]] | None = None) -> None:
         """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint,
-        which holds `carried` (plain data a stage restores from `self.carried`, such as a batch drawn ahead).
+        which holds what `carried()` returns (plain data a stage restores from `self.carried`, such as a batch drawn
+        ahead; called only when a checkpoint is committed).
         Adds the step's wall seconds (from the end of the previous step's record, a step checkpoint's commit
         excluded): the stage reads a device-synced value (loss, grad norm) before it records, so the time holds.
         A step that clip_and_step skipped (its grad_norm NaN) is logged with `skipped: 1`; the last
@@ -214,7 +215,12 @@ class TrainRun:
         self.ctx.progress(self.step, self.cfg.steps)
         every = self.cfg.checkpoint_every
         if every > 0 and self.step % every == 0 and self.step < self.cfg.steps:
-            state = {"step": self.step, "rng": rng_state(), "history": self.history, "carried": carried or {}}
+            state = {
+                "step": self.step,
+                "rng": rng_state(),
+                "history": self.history,
+                "carried": carried() if carried else {},
+            }
             self._commit(step_key(self.ctx.key, self.step), {}, state)
             if self.world.is_main:
                 prune_step_checkpoints(self.ctx.store, self.ctx.key, self.cfg.keep_step_checkpoints)

@@ -133,7 +133,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
                         **({"staleness": float(run.step - 1 - batch.version)} if ahead else {}),
                         **({"refill_prompts": float(batch.refilled)} if cfg.refill_rounds else {}),
                     },
-                    carried={CARRY_KEY: rollouts.carried()} if ahead else None,
+                    carried=(lambda: {CARRY_KEY: rollouts.carried()}) if ahead else None,
                 )
     finally:
         rollouts.close()
