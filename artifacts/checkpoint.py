@@ -179,12 +179,16 @@ def committed(store: Store, key: str) -> CheckpointRef | None:
     )
 
 
-def adoptable(store: Store, key: str) -> tuple[CheckpointRef | None, list[str]]:
+def adoptable(store: Store, key: str, config: str | None = None) -> tuple[CheckpointRef | None, list[str]]:
     """Whether the checkpoint at key may be adopted instead of rebuilt: (ref, []) when it is committed and every
-    file verifies (list, sizes, sha256); (None, problems) when something is there that does not verify (a torn,
-    deleted or rewritten manifest, a flipped byte); (None, []) when nothing of a final checkpoint is there."""
+    file verifies (list, sizes, sha256) and, with `config`, was written under that config hash; (None, problems)
+    when something is there that does not verify (a torn, deleted or rewritten manifest, a flipped byte); (None,
+    []) when nothing of a final checkpoint is there, or it was made by another config."""
     problems = damaged(store, key)
-    return (None, problems) if problems else (committed(store, key), [])
+    if problems:
+        return None, problems
+    done = committed(store, key)
+    return (done, []) if done is not None and config in (None, done.config_hash) else (None, [])
 
 
 def committed_steps(store: Store, stage_key: str, config: str | None = None) -> list[int]:

@@ -1,16 +1,17 @@
-"""The cascade flow: every recipe stage in order; after each model stage an eval and the regression gate.
+"""The cascade flow: the recipe's walk (stages/walk.py) as tasks: every stage in order; after each policy an eval
+and the regression gate.
 
-This module only wires tasks. When the gate fires under policy `recover`, the flow branches into a MOPD
-recovery task named for the stage it recovers (teachers: the best checkpoint per domain so far), evaluates
-again, and continues from the recovered checkpoint. Resume is a re-run with the same run_id: stages whose
-checkpoint manifest verifies are skipped, stored evals are reused, and a stage cut off mid-way continues from
-its last step checkpoint.
+This module only wires tasks; the walk decides the shape. When the gate fires under policy `recover`, the flow
+runs the recovery stage the walk names for the stage it recovers (teachers: the best checkpoint per domain so
+far), evaluates again, and continues from the recovered checkpoint. Resume is a re-run with the same run_id:
+stages whose checkpoint manifest verifies are skipped, stored evals are reused, and a stage cut off mid-way
+continues from its last step checkpoint.
 
 Two entry points share one loop (`run_cascade`; tasks inside, no sub-flows, so a retry of the flow run finds the
 persisted stage results): `cascade_flow` takes a built Recipe (the CLI), `cascade_from_form` takes the typed run
 form of the `cascade` deployment (flows.recipes.RunRequest), builds the Recipe and continues the run named by
 `run_id` (default: recipe name + the flow run id, which stays the same across Retry). What a stage takes as
-input (the newest policy, the checkpoints of the stages it reads) comes from the stage-kind registry.
+input (the newest policy, the checkpoints of the stages it reads) comes from the walk's `Made`.
 """
 
 from __future__ import annotations
@@ -24,19 +25,14 @@ from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.stages.config import SOURCE_EVAL
-from cascade.stages.kinds import chooses_teachers, kind_of, stage_inputs
+from cascade.stages.config_base import StageConfig
+from cascade.stages.kinds import chooses_teachers
 from cascade.stages.recipe import Recipe
+from cascade.stages.walk import GateStep, Made, SourceEval, StageStep, walk
+from cascade.tasks.evals import choose_teachers_task, eval_task, gate_task, record_recovery_task
+from cascade.tasks.lifecycle import finish_task, links_task, running
 from cascade.tasks.results import result_storage
-from cascade.tasks.stages import (
-    choose_teachers_task,
-    eval_task,
-    finish_task,
-    gate_task,
-    links_task,
-    record_recovery_task,
-    running,
-    stage_task,
-)
+from cascade.tasks.stage import stage_task
 
 
 @flow(name="cascade", flow_run_name="{recipe.name}-{run_id}", log_prints=True)
@@ -67,51 +63,58 @@ def _named(task, recipe: Recipe, run_id: str, what: str):
 
 
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
-    """Every recipe stage in order, each policy-making one followed by eval and gate; called inside a flow."""
+    """The walk of the recipe (stages/walk.py): each step a task; called inside a flow."""
     with running(recipe, run_id) as recipe:  # one writer per run (LeaseHeld otherwise); the run's own recipe
         stage_run = stage_task.with_options(result_storage=result_storage(recipe, run_id))
-        made: dict[str, CheckpointRef] = {}  # stage name -> its checkpoint, for the stages that read it
-        policy: CheckpointRef | None = None
+        made = Made()
         recoveries = 0
-        _named(links_task, recipe, run_id, "links")(recipe, run_id)
         evaluated: str | None = None  # the newest stage with an eval: `teachers: auto` reads the evals through it
-        if recipe.eval.enabled and recipe.eval.source:
-            _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None)
-        for index, stage in enumerate(recipe.stages):
-            if chooses_teachers(stage):
-                stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(
-                    recipe, run_id, stage, evaluated
+        _named(links_task, recipe, run_id, "links")(recipe, run_id)
+        for step in walk(recipe):
+            if isinstance(step, SourceEval):
+                _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None)
+            elif isinstance(step, StageStep):
+                stage = step.stage
+                if chooses_teachers(stage):
+                    stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(
+                        recipe, run_id, stage, evaluated
+                    )
+                ref = _named(stage_run, recipe, run_id, f"{step.index:02d}-{stage.kind}-{stage.name}")(
+                    recipe, run_id, stage, step.index, made.inputs(stage)
                 )
-            ref = _named(stage_run, recipe, run_id, f"{index:02d}-{stage.kind}-{stage.name}")(
-                recipe, run_id, stage, index, stage_inputs(stage, policy, made)
-            )
-            made[stage.name] = ref
-            if kind_of(stage.kind).makes != "policy":
-                continue
-            policy = ref
-            if not recipe.eval.enabled:
-                continue
-            scores = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(
-                recipe, run_id, stage.name, index, policy
-            )
-            evaluated = stage.name
-            can_recover = recipe.gate.policy == "recover" and recoveries < recipe.gate.max_recoveries
-            policy_now = "warn" if recipe.gate.policy == "recover" and not can_recover else recipe.gate.policy
-            fired = _named(gate_task, recipe, run_id, f"gate-after-{stage.name}")(
-                recipe, run_id, stage.name, scores, policy_now
-            )
-            if not (fired and can_recover):
-                continue
-            recoveries += 1
-            recovery = choose_teachers_task(
-                recipe, run_id, recipe.gate.recovery.model_copy(update={"name": f"recover-{stage.name}"}), stage.name
-            )
-            policy = made[recovery.name] = _named(stage_run, recipe, run_id, f"{recovery.kind}-{recovery.name}")(
-                recipe, run_id, recovery, index, stage_inputs(recovery, policy, made)
-            )
-            recovered = _named(eval_task, recipe, run_id, f"eval-after-recover-{stage.name}")(
-                recipe, run_id, recovery.name, index, policy
-            )
-            record_recovery_task(recipe, run_id, stage.name, recovered)
-            evaluated = recovery.name
+                made.add(stage, ref)
+            else:
+                recovery = step.recovery if recoveries < recipe.gate.max_recoveries else None
+                evaluated = step.after
+                if evaluate_and_gate(recipe, run_id, step, made.policy, recover=recovery is not None):
+                    recoveries += 1
+                    evaluated = run_recovery(recipe, run_id, step, recovery, made, stage_run)
     return finish_task(recipe, run_id, "FINISHED")
+
+
+def evaluate_and_gate(recipe: Recipe, run_id: str, step: GateStep, policy: CheckpointRef, recover: bool) -> bool:
+    """The eval of the policy the step's stage made, then the gate; True: it fired and the flow recovers. A gate
+    of policy `recover` that may not recover again (`gate.max_recoveries`) warns."""
+    scores = _named(eval_task, recipe, run_id, f"eval-after-{step.after}")(
+        recipe, run_id, step.after, step.index, policy
+    )
+    policy_now = "warn" if recipe.gate.policy == "recover" and not recover else recipe.gate.policy
+    fired = _named(gate_task, recipe, run_id, f"gate-after-{step.after}")(
+        recipe, run_id, step.after, scores, policy_now
+    )
+    return bool(fired) and recover
+
+
+def run_recovery(recipe: Recipe, run_id: str, step: GateStep, recovery: StageConfig, made: Made, stage_run) -> str:
+    """The gate's recovery stage (teachers: the best checkpoint per domain so far), its eval and the gate's record of
+    it; the recovered checkpoint is the newest policy from here on. Returns the recovery's name."""
+    recovery = choose_teachers_task(recipe, run_id, recovery, step.after)
+    ref = _named(stage_run, recipe, run_id, f"{recovery.kind}-{recovery.name}")(
+        recipe, run_id, recovery, step.index, made.inputs(recovery)
+    )
+    made.add(recovery, ref)
+    recovered = _named(eval_task, recipe, run_id, f"eval-after-{recovery.name}")(
+        recipe, run_id, recovery.name, step.index, ref
+    )
+    record_recovery_task(recipe, run_id, step.after, recovered)
+    return recovery.name

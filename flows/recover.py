@@ -18,7 +18,8 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
-from cascade.stages.kinds import StageInputs
+from cascade.stages.walk import Made
+from cascade.tasks.lifecycle import finish_task, running
 from cascade.tasks.regression import (
     evaluate_checkpoint_task,
     judge_task,
@@ -28,7 +29,7 @@ from cascade.tasks.regression import (
     resolve_task,
 )
 from cascade.tasks.results import result_storage
-from cascade.tasks.stages import finish_task, running, stage_task
+from cascade.tasks.stage import stage_task
 
 STAGE = "recover"
 
@@ -51,7 +52,7 @@ def recover_flow(
     }
     # teachers by a name of their own: two domains' best checkpoints may share a stage name across runs
     cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: f"best-{d}" for d in teachers}})
-    inputs = StageInputs(policy=start, stages={f"best-{d}": ref for d, ref in teachers.items()})
+    inputs = Made(stages={f"best-{d}": ref for d, ref in teachers.items()}, policy=start).inputs(cfg)
     with running(loaded, run_id) as loaded:  # one writer per run: LeaseHeld otherwise
         recover_stage = stage_task.with_options(
             task_run_name=f"00-{cfg.kind}-{STAGE}", result_storage=result_storage(loaded, run_id)

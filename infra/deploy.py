@@ -2,7 +2,7 @@
 
 1. A Prefect API: the configured one (PREFECT_API_URL or the active profile), else a `prefect server start` on
    127.0.0.1 with PREFECT_HOME=$CASCADE_HOME/prefect (sqlite), owned and stopped by this command.
-2. The global concurrency limit training stages take a slot of (tasks.stages.compute_limit_name), one slot,
+2. The global concurrency limit training stages take a slot of (tasks.stage.compute_limit_name), one slot,
    and the default MLflow tracking db and experiment.
 3. The deployments of infra/deployments.py, then the automations hook: when `infra/automations.py` exists, its
    `ensure_automations()` runs after the deployments are registered (it finds them by name).
@@ -106,7 +106,7 @@ def deploy(home: Path, port: int | None, limit_name: str, serve: bool, say: Call
 
     from cascade.artifacts.config import TrackingConfig
     from cascade.artifacts.tracking import open_experiment
-    from cascade.tasks.stages import COMPUTE_LIMIT_ENV
+    from cascade.tasks.stage import COMPUTE_LIMIT_ENV
 
     os.environ[COMPUTE_LIMIT_ENV] = limit_name  # the flow runs (subprocesses) take slots of this limit
     with prefect_api(home, port, say) as api_url:

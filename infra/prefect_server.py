@@ -185,14 +185,14 @@ class LocalAPI:
                 raise
             self._serving = serving(self.process, self.api_url)
             self._serving.__enter__()
-            from cascade.tasks.stages import EPHEMERAL_API_ENV  # a run's tasks: only once one starts
+            from cascade.tasks.lifecycle import EPHEMERAL_API_ENV  # a run's tasks: only once one starts
 
             os.environ[EPHEMERAL_API_ENV] = "1"
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._serving is not None:
-            from cascade.tasks.stages import EPHEMERAL_API_ENV
+            from cascade.tasks.lifecycle import EPHEMERAL_API_ENV
 
             os.environ.pop(EPHEMERAL_API_ENV, None)
             self._serving.__exit__(*exc)

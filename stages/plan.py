@@ -23,11 +23,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cascade.stages.config import EngineConfig, GateConfig
+from cascade.stages.config import SOURCE_EVAL, EngineConfig, GateConfig
 from cascade.stages.config_base import ComputeConfig, OnPolicyConfig, StageConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import kind_of
 from cascade.stages.recipe import Recipe
+from cascade.stages.walk import GateStep, SourceEval, StageStep, walk
 
 
 @dataclass(frozen=True)
@@ -181,17 +182,17 @@ def recovery_label(gate: GateConfig) -> str:
 
 
 def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1, prompt_tokens: int = 128) -> Plan:
-    rows = []
-    for cfg in recipe.stages:
-        rows.append(estimate_stage(cfg, recipe, size, prompt_tokens))
-        if kind_of(cfg.kind).makes == "policy" and recipe.eval.enabled:
-            rows.append(eval_estimate(cfg.name, recipe))
-    recovery = None
-    if recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0 and recipe.eval.enabled:
-        recovery = estimate_stage(
-            recipe.gate.recovery.model_copy(update={"name": recovery_label(recipe.gate)}), recipe, size, prompt_tokens
-        )
-        recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
+    """The walk's steps as estimates; the first recovery the gate may insert is its own row."""
+    rows, recovery = [], None
+    for step in walk(recipe):
+        if isinstance(step, StageStep):
+            rows.append(estimate_stage(step.stage, recipe, size, prompt_tokens))
+            continue
+        rows.append(eval_estimate(SOURCE_EVAL if isinstance(step, SourceEval) else step.after, recipe))
+        if isinstance(step, GateStep) and step.recovery is not None and recovery is None:
+            label = recovery_label(recipe.gate)
+            recovery = estimate_stage(step.recovery.model_copy(update={"name": label}), recipe, size, prompt_tokens)
+            recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
     for est in rows + ([recovery] if recovery else []):
         est.seconds = seconds(est, size, profile, devices)
     return Plan(recipe, size, profile, devices, prompt_tokens, rows, recovery)
@@ -231,25 +232,30 @@ def dag_lines(recipe: Recipe) -> list[str]:
     """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
     lines = []
     gate = recipe.gate
-    for i, cfg in enumerate(recipe.stages, 1):
-        reads = ", ".join(sorted({r.stage for r in cfg.reads()}))
-        makes = kind_of(cfg.kind).makes
-        lines.append(f"{i:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else ""))
-        if kind_of(cfg.kind).distributable:
-            lines.append(f"    |- ranks: {placement(recipe.compute_for(cfg))}")
-            if isinstance(cfg, OnPolicyConfig):  # it samples from its own policy as it trains
-                lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
-        if makes != "policy" or not recipe.eval.enabled:
-            continue
-        benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
-        lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
-        branch = (
-            f"fired -> {recovery_label(gate)} ({gate.recovery.steps} steps, teachers: the best checkpoint per domain "
-            "so far) -> eval -> go on from it"
-            if gate.policy == "recover"
-            else f"fired -> {gate.policy}"
-        )
-        lines.append(f"    `- gate ({gate.policy}): {branch}")
+    for step in walk(recipe):
+        if isinstance(step, SourceEval):
+            lines.append(f" 0. eval of the source model ({recipe.model.source})")
+        elif isinstance(step, StageStep):
+            cfg = step.stage
+            reads = ", ".join(sorted({r.stage for r in cfg.reads()}))
+            makes = kind_of(cfg.kind).makes
+            lines.append(
+                f"{step.index + 1:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else "")
+            )
+            if kind_of(cfg.kind).distributable:
+                lines.append(f"    |- ranks: {placement(recipe.compute_for(cfg))}")
+                if isinstance(cfg, OnPolicyConfig):  # it samples from its own policy as it trains
+                    lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
+        else:
+            benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
+            lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
+            branch = (
+                f"fired -> {recovery_label(gate)} ({gate.recovery.steps} steps, teachers: the best checkpoint per "
+                "domain so far) -> eval -> go on from it"
+                if step.recovery is not None
+                else f"fired -> {'warn' if gate.policy == 'recover' else gate.policy}"  # no recovery left to run
+            )
+            lines.append(f"    `- gate ({gate.policy}): {branch}")
     return lines
 
 
@@ -312,6 +318,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     n = len(recipe.stages)
+    gates = {step.after: step for step in walk(recipe) if isinstance(step, GateStep)}
     fig, ax = plt.subplots(figsize=(9, 1.0 + 0.8 * n))
     ax.set_xlim(0, 10)
     ax.set_ylim(-0.8 * n - 0.2, 0.8)
@@ -322,7 +329,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
         ax.text(1.8, y, f"{cfg.name}\n[{cfg.kind}]", ha="center", va="center", fontsize=9, bbox=box)
         if i:
             ax.annotate("", (1.8, y + 0.25), (1.8, y + 0.55), arrowprops=dict(arrowstyle="->"))
-        if kind_of(cfg.kind).makes == "policy" and recipe.eval.enabled:
+        if cfg.name in gates:
             ax.annotate("", (4.2, y), (2.9, y), arrowprops=dict(arrowstyle="->", color="#777"))
             ax.text(
                 5.0,
@@ -333,7 +340,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
                 fontsize=8,
                 bbox=dict(boxstyle="round,pad=0.3", fc="#fef7e0", ec="#f9ab00"),
             )
-            if recipe.gate.policy == "recover":
+            if gates[cfg.name].recovery is not None:
                 ax.annotate("", (7.2, y), (5.9, y), arrowprops=dict(arrowstyle="->", ls="--", color="#d93025"))
                 ax.text(
                     8.3,

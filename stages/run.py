@@ -4,10 +4,11 @@
         [--profile FILE]
 
 The same code path as the flow's stage task under a thinner caller: each stage runs through
-`run_stage_where_configured` (in this process, or torchrun ranks per `compute:`) with the inputs the registry
-names (`stage_inputs`), and writes the same checkpoint, step checkpoints and step log to the recipe's store. A
-stage whose committed checkpoint verifies and has the same config hash is adopted, as the flow adopts it. With
-`--stage`, only the named stages run; every earlier stage must already be committed in the run.
+`run_stage_where_configured` (in this process, or torchrun ranks per `compute:`), in the order and with the
+inputs of the cascade's walk (stages/walk.py), and writes the same checkpoint, step checkpoints and step log to
+the recipe's store. A stage whose committed checkpoint verifies and has the same config hash is adopted, as the
+flow adopts it. With `--stage`, only the named stages run; every earlier stage must already be committed in the
+run.
 
 What it leaves out is the flow's: evals, the regression gate, recoveries, the run report, MLflow and the Prefect
 UI (`cascade run` does all of that). It is for a machine with torch and transformers alone (a lent GPU) and for
@@ -37,8 +38,8 @@ from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, StoreError
 from cascade.stages.errors import DistributedStageError, ModelSourceError, NonFiniteSteps
 from cascade.stages.host import check_host
-from cascade.stages.kinds import kind_of, stage_inputs
 from cascade.stages.recipe import Recipe, RecipeError, load_recipe
+from cascade.stages.walk import Made, StageStep, stage_steps
 
 RUN_ID = "driver"
 
@@ -59,49 +60,49 @@ class DriverSink:
 
 
 def run_stages(recipe: Recipe, run_id: str, only: list[str] | None = None, log_every: int = 10) -> dict[str, Any]:
-    """The recipe's stages in order (or through the last of those named in `only`, running only those);
+    """The walk's stage steps in order (or through the last of those named in `only`, running only those);
     stage name -> {checkpoint, adopted | seconds, metrics and each step's metrics}."""
     store = Store.from_config(recipe.storage)
     with hold_run(store, run_id):
-        committed = committed_stages(recipe, store, run_id, only)
-        made: dict[str, CheckpointRef] = {}
-        policy: CheckpointRef | None = None
-        summary: dict[str, Any] = {}
-        for index, cfg in enumerate(recipe.stages[: len(committed)]):
-            if committed[index] is not None:
-                ref, outcome = committed[index], {"checkpoint": committed[index].uri, "adopted": True}
+        steps = committed_stages(recipe, store, run_id, only)
+        made, summary = Made(), {}
+        for step, committed in steps:
+            if committed is not None:
+                ref, outcome = committed, {"checkpoint": committed.uri, "adopted": True}
             else:
-                ref, outcome = run_one(recipe, store, run_id, index, stage_inputs(cfg, policy, made), log_every)
-            made[cfg.name] = ref
-            policy = ref if kind_of(cfg.kind).makes == "policy" else policy
-            summary[cfg.name] = outcome
+                ref, outcome = run_one(recipe, store, run_id, step, made.inputs(step.stage), log_every)
+            made.add(step.stage, ref)
+            summary[step.stage.name] = outcome
     return summary
 
 
-def committed_stages(recipe: Recipe, store: Store, run_id: str, only: list[str] | None) -> list[CheckpointRef | None]:
-    """Per stage through the last one to run: its checkpoint when it is committed with this config (adopted),
-    else None (it runs). With `only`, a stage not named must be committed: refused before anything runs."""
-    last = max(i for i, s in enumerate(recipe.stages) if only is None or s.name in only)
+def committed_stages(
+    recipe: Recipe, store: Store, run_id: str, only: list[str] | None
+) -> list[tuple[StageStep, CheckpointRef | None]]:
+    """Each stage step through the last one to run, with its checkpoint when it is committed with this config
+    (adopted), else None (it runs). With `only`, a stage not named must be committed: refused before anything runs."""
+    steps = stage_steps(recipe)
+    last = max(i for i, step in enumerate(steps) if only is None or step.stage.name in only)
     found = []
-    for index, cfg in enumerate(recipe.stages[: last + 1]):
-        done, _ = adoptable(store, layout.stage_key(run_id, index, cfg.name))
-        found.append(done if done is not None and done.config_hash == config_hash(cfg) else None)
-        if found[-1] is None and only is not None and cfg.name not in only:
+    for step in steps[: last + 1]:
+        done, _ = adoptable(store, layout.stage_key(run_id, step.index, step.stage.name), config_hash(step.stage))
+        if done is None and only is not None and step.stage.name not in only:
             raise RecipeError(
-                f"stage {cfg.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
+                f"stage {step.stage.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
                 "run it first (name it with --stage, or drop --stage)"
             )
+        found.append((step, done))
     return found
 
 
 def run_one(
-    recipe: Recipe, store: Store, run_id: str, index: int, inputs, log_every: int
+    recipe: Recipe, store: Store, run_id: str, step: StageStep, inputs, log_every: int
 ) -> tuple[CheckpointRef, dict[str, Any]]:
     # here, not at the top: they import torch and transformers, and bad input is answered before that (in ~1 s)
     from cascade.stages.context import StageContext, TeeSink, stage_workdir
     from cascade.stages.launch import run_stage_where_configured
 
-    cfg = recipe.stages[index]
+    cfg, index = step.stage, step.index
     print(f"[{cfg.name}] {cfg.kind}: running", file=sys.stderr, flush=True)
     steps, shown = StepLog(store, run_id, index, cfg.name), DriverSink(cfg.name, log_every)
     started = time.time()

@@ -24,7 +24,7 @@ from cascade.artifacts.tracking import registered_checkpoint
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.recipe import Recipe
 from cascade.stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
-from cascade.tasks.stages import _artifact_key, open_report
+from cascade.tasks.lifecycle import artifact_key, open_report
 
 REGRESSION_EVENT = "cascade.regression.detected"
 CHECKPOINT_RESOURCE = "cascade.checkpoint."
@@ -138,7 +138,7 @@ def publish_verdicts_task(recipe: Recipe, baseline: str, key: str, rows: list[di
     Store.from_config(recipe.storage).write_bytes(key, json.dumps(rows, indent=1).encode())
     ui_artifacts.create_table_artifact(
         rows,
-        key=_artifact_key(artifact, baseline),
+        key=artifact_key(artifact, baseline),
         description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain",
     )
 

@@ -5,7 +5,7 @@
   runs through each entry point the section's closing paragraph names.
 - "Checklist: add a stage kind": a toy kind's config derives from the class step 1 names, its run function has step
   2's signature, and its row is step 3's `register_kind(StageKind(...))` call with the fields that call names (so a
-  field the doc gains is given too); the recipe validates it, `stage_inputs` wires it and `run_stage` runs it.
+  field the doc gains is given too); the recipe validates it, the walk's `Made.inputs` wires it and `run_stage` runs it.
 - Every call, class and keyword the checklists write in backticks exists on the module or class the section names,
   with the parameters the doc writes, and every domain method they name is called somewhere in stages/.
 - The layer diagram draws the folders tests/test_layering.py checks, none below a folder it may import.
@@ -443,7 +443,7 @@ def test_the_toy_kind_is_wired_and_run_by_the_registry_alone(tally_kind, tmp_pat
 
     named = [name for s in spans(closing_paragraph(KIND_CHECKLIST)) for name, _, _ in calls(s)]
     code = named_code(closing_paragraph(KIND_CHECKLIST)) + named_code(section(KIND_CHECKLIST))
-    assert {"stage_inputs", "run_stage"} <= set(named)
+    assert {"Made.inputs", "run_stage"} <= set(named)
     recipe = tally_recipe(tmp_path)
     stage, store = recipe.stage(KIND), Store.from_config(recipe.storage)
     data = CheckpointRef(
@@ -454,7 +454,7 @@ def test_the_toy_kind_is_wired_and_run_by_the_registry_alone(tally_kind, tmp_pat
         digest="0" * 64,
     )
     policy = data.model_copy(update={"key": "runs/r/01-sft", "stage": "sft"})
-    inputs = resolve("stage_inputs", code)(stage, policy, {"sft_data": data, "sft": policy})
+    inputs = resolve("Made", code)(stages={"sft_data": data, "sft": policy}, policy=policy).inputs(stage)
     assert inputs.stages == {"sft_data": data} and inputs.policy == (policy if tally_kind.takes_policy else None)
     (tmp_path / "work").mkdir()
     ctx = StageContext(recipe, store, "r", f"runs/r/02-{KIND}", ListSink(), workdir=tmp_path / "work")

@@ -35,7 +35,7 @@ def deploy(
     and stops it on exit."""
     from cascade.artifacts.config import cascade_home
     from cascade.infra.deploy import deploy as deploy_all
-    from cascade.tasks.stages import compute_limit_name
+    from cascade.tasks.stage import compute_limit_name
 
     if port is not None and not 0 < port < 65536:
         raise CLIError(f"--port must be in 1..65535, got {port}")

@@ -60,7 +60,7 @@ def execute(recipe, run_id: str) -> None:
             # One run in this process, its stages one after another: no slot to take. (A limit on the embedded
             # server is shared through PREFECT_HOME's database with every other `cascade run` on the host, which
             # then waited, silently, for each other's training stages; a missing one is a Prefect warning.)
-            from cascade.tasks.stages import COMPUTE_LIMIT_ENV, NO_COMPUTE_LIMIT
+            from cascade.tasks.stage import COMPUTE_LIMIT_ENV, NO_COMPUTE_LIMIT
 
             os.environ[COMPUTE_LIMIT_ENV] = NO_COMPUTE_LIMIT
         bars: dict[str, Any] = {}

@@ -17,8 +17,8 @@ Who reads the registry:
 - the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
   that make the right product; a row's `check` adds what only that kind knows; `recovers` admits the gate's
   recovery stage;
-- the dispatcher (`run_stage` below) and the input wiring (`stage_inputs` below: the flow and the stage driver);
-- the compute slot, the stage cache key and the report card in report.json (`tasks/stages.py`);
+- the dispatcher (`run_stage` below); the cascade's walk (`stages/walk.py`): `makes` and `takes_policy`;
+- the compute slot, the stage cache key and the report card in report.json (`tasks/stage.py`);
 - the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`;
 - where a stage runs (`stages/launch.py`, `infra/k8s.py`): `distributable`;
 - the dry run (`stages/plan.py`): `estimate`; the gains tables (`gain_targets` below).
@@ -133,14 +133,6 @@ def chooses_teachers(stage: StageConfig) -> bool:
     """The stage's teachers come from the evals before it runs (its row's `chooses_teachers`)."""
     choose = kind_of(stage.kind).chooses_teachers
     return choose is not None and choose(stage)
-
-
-def stage_inputs(stage: StageConfig, policy: CheckpointRef | None, made: dict[str, CheckpointRef]) -> StageInputs:
-    """What the registry says the stage takes: the newest policy, and the checkpoints of the stages it reads."""
-    return StageInputs(
-        policy=policy if kind_of(stage.kind).takes_policy else None,
-        stages={read.stage: made[read.stage] for read in stage.reads()},
-    )
 
 
 def gain_targets(stages: list[StageConfig]) -> dict[str, list[str]]:

@@ -2,6 +2,7 @@
 
 import json
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,12 +10,14 @@ from safetensors.torch import load_file
 
 import cascade.stages.kinds.grpo.run
 import cascade.stages.kinds.sft.run
+from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
+GOLDEN_DIGESTS = Path(__file__).with_name("micro_digests.json")
 
 
 def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
@@ -84,6 +87,11 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
         json.loads(store.read_bytes("runs/e2e/01-sft/MANIFEST.json"))["config_hash"]
         == json.loads(driven.read_bytes("runs/driver/01-sft/MANIFEST.json"))["config_hash"]
     )
+    # and every checkpoint is bit for bit the one recorded (on this torch build): a change of structure moves none
+    golden = json.loads(GOLDEN_DIGESTS.read_text())
+    digests = {s["name"]: committed(store, f"runs/e2e/{i:02d}-{s['name']}").digest for i, s in enumerate(report.stages)}
+    if torch.__version__ == golden["torch"]:
+        assert digests == golden["digests"], json.dumps(digests, indent=1)
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])

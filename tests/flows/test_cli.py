@@ -288,34 +288,6 @@ def test_gc_local_removes_only_the_scratch_directories_no_live_process_owns(tmp_
 
 
 @pytest.mark.slow
-def test_a_first_run_prints_progress_the_matrix_and_the_report_path_and_no_warnings(tmp_path):
-    """`cascade run` with its own Prefect server (no PREFECT_API_URL), as on a fresh clone: no dependency's
-    WARNING or UserWarning line reaches the user (the compute concurrency limit exists on the embedded server)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "CASCADE_STORE", "MLFLOW_TRACKING_URI")}
-    env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200")
-    result = subprocess.run(
-        [*CASCADE, "run", "micro", "--run-id", "first"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
-    )
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-3000:]
-    assert "Forgetting matrix" in out and "report: file://" in out
-    assert "WARNING" not in out and "Warning" not in out, out[-3000:]
-    links = json.loads((tmp_path / "home" / "runs" / "first" / "report.json").read_text())["links"]
-    assert "prefect" not in links  # the command's own server is gone once it ends: no dead link
-    assert links["mlflow"].startswith(f"sqlite:///{tmp_path}/home/mlflow.db#/experiments/")
-    # a regression eval on its own Prefect server, as a crontab line runs it: its table and nothing of Prefect's
-    # (its log lines used to reach the terminal, and to fail to reach the server it had already stopped)
-    for args in (
-        ["baseline", "set", "b", "runs/first/evals/04-math_rl.json", "--recipe", "micro"],
-        ["regression-eval", "--recipe", "micro", "--checkpoint", "runs/first/04-math_rl", "--baseline", "b"],
-    ):
-        done = subprocess.run([*CASCADE, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    assert "regression eval against baseline 'b'" in done.stdout
-    assert "| INFO" not in done.stdout + done.stderr and "Error logging to API" not in done.stdout + done.stderr
-
-
-@pytest.mark.slow
 def test_a_failed_stage_is_one_line_naming_the_log_that_holds_prefects_traceback(tmp_path):
     """A stage that stops on bad input (flex_attention on a CPU) as run on a fresh clone: exit 2 and our one
     line, which names the log file; Prefect's task traceback is in that file, not on the terminal."""

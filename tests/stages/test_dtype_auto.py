@@ -173,7 +173,7 @@ def test_a_run_stores_the_decided_dtype_and_a_resume_keeps_it_when_the_host_deci
     from prefect import flow
 
     from cascade.artifacts.store import Store
-    from cascade.tasks.stages import adopt_recipe
+    from cascade.tasks.lifecycle import adopt_recipe
     from tests.conftest import micro_recipe
 
     probe = Probe(2.0, 1.0)

@@ -1,0 +1,101 @@
+"""The tasks around a policy: its eval (reused from the store when computed), the regression gate on it, the
+teachers a stage chooses from the evals so far, and the gate's record of a recovery. No ML logic here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import artifacts as ui_artifacts
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from cascade.artifacts import layout
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.artifacts.tracking import Tracker, register_stage, tracking_on
+from cascade.stages.config_base import StageConfig
+from cascade.stages.errors import GateFailed
+from cascade.stages.evaluate import stored_or_evaluated
+from cascade.stages.gate import best_stages, decide
+from cascade.stages.recipe import Recipe
+from cascade.tasks.lifecycle import artifact_key, open_report
+from cascade.tasks.progress import progress_for
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: CheckpointRef | None) -> dict[str, float]:
+    """Scores of every domain after a stage; reused from the store when already computed."""
+    store, report = open_report(recipe, run_id)
+    key = layout.eval_key(run_id, index, stage)
+    record, new = stored_or_evaluated(recipe, store, key, model, lambda part: progress_for(f"eval {stage}: {part}"))
+    scores = record.scores
+    if new and tracking_on(recipe.tracking):
+        tracker = Tracker(recipe, run_id)
+        tracker.log_scores(len(report.evals), scores)
+        tracker.log_eval(stage, index, scores, record.items)
+    report.record_eval(stage, scores)
+    report.save(store)
+    if tracking_on(recipe.tracking) and model is not None:
+        best = [d for d, s in best_stages(report.evals_through(stage), list(recipe.domains)).items() if s == stage]
+        try:
+            register_stage(Tracker(recipe, run_id), stage, model.uri, best)
+        except Exception as e:  # registry bookkeeping must never fail a training run
+            get_run_logger().warning(f"model registry: {stage} not registered ({e})")
+    return scores
+
+
+@task(name="gate", cache_policy=NO_CACHE)
+def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float], policy: str) -> list[dict[str, Any]]:
+    """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
+    store, report = open_report(recipe, run_id)
+    earlier = [e for e in report.evals_through(stage) if e["after_stage"] != stage]
+    tolerances = recipe.tolerances()
+    decisions = decide(stage, earlier, scores, tolerances, policy)
+    report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
+    report.save(store)
+    if decisions:
+        ui_artifacts.create_table_artifact(
+            decisions, key=artifact_key(run_id, "gate"), description=f"Regression gate after stage {stage}"
+        )
+        if tracking_on(recipe.tracking):
+            Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d['domain']}": d["action"] for d in decisions})
+    if decisions and policy == "fail":
+        worst = max(decisions, key=lambda d: d["drop"])
+        raise GateFailed(
+            f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {stage} "
+            f"(tolerance {worst['tolerance']})"
+        )
+    return decisions
+
+
+@task(name="choose-teachers", cache_policy=NO_CACHE)
+def choose_teachers_task(recipe: Recipe, run_id: str, cfg: StageConfig, through: str | None) -> StageConfig:
+    """A stage that takes teachers (`teachers: auto`, or the gate's recovery) with its teachers chosen: per domain
+    (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best dev score
+    in the evals up to the one after `through`."""
+    _, report = open_report(recipe, run_id)
+    evals = report.evals_through(through) if through else []
+    teachers = best_stages(evals, cfg.domains or list(recipe.domains))
+    if not teachers:
+        raise ValueError(f"stage {cfg.name!r}: teachers: auto, but no domain has been evaluated before it")
+    return cfg.model_copy(update={"teachers": teachers})
+
+
+@task(name="record-recovery", cache_policy=NO_CACHE)
+def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> list[dict[str, Any]]:
+    store, report = open_report(recipe, run_id)
+    for decision in report.gate:
+        if decision["stage"] == stage:
+            decision["after_recovery"] = scores[decision.get("column", decision["domain"])]
+    report.save(store)
+    fired = [g for g in report.gate if g["stage"] == stage]
+    ui_artifacts.create_table_artifact(
+        fired,
+        key=artifact_key(run_id, "gate"),
+        description=f"Regression gate after {stage}, with the recovery's scores",
+    )
+    if tracking_on(recipe.tracking):
+        Tracker(recipe, run_id).set_tags(
+            {f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"] for g in fired}
+        )
+    return fired
