@@ -27,9 +27,9 @@ class Breakdown(BaseModel):
 
 
 class ReportCard(BaseModel):
-    """What the run report's Data section shows of a stage, from its metrics and plots. A stage kind's row declares it
-    (stages/kinds/__init__.py), the stage task writes it into the stage's record, and artifacts/html_report.py draws
-    every card the same way."""
+    """What the run report's Data section shows of a stage, from its metrics and plots. A stage kind's row declares
+    it (stages/kinds/<kind>/__init__.py), the stage task writes it into the stage's record, and
+    artifacts/html_report.py draws every card the same way."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

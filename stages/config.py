@@ -5,7 +5,7 @@ bounds, so a recipe file, a `key=value` override and the Prefect run form all re
 (`steps: 0`, `lr: -1`, `steps: true`) before anything runs. What every stage config builds on (bounds, base
 classes, `compute`, data sources and teachers) is `stages/config_base.py`; each kind's own config lives with its
 kind (`stages/kinds/<kind>/__init__.py`), and which config belongs to which kind, and what a kind reads and makes,
-is the registry's business (`stages/kinds/__init__.py`); the recipe that ties them together is `stages/recipe.py`.
+is the registry's business (`stages/kinds/registry.py`); the recipe that ties them together is `stages/recipe.py`.
 """
 
 from __future__ import annotations
@@ -156,6 +156,6 @@ class EvalConfig(Strict):
 class GateConfig(Strict):
     policy: Literal["recover", "warn", "fail"] = "warn"
     max_recoveries: int = Field(1, strict=True, ge=0, le=100)  # recoveries per run; past it the gate warns
-    # a stage of a kind that `recovers` (stages/kinds/__init__.py; the recipe validates it by its `kind`, this
+    # a stage of a kind that `recovers` (stages/kinds/registry.py; the recipe validates it by its `kind`, this
     # one's when it names none); its teachers come from the eval history
     recovery: SerializeAsAny[StageConfig] = MOPDConfig(name="recovery")

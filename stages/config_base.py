@@ -6,7 +6,7 @@ from, an OpenAI-compatible endpoint, and how a registry row names its function w
 
 Each kind's own config lives with its kind (`stages/kinds/<kind>/__init__.py`), and the recipe's other sections
 in `stages/config.py`; this module imports neither, so that every kind's config, the kind registry
-(`stages/kinds/__init__.py`) and the reward-source registry (`stages/reward_sources.py`) import it without an
+(`stages/kinds/registry.py`) and the reward-source registry (`stages/reward_sources.py`) import it without an
 import cycle.
 """
 

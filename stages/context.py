@@ -1,6 +1,6 @@
 """What every stage receives, and the checkpoint plumbing stages share.
 
-A stage is a plain function `run_<kind>(cfg, ctx, inputs) -> StageResult` (stages/kinds/__init__.py); it runs under
+A stage is a plain function `run_<kind>(cfg, ctx, inputs) -> StageResult` (stages/kinds/registry.py); it runs under
 Prefect or in a test. `ctx.log` is any MetricSink (MLflow in the flow, a list in tests).
 """
 

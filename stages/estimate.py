@@ -1,5 +1,5 @@
 """What a stage kind's plan estimate is made of (stages/plan.py has the assumptions): the figures of one stage, and
-the helpers every kind's `estimate` (a row of stages/kinds/__init__.py) shares. Nothing here loads a model."""
+the helpers every kind's `estimate` (a row in its folder, stages/kinds/<kind>/) shares. Nothing here loads a model."""
 
 from __future__ import annotations
 
@@ -36,3 +36,19 @@ def checkpoint_bytes(params: int, step_checkpoints: int = 0) -> int:
 def training_storage(cfg: Any, params: int) -> int:
     """A training stage's checkpoint and the step checkpoints it keeps (TrainingConfig's fields)."""
     return checkpoint_bytes(params, cfg.keep_step_checkpoints if cfg.checkpoint_every else 0)
+
+
+def on_policy_estimate(
+    cfg: Any, recipe: Any, params: int, domains: list[str] | None, frozen_models: int
+) -> StageEstimate:
+    """Every sampled token is trained on (an upper bound: GRPO drops groups without signal) and forwarded once
+    through each frozen model (teacher, KL reference, reward model)."""
+    sampled = cfg.steps * cfg.prompts_per_step * cfg.group_size * int(mean_new_tokens(recipe, domains))
+    return StageEstimate(
+        cfg.name,
+        cfg.kind,
+        tokens_sampled=sampled,
+        tokens_trained=sampled,
+        teacher_tokens=frozen_models * sampled,
+        storage_bytes=training_storage(cfg, params),
+    )

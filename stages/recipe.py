@@ -2,7 +2,7 @@
 
 A recipe YAML validates into `Recipe`: the run-wide sections (model, storage, tracking, engine, domains, eval,
 gate) and an ordered list of stages. Each stage's `kind` picks its config class from the stage-kind registry
-(`stages/kinds/__init__.py`), so a new kind needs no edit here. Validation checks, before any work starts, that every
+(`stages/kinds/registry.py`), so a new kind needs no edit here. Validation checks, before any work starts, that every
 domain is known, stage names are unique, every stage reads only earlier stages that make what it needs, and
 what each kind's own check adds. Overrides (`key=value`, the Prefect run form) are applied by `flows/recipes.py`
 to the raw mapping before it comes here.

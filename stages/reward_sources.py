@@ -1,5 +1,5 @@
 """The registry of reward sources: one row per source an RL stage's `reward:` may name, as stage kinds are
-registered in stages/kinds/__init__.py.
+registered in their folders (stages/kinds/<kind>/).
 
 A row says what a source is: its config class (a `RewardSourceConfig` whose `kind:` is the row's name), how it is
 built (`build(cfg, ctx, stages) -> stages.rewards.RewardSource`, with `stages` the checkpoints of the stages its

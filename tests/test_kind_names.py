@@ -3,9 +3,10 @@
 A name is a string literal equal to a registered kind or reward source (`"grpo"`, `"judge"`), anywhere in flows/,
 tasks/, stages/, artifacts/ and infra/ (docstrings and comments are not literals equal to a name), or a word of an
 f-string's text equal to one (f"mopd-recover-{stage}" builds a name from parts). It may appear
-only in a home of what it names: the registry module, the module of the row's config class and the module of its
-run function or builder. A kind's name may also be a product's (`Product`: what a stage makes; a reward_model stage
-makes a `"reward_model"`): then it is at home where `Product` is declared too.
+only in a home of what it names: the module of the row's config class (a kind's folder, where its row is
+registered) and the module of its run function or builder (for a reward source, also its registry module). A
+kind's name may also be a product's (`Product`: what a stage makes; a reward_model stage makes a
+`"reward_model"`): then it is at home where `Product` is declared too.
 """
 
 from __future__ import annotations
@@ -63,9 +64,7 @@ def homes() -> dict[str, set[str]]:
     """Every registered name -> the files that may spell it."""
     out: dict[str, set[str]] = {}
     for name, row in kinds.KINDS.items():
-        out.setdefault(name, set()).update(
-            {module_file(kinds.__name__), module_file(row.config.__module__), module_file(callable_module(row.run))}
-        )
+        out.setdefault(name, set()).update({module_file(row.config.__module__), module_file(callable_module(row.run))})
     for name, row in reward_sources.REWARD_SOURCES.items():
         out.setdefault(name, set()).update(
             {

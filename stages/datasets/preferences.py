@@ -8,9 +8,10 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cascade.stages.kinds.reward_model import PreferenceFile
+if TYPE_CHECKING:  # the reward_model kind's check reads a file's first row through this module
+    from cascade.stages.kinds.reward_model import PreferenceFile
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def test_standard_error_of_item_scores():
     assert standard_error([0.5, 0.5, 0.5]) == 0.0
 
 
-# A card as a stage kind's row declares it (stages/kinds/__init__.py); the page knows no kind.
+# A card as a stage kind's row declares it (stages/kinds/<kind>/__init__.py); the page knows no kind.
 DATA_CARD = ReportCard(
     title="Data card",
     totals=(("rows kept", "rows"), ("input rows", "input_rows")),

@@ -189,7 +189,7 @@ def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
     ],
 )
 def test_the_sft_data_note_counts_what_the_sources_read(recipe, overrides, note):
-    from cascade.stages.kinds import source_rows
+    from cascade.stages.kinds.sft_data import source_rows
 
     loaded = load_recipe(recipe, overrides)
     cfg = loaded.stages[0]

@@ -1,11 +1,13 @@
-"""A new stage kind is one registry row: a config, a run function and a row, all in this module.
+"""A new stage kind is one folder: tests/flows/toy_kinds/shrink/ holds its config, its row and its run function.
 
 The toy kind `shrink` reads an earlier policy stage's checkpoint, scales every weight by `factor` and commits the
-result as the next policy; the cascade flow wires its input, runs it under the compute slot, evaluates it and
-gates it, without any other file knowing the kind exists.
+result as the next policy. Its folder is loaded as the built-in kinds' folders are (`load_kinds`); the cascade
+flow then wires its input, runs it under the compute slot, evaluates it and gates it, without any other file
+knowing the kind exists.
 """
 
-from typing import Literal
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,37 +16,21 @@ from safetensors.torch import load_file
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
-from cascade.stages.config_base import Read, StageConfig
-from cascade.stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
-from cascade.stages.kinds import KINDS, StageInputs, StageKind, kind_of, register_kind, run_stage, unregister_kind
+from cascade.stages.kinds import KINDS, StageInputs, kind_of, run_stage, unregister_kind
+from cascade.stages.kinds.registry import load_kinds
 from cascade.stages.recipe import RecipeError, validate_recipe
+from tests.flows import toy_kinds
 
-
-class ShrinkConfig(StageConfig):
-    kind: Literal["shrink"] = "shrink"
-    name: str = "shrink"
-    source: str = "sft"  # the policy stage whose checkpoint is shrunk
-    factor: float = 0.5
-
-    def reads(self) -> list[Read]:
-        return [Read("source", self.source, "policy")]
-
-
-def run_shrink(cfg: ShrinkConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
-    source = inputs.stages[cfg.source]
-    model, tokenizer = load_policy(ctx, source)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(cfg.factor)
-    metrics = {"factor": cfg.factor}
-    ref = save_model_checkpoint(ctx, ctx.key, model, tokenizer, cfg=cfg, step=None, parent=source, metrics=metrics)
-    return StageResult(ref, metrics)
+SHRINK = f"{toy_kinds.__name__}.shrink"
 
 
 @pytest.fixture
 def shrink_kind():
-    register_kind(StageKind("shrink", ShrinkConfig, run_shrink, makes="policy", takes_policy=False, holds_compute=True))
-    yield
+    """The folder loaded (a fresh import: its row registers itself again); the row gone afterwards."""
+    for module in (SHRINK, f"{SHRINK}.run"):
+        sys.modules.pop(module, None)
+    load_kinds(toy_kinds.__name__, toy_kinds.__path__)
+    yield sys.modules[SHRINK]
     unregister_kind("shrink")
 
 
@@ -58,10 +44,10 @@ def recipe_with_shrink(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("prefect_harness", "shrink_kind")
-def test_a_kind_registered_here_runs_in_the_cascade_with_real_checkpoints(tmp_path):
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_kind_from_its_folder_runs_in_the_cascade_with_real_checkpoints(tmp_path, shrink_kind):
     recipe = recipe_with_shrink(tmp_path)
-    assert isinstance(recipe.stage("shrink"), ShrinkConfig)
+    assert isinstance(recipe.stage("shrink"), shrink_kind.ShrinkConfig)
     report = cascade_flow(recipe, "toy")
 
     assert [(s["name"], s["status"]) for s in report.stages] == [
@@ -101,5 +87,5 @@ def test_an_unknown_kind_is_an_error_everywhere():
     with pytest.raises(KeyError, match="unknown stage kind 'distil'"):
         kind_of("distil")
     with pytest.raises(KeyError, match="unknown stage kind"):
-        run_stage(ShrinkConfig(), None, StageInputs())  # not registered outside the fixture
+        run_stage(SimpleNamespace(kind="shrink"), None, StageInputs())  # not registered outside the fixture
     assert "shrink" not in KINDS

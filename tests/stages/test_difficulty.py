@@ -140,7 +140,7 @@ def test_keep_fraction_draw_depends_on_the_seed():
         (["stages.if_rl.prompts=nope"], "reads prompts 'nope', which no earlier difficulty stage writes"),
         (
             ["stages.if_rl.domains=[math]", "stages.if_rl.prompts=difficulty"],
-            "trains on domain(s) ['math'] that difficulty stage 'difficulty' does not filter",
+            "trains on domain(s) ['math'] that its prompts' stage 'difficulty' does not filter",
         ),
     ],
 )

@@ -1,16 +1,17 @@
-"""The difficulty stage kind: its config (here) and, in `run.py`, its run function: k rollouts of a reference
-model per train prompt, keeping the prompts it does not always solve.
+"""The difficulty stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: k rollouts
+of a reference model per train prompt, keeping the prompts it does not always solve.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import model_validator
 
+from cascade.artifacts.report import ReportCard
 from cascade.stages.config_base import (
     SMOLLM2,
     Count,
@@ -20,8 +21,11 @@ from cascade.stages.config_base import (
     StageConfig,
     Temperature,
     TopP,
+    imported_on_call,
     reference_kind,
 )
+from cascade.stages.estimate import StageEstimate, mean_new_tokens
+from cascade.stages.kinds.registry import StageKind, register_kind
 
 
 class DifficultyConfig(StageConfig):
@@ -68,3 +72,43 @@ class DifficultyConfig(StageConfig):
                 hint=f"; a model is an HF model dir (a path), {SMOLLM2!r} or an http(s):// endpoint",
             )
         ]
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate, its report card.
+
+
+def _estimate_difficulty(cfg: DifficultyConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    prompts = sum(cfg.prompts_per_domain or recipe.domains[d].train_size for d in cfg.domains)
+    return StageEstimate(
+        cfg.name,
+        cfg.kind,
+        tokens_sampled=prompts * cfg.k * int(mean_new_tokens(recipe, cfg.domains)),
+        notes=[f"reference {cfg.reference}: {prompts:,} prompts x {cfg.k}"],
+    )
+
+
+DIFFICULTY_CARD = ReportCard(
+    title="Difficulty filter",
+    totals=(
+        ("prompts", "prompts"),
+        ("kept", "kept"),
+        ("dropped as solved", "dropped_solved"),
+        ("dropped as unsolved", "dropped_unsolved"),
+        ("rollouts sampled", "rollouts"),
+    ),
+    plots=("pass_rates",),
+)
+
+
+register_kind(
+    StageKind(
+        "difficulty",
+        DifficultyConfig,
+        imported_on_call("cascade.stages.kinds.difficulty.run", "run_difficulty"),
+        makes="prompts",
+        takes_policy=False,
+        holds_compute=False,
+        estimate=_estimate_difficulty,
+        report_card=DIFFICULTY_CARD,
+    )
+)

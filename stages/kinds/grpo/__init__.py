@@ -1,13 +1,13 @@
-"""The grpo stage kind: its config (here) and, in `run.py`, its run function: on-policy RL with group-relative
-advantages.
+"""The grpo stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: on-policy RL
+with group-relative advantages.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -21,8 +21,12 @@ from cascade.stages.config_base import (
     Positive,
     Read,
     ReadsDataFiles,
+    StageConfig,
+    imported_on_call,
 )
-from cascade.stages.reward_sources import GraderReward, RewardSpec, reward_reads
+from cascade.stages.estimate import StageEstimate, on_policy_estimate
+from cascade.stages.kinds.registry import StageKind, check_domain_weights, register_kind
+from cascade.stages.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms
 
 
 class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
@@ -111,3 +115,44 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
 
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.prompts) if isinstance(self.prompts, dict) else {}
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
+
+
+def _check_grpo(cfg: GRPOConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    check_domain_weights(cfg, cfg.domains)
+    if isinstance(cfg.prompts, dict):
+        extra = sorted(set(cfg.prompts) - set(cfg.domains))
+        if extra:
+            raise ValueError(f"stage {cfg.name!r} gives prompts for domain(s) {extra} it does not train on")
+    if not isinstance(cfg.prompts, str):
+        return
+    source = next(s for s in earlier if s.name == cfg.prompts)
+    unfiltered = sorted(set(cfg.domains) - set(source.domains))
+    if unfiltered:
+        raise ValueError(
+            f"stage {cfg.name!r} trains on domain(s) {unfiltered} that its prompts' stage {cfg.prompts!r} "
+            "does not filter"
+        )
+
+
+def _estimate_grpo(cfg: GRPOConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    scorers = sum(REWARD_SOURCES[term.source.kind].frozen_forward for term in reward_terms(cfg.reward))
+    return on_policy_estimate(cfg, recipe, params, cfg.domains, (cfg.kl_coef > 0) + scorers)
+
+
+register_kind(
+    StageKind(
+        "grpo",
+        GRPOConfig,
+        imported_on_call("cascade.stages.kinds.grpo.run", "run_grpo"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        check=_check_grpo,
+        gains_on=lambda cfg: list(cfg.domains),
+        estimate=_estimate_grpo,
+        distributable=True,
+    )
+)

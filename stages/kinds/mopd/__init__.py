@@ -1,17 +1,29 @@
-"""The mopd stage kind: its config (here) and, in `run.py`, its run function: multi-domain on-policy distillation
-from per-domain teachers.
+"""The mopd stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: multi-domain
+on-policy distillation from per-domain teachers.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from cascade.stages.config_base import Count, Fraction, Name, OnPolicyConfig, Read, Steps, _no_bool
+from cascade.stages.config_base import (
+    Count,
+    Fraction,
+    Name,
+    OnPolicyConfig,
+    Read,
+    StageConfig,
+    Steps,
+    _no_bool,
+    imported_on_call,
+)
+from cascade.stages.estimate import StageEstimate, on_policy_estimate
+from cascade.stages.kinds.registry import StageKind, check_domain_weights, kind_of, register_kind
 
 
 class MOPDConfig(OnPolicyConfig):
@@ -31,3 +43,47 @@ class MOPDConfig(OnPolicyConfig):
         if self.teachers == "auto":
             return []  # not known before the run: the flow chooses them, then hands their checkpoints over
         return [Read(f"teachers.{domain}", stage, "policy") for domain, stage in self.teachers.items()]
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
+
+
+def _check_mopd(cfg: MOPDConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    if cfg.teachers == "auto":
+        if not any(kind_of(s.kind).makes == "policy" for s in earlier):
+            raise ValueError(f"stage {cfg.name!r}: teachers: auto needs an earlier model stage to choose from")
+        unknown = sorted(set(cfg.domains or []) - domains)
+        if unknown:
+            raise ValueError(f"stage {cfg.name!r} names domain(s) {unknown} not declared in `domains`")
+        return
+    if not cfg.teachers:
+        raise ValueError(f"stage {cfg.name!r}: a mopd stage needs `teachers` (domain: earlier model stage)")
+    missing = sorted(set(cfg.teachers) - domains)
+    if missing:
+        raise ValueError(f"stage {cfg.name!r} names teacher domain(s) {missing} not declared in `domains`")
+    check_domain_weights(cfg, cfg.domains or list(cfg.teachers))
+    untaught = sorted(set(cfg.domains or []) - set(cfg.teachers))
+    if untaught:
+        raise ValueError(f"stage {cfg.name!r} has no teacher for domain(s) {untaught}")
+
+
+def _estimate_mopd(cfg: MOPDConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    domains = cfg.domains or (None if cfg.teachers == "auto" else list(cfg.teachers))
+    return on_policy_estimate(cfg, recipe, params, domains, 1)  # the domain's teacher
+
+
+register_kind(
+    StageKind(
+        "mopd",
+        MOPDConfig,
+        imported_on_call("cascade.stages.kinds.mopd.run", "run_mopd"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        check=_check_mopd,
+        estimate=_estimate_mopd,
+        distributable=True,
+        recovers=True,
+        chooses_teachers=lambda cfg: cfg.teachers == "auto",
+    )
+)

@@ -1,13 +1,13 @@
-"""The reward_model stage kind: its config and the preference pairs it reads (here) and, in `run.py`, its run
-function: a Bradley-Terry reward model.
+"""The reward_model stage kind: its config and the preference pairs it reads (here) and, in `run.py`, its run function:
+a Bradley-Terry reward model.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -23,10 +23,14 @@ from cascade.stages.config_base import (
     Name,
     NonNegative,
     Read,
+    StageConfig,
     Steps,
     TrainingConfig,
+    imported_on_call,
     reference_kind,
 )
+from cascade.stages.estimate import StageEstimate, mean_new_tokens, training_storage
+from cascade.stages.kinds.registry import StageKind, register_kind
 
 
 class DomainPairs(Strict):
@@ -108,3 +112,58 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
         if reference_kind(self.init) != "stage":
             return []
         return [Read("init", self.init, "policy", hint=f"; a model is an HF model dir (a path) or {SMOLLM2!r}")]
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
+
+
+def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    """The pairs' domain must build pairs; a local preference file must exist and its first row must have the
+    pair's fields, before any work."""
+    if not isinstance(cfg.pairs, PreferenceFile):
+        from cascade.stages.domains import domain_names, get_domain
+
+        if cfg.pairs.kind == "on_policy":  # the policy answers at the domain's max_new_tokens; its grader labels
+            if cfg.pairs.domain not in domains:
+                raise ValueError(
+                    f"stage {cfg.name!r}: on_policy pairs' domain {cfg.pairs.domain!r} is not declared in `domains`"
+                )
+        elif cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
+            raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
+        return
+    from pathlib import Path
+
+    from cascade.stages.datasets.preferences import check_first_row
+
+    local = cfg.pairs.path.removeprefix("file://")
+    if "://" in local:
+        return
+    if not Path(local).is_file():
+        raise ValueError(f"stage {cfg.name!r}: preference file not found: {cfg.pairs.path}")
+    check_first_row(cfg.pairs, local)
+
+
+def _estimate_reward_model(cfg: RewardModelConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    trained = cfg.steps * cfg.batch_size * 2 * (prompt_tokens + int(mean_new_tokens(recipe, None)))  # both answers
+    sampled = 0
+    if cfg.pairs.kind == "on_policy":  # the init policy answers every request `samples` times
+        src = cfg.pairs
+        sampled = (src.train + src.heldout) * src.samples * recipe.domains[src.domain].max_new_tokens
+    return StageEstimate(
+        cfg.name, cfg.kind, tokens_sampled=sampled, tokens_trained=trained, storage_bytes=training_storage(cfg, params)
+    )
+
+
+register_kind(
+    StageKind(
+        "reward_model",
+        RewardModelConfig,
+        imported_on_call("cascade.stages.kinds.reward_model.run", "run_reward_model"),
+        makes="reward_model",
+        takes_policy=False,
+        holds_compute=True,
+        check=_check_reward_model,
+        estimate=_estimate_reward_model,
+        distributable=True,
+    )
+)

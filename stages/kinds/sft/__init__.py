@@ -1,13 +1,13 @@
-"""The sft stage kind: its config (here) and, in `run.py`, its run function: supervised fine-tuning on an
-sft_data stage's rows.
+"""The sft stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: supervised
+fine-tuning on an sft_data stage's rows.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from cascade.stages.config_base import (
     BatchSize,
@@ -22,7 +22,10 @@ from cascade.stages.config_base import (
     Read,
     Steps,
     TrainingConfig,
+    imported_on_call,
 )
+from cascade.stages.estimate import StageEstimate, mean_new_tokens, training_storage
+from cascade.stages.kinds.registry import StageKind, register_kind
 
 
 class SFTConfig(TrainingConfig, MicroBatched, ForwardOptions):
@@ -50,3 +53,25 @@ class SFTConfig(TrainingConfig, MicroBatched, ForwardOptions):
 
     def reads(self) -> list[Read]:
         return [Read("data", self.data, "dataset")]
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
+
+
+def _estimate_sft(cfg: SFTConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    trained = cfg.steps * cfg.batch_size * (prompt_tokens + int(mean_new_tokens(recipe, None)))
+    return StageEstimate(cfg.name, cfg.kind, tokens_trained=trained, storage_bytes=training_storage(cfg, params))
+
+
+register_kind(
+    StageKind(
+        "sft",
+        SFTConfig,
+        imported_on_call("cascade.stages.kinds.sft.run", "run_sft"),
+        makes="policy",
+        takes_policy=True,
+        holds_compute=True,
+        estimate=_estimate_sft,
+        distributable=True,
+    )
+)

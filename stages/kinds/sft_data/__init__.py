@@ -1,17 +1,18 @@
-"""The sft_data stage kind: its config (here: sources, teachers, filters) and, in `run.py`, its run function,
-which builds the SFT dataset as Parquet shards.
+"""The sft_data stage kind: its config (here: sources, teachers, filters) and, in `run.py`, its run function, which
+builds the SFT dataset as Parquet shards.
 
-The registry (stages/kinds/__init__.py) imports the config, and `run.py` only on the row's first call:
-validating a recipe never loads torch.
+This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
+it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from cascade.artifacts.config import Strict
+from cascade.artifacts.report import Breakdown, ReportCard
 from cascade.stages.config_base import (
     Count,
     DataSource,
@@ -20,8 +21,12 @@ from cascade.stages.config_base import (
     OracleTeacher,
     ReadsDataFiles,
     StageConfig,
+    SyntheticSource,
     TeacherConfig,
+    imported_on_call,
 )
+from cascade.stages.estimate import DATA_BYTES_PER_TOKEN, StageEstimate, mean_new_tokens
+from cascade.stages.kinds.registry import StageKind, register_kind
 
 
 class DedupConfig(Strict):
@@ -56,3 +61,77 @@ class SFTDataConfig(StageConfig, ReadsDataFiles):
 
     def domain_teacher(self, domain: str) -> BaseModel:
         return self.teachers.get(domain, self.teacher)
+
+
+# Its registry row, and what the row names: the checks only this kind knows, its plan estimate, its report card.
+
+
+def _check_sft_data(cfg: SFTDataConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    extra = sorted((set(cfg.sources) | set(cfg.teachers)) - set(cfg.domains or domains))
+    if extra:
+        raise ValueError(f"stage {cfg.name!r} gives sources or teachers for domain(s) {extra} it does not build")
+
+
+def _estimate_sft_data(cfg: SFTDataConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
+    names = cfg.domains or list(recipe.domains)
+    rows, note = source_rows(cfg, recipe, names)
+    generated = [d for d in names if cfg.domain_teacher(d).kind != "oracle"]
+    return StageEstimate(
+        cfg.name,
+        cfg.kind,
+        tokens_sampled=sum(rows[d] * recipe.domains[d].max_new_tokens for d in generated),
+        storage_bytes=sum(rows.values()) * (prompt_tokens + int(mean_new_tokens(recipe, names))) * DATA_BYTES_PER_TOKEN,
+        notes=[note],
+    )
+
+
+def source_rows(cfg: SFTDataConfig, recipe: Any, names: list[str]) -> tuple[dict[str, int], str]:
+    """(domain -> rows the estimate counts, the plan's note on them): synthetic rows and counted file rows; a file
+    read whole is named, its rows unknown until it is read."""
+    from cascade.stages.datasets.sources import draw_count, source_label
+
+    rows = dict.fromkeys(names, 0)
+    synthetic = counted = 0
+    whole: list[str] = []
+    for d in names:
+        for src in cfg.domain_sources(d):
+            n = draw_count(src, recipe.domains[d].train_size)
+            if n is None:
+                whole.append(source_label(d, src).split(":", 1)[1])
+                continue
+            rows[d] += n
+            if isinstance(src, SyntheticSource):
+                synthetic += n
+            else:
+                counted += n
+    parts = [f"{synthetic:,} synthetic rows"] if synthetic or not (counted or whole) else []
+    parts += [f"{counted:,} counted file rows"] if counted else []
+    parts += [f"every row of {', '.join(whole)}"] if whole else []
+    return rows, "; ".join(parts)
+
+
+# The data cards of the report (stages/datasets/card.py and stages/kinds/difficulty/run.py write these metrics and
+# the plot).
+SFT_DATA_CARD = ReportCard(
+    title="SFT data card",
+    totals=(("rows kept", "rows"), ("tokens", "tokens"), ("input rows", "input_rows"), ("shards", "shards")),
+    breakdowns=(
+        Breakdown(label="domain", columns=(("rows", "rows/"), ("tokens", "tokens/"))),
+        Breakdown(label="dropped because", columns=(("rows", "dropped/"),)),
+    ),
+)
+
+
+register_kind(
+    StageKind(
+        "sft_data",
+        SFTDataConfig,
+        imported_on_call("cascade.stages.kinds.sft_data.run", "run_sft_data"),
+        makes="dataset",
+        takes_policy=False,
+        holds_compute=False,
+        check=_check_sft_data,
+        estimate=_estimate_sft_data,
+        report_card=SFT_DATA_CARD,
+    )
+)
