@@ -21,16 +21,13 @@ from cascade.stages.config_base import LearningRate, Steps
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
 from cascade.stages.recipe import (  # load_recipe: re-exported, the name every flow and CLI command uses
-    RECIPES_DIR,
     Recipe,
     RecipeError,
     load_recipe,  # noqa: F401
-    parse_recipe_text,
-    read_recipe_file,
     refuse_url_credentials,
-    resolve_recipe_path,
     validate_recipe,
 )
+from cascade.stages.recipe_file import RECIPES_DIR, parse_recipe_text, read_recipe_file, resolve_recipe_path
 
 RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
 DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]

@@ -18,3 +18,7 @@ class GateFailed(RuntimeError):
 class NonFiniteSteps(RuntimeError):
     """Optimizer steps in a row whose loss or gradient was not finite (stages/training.py); the message names the
     steps and the likely cause."""
+
+
+class RecipeError(ValueError):
+    """Bad recipe input; the CLI prints it as one line and exits 2."""

@@ -18,7 +18,7 @@ import fsspec
 
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import storage_options
-from cascade.stages.config_base import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.domains.base import Domain, Item
 
 if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates

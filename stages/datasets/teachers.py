@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cascade.stages.config_base import ModelTeacher, OpenAIEndpoint, OracleTeacher
+from cascade.stages.config_base import OpenAIEndpoint
+from cascade.stages.data_sources import ModelTeacher, OracleTeacher
 from cascade.stages.domains.base import Item
 from cascade.stages.recipe import Recipe
 

@@ -12,7 +12,8 @@ from cascade.stages.config_base import StageConfig, TrainingConfig
 from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import StageKind, kind_of, recovery_kinds, register_kind, unregister_kind
 from cascade.stages.plan import ModelSize, estimate_stage
-from cascade.stages.recipe import RecipeError, load_recipe, read_recipe_file, resolve_recipe_path, validate_recipe
+from cascade.stages.recipe import RecipeError, load_recipe, validate_recipe
+from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
 
 
 class NoteConfig(StageConfig):

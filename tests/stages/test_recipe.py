@@ -3,7 +3,8 @@
 import pytest
 
 from cascade.flows.recipes import load_recipe
-from cascade.stages.recipe import RECIPES_DIR, Recipe, RecipeError
+from cascade.stages.recipe import Recipe, RecipeError
+from cascade.stages.recipe_file import RECIPES_DIR
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -205,7 +206,8 @@ def test_a_mopd_stage_without_teachers_is_one_line():
 def test_a_warmup_longer_than_the_stage_is_refused_even_as_a_default_but_not_in_a_stored_run():
     """SFT's default warm-up is 100 steps: a 50-step SFT that leaves it would never reach its learning rate.
     A run stored before that rule resumes with the settings it began with."""
-    from cascade.stages.recipe import RecipeError, read_recipe_file, resolve_recipe_path, validate_recipe
+    from cascade.stages.recipe import RecipeError, validate_recipe
+    from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
 
     raw = read_recipe_file(resolve_recipe_path("micro"))
     sft = next(s for s in raw["stages"] if s["kind"] == "sft")

@@ -11,7 +11,8 @@ import torch
 
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.engines import Completion
-from cascade.stages.recipe import RecipeError, load_recipe, read_recipe_file, resolve_recipe_path, validate_recipe
+from cascade.stages.recipe import RecipeError, load_recipe, validate_recipe
+from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
 from cascade.stages.reward_sources import (
     RewardSourceConfig,
     RewardSourceRow,

@@ -13,17 +13,16 @@ from pydantic import BaseModel, Field, model_validator
 
 from cascade.stages.config_base import (
     Count,
-    DataSource,
     ForwardOptions,
     Name,
     NonNegative,
     OnPolicyConfig,
     Positive,
     Read,
-    ReadsDataFiles,
     StageConfig,
     imported_on_call,
 )
+from cascade.stages.data_sources import DataSource, ReadsDataFiles
 from cascade.stages.estimate import StageEstimate, on_policy_estimate
 from cascade.stages.kinds.registry import StageKind, check_domain_weights, register_kind
 from cascade.stages.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms

@@ -13,18 +13,8 @@ from pydantic import BaseModel
 
 from cascade.artifacts.config import Strict
 from cascade.artifacts.report import Breakdown, ReportCard
-from cascade.stages.config_base import (
-    Count,
-    DataSource,
-    Fraction,
-    Name,
-    OracleTeacher,
-    ReadsDataFiles,
-    StageConfig,
-    SyntheticSource,
-    TeacherConfig,
-    imported_on_call,
-)
+from cascade.stages.config_base import Count, Fraction, Name, StageConfig, imported_on_call
+from cascade.stages.data_sources import DataSource, OracleTeacher, ReadsDataFiles, SyntheticSource, TeacherConfig
 from cascade.stages.estimate import DATA_BYTES_PER_TOKEN, StageEstimate, mean_new_tokens
 from cascade.stages.kinds.registry import StageKind, register_kind
 

@@ -35,8 +35,8 @@ from typing import Any
 from cascade.artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import shard_key, shards_dir
-from cascade.stages.config_base import OracleTeacher
 from cascade.stages.context import StageContext, StageResult
+from cascade.stages.data_sources import OracleTeacher
 from cascade.stages.datasets.card import DataCard, SourceCounts
 from cascade.stages.datasets.conversations import dedup_text, single_turn
 from cascade.stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
