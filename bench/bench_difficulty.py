@@ -1,6 +1,7 @@
 """Difficulty filter throughput (prompts/s at k rollouts each): the stage's way vs the naive way, same model.
 
-- ours: the stage's rollout path (`stages.kinds.difficulty.run.rollouts`): one engine call per chunk of prompts
+- ours: the stage's rollout path (`stages.kinds.difficulty.run_difficulty.rollouts`): one engine call per chunk of
+  prompts
   with n = k, which the HF engine serves from one prefill per prompt, then grading and keep/drop;
 - naive, per prompt: the issue's naive way, each prompt's k samples as k separate engine calls of n = 1;
 - naive, batched: k separate engine calls of n = 1, each over every prompt of the chunk (a stronger baseline:
@@ -24,9 +25,9 @@ from pathlib import Path
 from cascade.artifacts.store import Store
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.hf import HFEngine
-from cascade.stages.kinds.difficulty.run import Reference, keep_or_drop, rollouts
+from cascade.stages.engines.interface import Completion, SamplingParams
+from cascade.stages.kinds.difficulty.run_difficulty import Reference, keep_or_drop, rollouts
 from cascade.stages.model import initial_model
 from cascade.stages.recipe import validate_recipe
 from cascade.stages.rollout import prompt_pool, score_texts

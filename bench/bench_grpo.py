@@ -10,7 +10,7 @@ transformers as .venv). Both sides load one HF model directory (the project's ti
 stages.model.save_hf, or smollm2-135m's converted checkpoint), draw P prompts per step from the math domain's
 train split (chat-formatted by the model's template), sample G completions of up to T new tokens at temperature 1
 with HF generation, score them with our math grader, and take one optimizer step per rollout batch without KL.
-Ours is `stages.kinds.grpo.run.run_grpo` on a one-stage recipe (bench/grpo_cascade_side.py); TRL's is
+Ours is `stages.kinds.grpo.run_grpo.run_grpo` on a one-stage recipe (bench/grpo_cascade_side.py); TRL's is
 bench/grpo_trl_peer.py.
 
 Every run is a fresh process, one at a time: per round, ours "as configured" (groups whose rewards are all equal

@@ -5,7 +5,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_learning.py --checkpoint URI_OR_HF_DIR --out DIR ...
 
 Both sides start from RUN's last committed SFT checkpoint (or --checkpoint) and run the recipe's GRPO stage on the
-domain (tiny: math_rl) with the given overrides: ours is `stages.kinds.grpo.run.run_grpo` in this process, its
+domain (tiny: math_rl) with the given overrides: ours is `stages.kinds.grpo.run_grpo.run_grpo` in this process, its
 checkpoint in a scratch store; TRL 1.16's GRPOTrainer runs in .venv-trl (`bash bench/trl-venv.sh`;
 bench/learning_trl_peer.py). They get the same prompts step by step (our stage's draw, handed to TRL in that order),
 our grader as the reward, the same group size, temperature, top_p, max new tokens and steps, the same constant
@@ -169,7 +169,7 @@ def sft_checkpoint(store_root: str, run_id: str) -> str:
 def prompt_schedule(cfg: GRPOConfig, ctx) -> list[list]:
     """The prompts of each of our stage's steps, in order: its pool and its per-step draw (stages.rollout)."""
     from cascade.stages.kinds import StageInputs
-    from cascade.stages.kinds.grpo.run import train_prompts
+    from cascade.stages.kinds.grpo.run_grpo import train_prompts
     from cascade.stages.rollout import step_prompts
 
     pool = train_prompts(cfg, ctx, StageInputs())

@@ -21,7 +21,7 @@ CHILD = r"""
 import json, resource, statistics, sys, tempfile, time
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
-from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds import StageInputs
 from cascade.stages.model import prompt_ids
 from cascade.stages.recipe import validate_recipe

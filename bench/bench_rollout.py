@@ -36,8 +36,8 @@ import torch  # noqa: E402
 from cascade.stages.config import ModelConfig  # noqa: E402
 from cascade.stages.domains import get_domain  # noqa: E402
 from cascade.stages.engines import hf as hf_module  # noqa: E402
-from cascade.stages.engines.base import SamplingParams  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
+from cascade.stages.engines.interface import SamplingParams  # noqa: E402
 from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
 from cascade.stages.model import initial_model, prompt_ids, save_hf  # noqa: E402
 

@@ -167,7 +167,7 @@ def main() -> None:
     from cascade.flows.recipes import load_recipe
     from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
-    from cascade.stages.kinds.sft_data.run import run_sft_data
+    from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in LAUNCHERS}

@@ -22,9 +22,9 @@ from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo
-from cascade.stages.kinds.sft.run import run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
+from cascade.stages.kinds.sft.run_sft import run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 
 
 class TimedSink(ListSink):

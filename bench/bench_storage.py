@@ -139,8 +139,8 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
     from cascade.flows.recipes import load_recipe
     from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
-    from cascade.stages.kinds.sft.run import run_sft
-    from cascade.stages.kinds.sft_data.run import run_sft_data
+    from cascade.stages.kinds.sft.run_sft import run_sft
+    from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 
     tmp.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(

@@ -22,9 +22,9 @@ import json, resource, sys, time
 import torch
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.completions import completion_batch
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.model import load_hf
-from cascade.stages.kinds.mopd.run import TeacherPool
+from cascade.stages.kinds.mopd.run_mopd import TeacherPool
 
 rows, tokens, micro = (int(a) for a in sys.argv[1:4])
 torch.set_num_threads(2)

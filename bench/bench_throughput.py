@@ -22,9 +22,9 @@ import torch
 
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import OptimizerConfig
-from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.hf import HFEngine
-from cascade.stages.kinds.sft.run import model_rows
+from cascade.stages.engines.interface import SamplingParams
+from cascade.stages.kinds.sft.run_sft import model_rows
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer

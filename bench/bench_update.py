@@ -22,7 +22,7 @@ import torch
 
 from cascade.stages.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
 from cascade.stages.config import ModelConfig
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.losses import grpo_loss, token_logprobs
 from cascade.stages.model import initial_model
 

@@ -1,4 +1,5 @@
-"""Our side of bench/bench_grpo.py: `stages.kinds.grpo.run.run_grpo` on a one-stage recipe built from a bench setting.
+"""Our side of bench/bench_grpo.py: `stages.kinds.grpo.run_grpo.run_grpo` on a one-stage recipe built from a bench
+setting.
 
 Run by bench_grpo.py as `.venv/bin/python bench/grpo_cascade_side.py '<setting JSON>'`; prints one JSON line
 with the time of every timed step (the interval between consecutive step logs), the completion tokens each
@@ -19,7 +20,7 @@ import torch
 from cascade.artifacts.store import Store
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.recipe import validate_recipe
 
 # top-level ranges of a step, in order; backward is forward_backward less the logprob_forward ranges inside it

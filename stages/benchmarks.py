@@ -151,7 +151,7 @@ def evaluate_benchmark(
     progress: Progress | None = None,
 ) -> BenchmarkResult:
     """Generate and grade: pass@1 (and pass@k with samples > 1) plus one row per (item, sample)."""
-    from cascade.stages.engines.base import SamplingParams
+    from cascade.stages.engines.interface import SamplingParams
     from cascade.stages.model import prompt_ids
 
     if samples < 1:

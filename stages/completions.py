@@ -30,8 +30,8 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule
 from transformers import DynamicCache
 
-from cascade.stages.engines.base import Completion
 from cascade.stages.engines.hf import left_padded
+from cascade.stages.engines.interface import Completion
 from cascade.stages.losses import scoring_logits, token_logprobs
 from cascade.stages.model import Example
 from cascade.stages.packing import PACKING_LEAK_RTOL, compiled_token_logprobs, fill_packed, pack_rows, packing_leak

@@ -21,7 +21,7 @@ from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.context import load_checkpoint
 from cascade.stages.engines import make_engine
-from cascade.stages.engines.base import RolloutEngine, SamplingParams
+from cascade.stages.engines.interface import RolloutEngine, SamplingParams
 from cascade.stages.model import prompt_ids
 from cascade.stages.recipe import Recipe
 

@@ -269,7 +269,7 @@ class OracleEngine:
         self.answers = answers
 
     def generate(self, prompts, n, sampling, seeds=None):
-        from cascade.stages.engines.base import Completion
+        from cascade.stages.engines.interface import Completion
 
         return [[Completion([], [], self.answers[tuple(p)], "stop")] * n for p in prompts]
 
@@ -279,7 +279,7 @@ def drive_validate_recipe(recipe, toy) -> None:
 
 
 def drive_eval_prompts(recipe, toy) -> None:
-    from cascade.stages.kinds.sft_data.run import eval_prompts
+    from cascade.stages.kinds.sft_data.run_sft_data import eval_prompts
 
     held = {it.prompt for split in ("heldout", "dev") for it in toy.generate(split, 4, recipe.seed)}
     assert set(eval_prompts(recipe.stage("sft_data"), recipe)) == held

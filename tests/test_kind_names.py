@@ -40,7 +40,7 @@ NOT_NAMES_IN_PARTS = {
     ("flows/cli/evals.py", "judge"): "the --judge option, in its error lines",
     ("flows/regression_eval.py", "judge"): "the regression eval's judge task, named per domain",
     ("stages/datasets/sources.py", "grader"): "a domain's grader, in an error line",
-    ("stages/kinds/sft_data/run.py", "grader"): "a domain's grader, in an error line",
+    ("stages/kinds/sft_data/run_sft_data.py", "grader"): "a domain's grader, in an error line",
     ("stages/recipe.py", "sft"): "prose of an error line: conversations are SFT data",
     ("stages/recipe.py", "sft_data"): "prose of an error line: an sft_data stage reads conversations",
     ("stages/training.py", "sft"): "the label of the SFT batch order's seed stream (changing it changes every run)",
@@ -48,7 +48,8 @@ NOT_NAMES_IN_PARTS = {
 
 
 def module_file(module: str) -> str:
-    """`cascade.stages.kinds.sft.run` -> `stages/kinds/sft/run.py` (the checkout's path of one of our modules)."""
+    """`cascade.stages.kinds.sft.run_sft` -> `stages/kinds/sft/run_sft.py` (the checkout's path of one of our
+    modules)."""
     return str(Path(sys.modules[module].__file__).resolve().relative_to(ROOT))
 
 

@@ -10,6 +10,7 @@ never run.
 
 import ast
 import shutil
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,15 +118,15 @@ def test_no_import_cycles():
 
 
 def kind_run_imports(graph: dict[str, set[str]]) -> list[str]:
-    """Imports of a kind's run module (stages.kinds.K.run or below) from anywhere but that kind's own folder and
-    the registry, which loads it on the row's first call: kinds meet through stages/products.py."""
+    """Imports of a kind's run module (stages.kinds.K.run_K or below) from anywhere but that kind's own folder (its
+    row loads it by name on the first call): kinds meet through stages/products.py."""
     found = []
     for mod, deps in graph.items():
         for dep in deps:
             parts = dep.split(".")
-            if parts[:2] != ["stages", "kinds"] or len(parts) < 4 or parts[3] != "run":
+            if parts[:2] != ["stages", "kinds"] or len(parts) < 4 or parts[3] != f"run_{parts[2]}":
                 continue
-            if mod != "stages.kinds" and not mod.startswith(f"stages.kinds.{parts[2]}"):
+            if not mod.startswith(f"stages.kinds.{parts[2]}."):
                 found.append(f"{mod} -> {dep}")
     return sorted(found)
 
@@ -138,9 +139,9 @@ def test_a_kind_reaching_into_another_kinds_run_module_is_caught(tmp_path):
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "stages" / "kinds" / "grpo" / "probe.py").write_text(
-        "def f():\n    from cascade.stages.kinds.sft.run import run_sft\n"
+        "def f():\n    from cascade.stages.kinds.sft.run_sft import run_sft\n"
     )
-    assert kind_run_imports(import_graph(tmp_path)) == ["stages.kinds.grpo.probe -> stages.kinds.sft.run"]
+    assert kind_run_imports(import_graph(tmp_path)) == ["stages.kinds.grpo.probe -> stages.kinds.sft.run_sft"]
 
 
 def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
@@ -165,3 +166,9 @@ def test_prefect_artifacts_import_is_aliased():
                     for alias in node.names:
                         if alias.name == "artifacts":
                             assert alias.asname == "ui_artifacts", path
+
+
+def test_no_two_modules_of_stages_share_a_name():
+    """A module's name says which one it is: `run_grpo.py`, not a seventh `run.py` (packages' `__init__.py` aside)."""
+    names = Counter(p.name for p in (ROOT / "stages").rglob("*.py") if p.name != "__init__.py")
+    assert sorted(name for name, count in names.items() if count > 1) == []

@@ -120,9 +120,9 @@ def test_the_check_sees_a_bare_import(tmp_path):
     probe = ROOT / "tests" / "_probe_bare_import.py"
     try:
         probe.write_text(
-            "def f():\n    from stages.kinds.sft.run import run_sft\n    import cascade.stages.kinds.sft.run\n"
+            "def f():\n    from stages.kinds.sft.run_sft import run_sft\n    import cascade.stages.kinds.sft.run_sft\n"
         )
-        assert bare_imports(probe) == ["tests/_probe_bare_import.py:2 stages.kinds.sft.run"]
+        assert bare_imports(probe) == ["tests/_probe_bare_import.py:2 stages.kinds.sft.run_sft"]
     finally:
         probe.unlink()
 

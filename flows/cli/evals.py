@@ -198,7 +198,7 @@ def _eval_arena_hard(
 def _greedy_answers(
     source: str, recipe: str, prompts: list[str], max_new_tokens: int, batch_size: int | None
 ) -> list[str]:
-    from cascade.stages.engines.base import SamplingParams
+    from cascade.stages.engines.interface import SamplingParams
     from cascade.stages.model import prompt_ids
 
     tokenizer, engine = _load_for_benchmarks(source, recipe, batch_size)

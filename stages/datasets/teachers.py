@@ -84,7 +84,7 @@ class ModelTeacherEngine:
         self.calls = 0
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]:
-        from cascade.stages.engines.base import SamplingParams
+        from cascade.stages.engines.interface import SamplingParams
         from cascade.stages.model import prompt_ids
 
         answers: list[Answer] = []

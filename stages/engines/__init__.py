@@ -6,8 +6,8 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from cascade.stages.config import EngineConfig
-from cascade.stages.engines.base import Completion, RolloutEngine, SamplingParams
 from cascade.stages.engines.hf import HFEngine
+from cascade.stages.engines.interface import Completion, RolloutEngine, SamplingParams
 
 
 def make_engine(

@@ -38,8 +38,8 @@ from functools import partial
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
-from cascade.stages.engines.base import Completion, SamplingParams
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, graph_capturable, lean_supported
+from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.losses import sampling_logits
 from cascade.stages.model import end_of_turn_ids
 

@@ -10,8 +10,8 @@ import cascade.stages.context
 from cascade.artifacts.checkpoint import CheckpointError, committed, materialize
 from cascade.stages.context import latest_step_checkpoint
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft.run import run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft.run_sft import run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow

@@ -10,9 +10,9 @@ import cascade.stages.domains
 from cascade.stages.context import ListSink
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo
-from cascade.stages.kinds.sft.run import run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
+from cascade.stages.kinds.sft.run_sft import run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.recipe import validate_recipe
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 

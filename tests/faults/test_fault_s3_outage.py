@@ -17,8 +17,8 @@ from botocore.exceptions import EndpointConnectionError
 from cascade.artifacts.checkpoint import MANIFEST, committed
 from cascade.artifacts.store import Store
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft.run import run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft.run_sft import run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from tests.artifacts.servers import have_s3rver, make_bucket, s3rver_server
 from tests.faults.conftest import s3_recipe, stage_ctx, stage_weights, unverified
 

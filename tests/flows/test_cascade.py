@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import cascade.stages.kinds.grpo.run
-import cascade.stages.kinds.sft.run
+import cascade.stages.kinds.grpo.run_grpo
+import cascade.stages.kinds.sft.run_sft
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
@@ -102,12 +102,12 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
     cascade_flow(straight, "straight")
 
     recipe = micro_recipe(tmp_path / "b")
-    real_grpo = cascade.stages.kinds.grpo.run.run_grpo
+    real_grpo = cascade.stages.kinds.grpo.run_grpo.run_grpo
 
     def killed(*args, **kwargs):
         raise RuntimeError("simulated preemption")
 
-    monkeypatch.setattr(cascade.stages.kinds.grpo.run, "run_grpo", killed)
+    monkeypatch.setattr(cascade.stages.kinds.grpo.run_grpo, "run_grpo", killed)
     with pytest.raises(RuntimeError, match="simulated preemption"):
         cascade_flow(recipe, "cut")
     store = Store.from_config(recipe.storage)
@@ -123,9 +123,9 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
         store.fs.rm(store.path("runs/cut/prefect-results"), recursive=True)
     calls = []
     monkeypatch.setattr(
-        cascade.stages.kinds.grpo.run, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k)
+        cascade.stages.kinds.grpo.run_grpo, "run_grpo", lambda *a, **k: calls.append(a[0].name) or real_grpo(*a, **k)
     )
-    monkeypatch.setattr(cascade.stages.kinds.sft.run, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
+    monkeypatch.setattr(cascade.stages.kinds.sft.run_sft, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
     assert [(s["name"], s["status"]) for s in resumed.stages] == [

@@ -6,7 +6,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-import cascade.stages.kinds.grpo.run
+import cascade.stages.kinds.grpo.run_grpo
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from tests.conftest import micro_recipe
@@ -19,9 +19,9 @@ METRICS = {"prompts", "rollouts", "kept", "dropped_solved", "dropped_unsolved", 
 def test_difficulty_stage_reports_metrics_and_histogram(tmp_path, monkeypatch):
     recipe = micro_recipe(tmp_path, "eval.enabled=false", "stages.math_rl.steps=1")
     pools = {}
-    real_load = cascade.stages.kinds.grpo.run.load_kept_prompts
+    real_load = cascade.stages.kinds.grpo.run_grpo.load_kept_prompts
     monkeypatch.setattr(
-        cascade.stages.kinds.grpo.run,
+        cascade.stages.kinds.grpo.run_grpo,
         "load_kept_prompts",
         lambda ctx, ref, domains: pools.setdefault(ref.stage, real_load(ctx, ref, domains)),
     )

@@ -14,11 +14,11 @@ from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import ComputeConfig
 from cascade.stages.distributed import World, full_state_dict, prepare_model, world_for
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import policy_update
+from cascade.stages.kinds.grpo.run_grpo import policy_update
 from cascade.stages.kinds.mopd import MOPDConfig
-from cascade.stages.kinds.mopd.run import distill_update
+from cascade.stages.kinds.mopd.run_mopd import distill_update
 from cascade.stages.losses import groups_with_signal, grpo_advantages
 from cascade.stages.model import build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer

@@ -13,7 +13,7 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.difficulty.run import PASS_RATES_FILE, keep_or_drop, run_difficulty
+from cascade.stages.kinds.difficulty.run_difficulty import PASS_RATES_FILE, keep_or_drop, run_difficulty
 from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.products import PROMPTS_FILE
 from cascade.stages.recipe import RecipeError, validate_recipe

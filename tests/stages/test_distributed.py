@@ -17,7 +17,7 @@ from cascade.stages.config_base import ComputeConfig
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.distributed import world_for
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.recipe import validate_recipe

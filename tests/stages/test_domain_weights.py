@@ -10,7 +10,7 @@ from cascade.stages.context import ListSink
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.recipe import RecipeError, validate_recipe
 from cascade.stages.rollout import sample_prompts, weighted_counts
 from tests.stages.test_training import SMALL, stage_ctx

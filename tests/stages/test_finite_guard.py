@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-import cascade.stages.kinds.sft.run as sft_run
+import cascade.stages.kinds.sft.run_sft as sft_run
 from cascade.stages.config_base import OptimizerConfig
 from cascade.stages.context import ListSink
 from cascade.stages.errors import NonFiniteSteps
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.training import MAX_NONFINITE_IN_ROW, clip_and_step, make_optimizer
 from tests.conftest import micro_recipe
 from tests.stages.test_training import stage_ctx, weights

@@ -14,7 +14,7 @@ from cascade.stages.context import ListSink
 from cascade.stages.distributed import World, process_world
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import policy_update, run_grpo
+from cascade.stages.kinds.grpo.run_grpo import policy_update, run_grpo
 from cascade.stages.losses import groups_with_signal, grpo_advantages
 from cascade.stages.packing import check_forward_options
 from cascade.stages.recipe import RecipeError

@@ -11,7 +11,7 @@ import cascade.stages.domains
 from cascade.stages.context import ListSink
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo, train_prompts
+from cascade.stages.kinds.grpo.run_grpo import run_grpo, train_prompts
 from cascade.stages.recipe import RecipeError, validate_recipe
 from tests.stages.test_training import SMALL, VowelDomain, stage_ctx
 

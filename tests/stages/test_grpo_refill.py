@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import torch
 
 from cascade.stages.domains import Item
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import rollout_and_score
+from cascade.stages.kinds.grpo.run_grpo import rollout_and_score
 from cascade.stages.recipe import validate_recipe
 from cascade.stages.tokenizer import load_tokenizer
 

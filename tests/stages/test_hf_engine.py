@@ -9,9 +9,9 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from cascade.stages.config import ModelConfig
-from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, lean_supported
 from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, left_padded, row_keys, sample_next, uniform
+from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.losses import sampling_logits
 from cascade.stages.model import build_tiny_model, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer

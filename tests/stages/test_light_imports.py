@@ -67,9 +67,9 @@ HEAVY = {
     "if_verifiable",
 }
 STAGE_CORE = [
-    "cascade.stages.kinds.sft.run",
-    "cascade.stages.kinds.grpo.run",
-    "cascade.stages.kinds.mopd.run",
+    "cascade.stages.kinds.sft.run_sft",
+    "cascade.stages.kinds.grpo.run_grpo",
+    "cascade.stages.kinds.mopd.run_mopd",
     "cascade.stages.kinds",
     "cascade.stages.recipe",
     "cascade.artifacts.store",

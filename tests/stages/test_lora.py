@@ -10,7 +10,7 @@ from cascade.artifacts.config import config_hash
 from cascade.stages.config_base import LoraConfig, OptimizerConfig
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.lora import add_lora, merged_state_dict, save_adapter
 from cascade.stages.model import build_tiny_model
 from cascade.stages.recipe import RecipeError

@@ -13,10 +13,10 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.chat import NEAR_MISSES, near_miss, rubric
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo.run import run_grpo
-from cascade.stages.kinds.reward_model.run import pair_scores, run_reward_model, shared_prefix_rows
-from cascade.stages.kinds.sft.run import run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
+from cascade.stages.kinds.reward_model.run_reward_model import pair_scores, run_reward_model, shared_prefix_rows
+from cascade.stages.kinds.sft.run_sft import run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.tokenizer import load_tokenizer
 from tests.conftest import DEVICES
@@ -214,7 +214,7 @@ def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patie
     """select_every scores pairs held back from training; the checkpoint holds the best check's weights (its
     margin on those pairs is the logged one), and patience ends the stage early."""
     from cascade.stages.distributed import process_world
-    from cascade.stages.kinds.reward_model.run import encode_pairs, pairwise_metrics
+    from cascade.stages.kinds.reward_model.run_reward_model import encode_pairs, pairwise_metrics
 
     rm = {**MICRO_RLHF["stages"][2], "steps": 12, "lr": 3e-3, "select_every": 2, "select_pairs": 8, "patience": 2}
     recipe = micro_rlhf(tmp_path, stages=[*MICRO_RLHF["stages"][:2], rm])
@@ -267,7 +267,7 @@ def test_pairs_from_a_file_hold_out_the_last_rows(tmp_path, suffix):
     import pyarrow.parquet as pq
 
     from cascade.stages.kinds.reward_model import RewardModelConfig
-    from cascade.stages.kinds.reward_model.run import file_pairs
+    from cascade.stages.kinds.reward_model.run_reward_model import file_pairs
 
     rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"bad {i}", "extra": i} for i in range(10)]
     path = tmp_path / f"pairs.{suffix}"
@@ -286,7 +286,7 @@ def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_s
     grader: chosen is a best-graded answer, rejected a worst one, and a prompt whose answers all grade the same
     gives no pair. The same seed gives the same pairs."""
     from cascade.stages.engines import SamplingParams, make_engine
-    from cascade.stages.kinds.reward_model.run import load_pairs
+    from cascade.stages.kinds.reward_model.run_reward_model import load_pairs
     from cascade.stages.rollout import step_seed
 
     pairs_cfg = {"kind": "on_policy", "domain": "chat", "train": 24, "heldout": 8, "samples": 4}

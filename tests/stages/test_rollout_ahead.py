@@ -9,10 +9,10 @@ from pydantic import ValidationError
 
 from cascade.stages.context import ListSink
 from cascade.stages.domains import Item
-from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import run_grpo
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.rollout import StepRequest
 from cascade.stages.rollout_ahead import Rollout, RolloutPipeline
 from tests.stages.test_training import crash_at_step, stage_ctx, vowel_recipe, weights
@@ -147,7 +147,7 @@ def test_staleness_1_resume_parity_with_the_batch_in_flight(tmp_path, monkeypatc
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "rl", sink)
         if crash:
-            crash_at_step(monkeypatch, "cascade.stages.kinds.grpo.run.clip_and_step", 5)
+            crash_at_step(monkeypatch, "cascade.stages.kinds.grpo.run_grpo.clip_and_step", 5)
             with pytest.raises(RuntimeError, match="preempted"):
                 run_grpo(recipe.stage("rl"), ctx, StageInputs())
             monkeypatch.undo()

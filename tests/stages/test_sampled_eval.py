@@ -8,7 +8,7 @@ import pytest
 
 from cascade.artifacts.html_report import standard_error
 from cascade.flows.recipes import load_recipe
-from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.evaluate import evaluate_domains, item_seeds
 from cascade.stages.recipe import RecipeError
 from cascade.stages.tokenizer import load_tokenizer

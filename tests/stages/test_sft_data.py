@@ -23,7 +23,7 @@ from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_p
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.model import completion_ids, prompt_ids
 from cascade.stages.recipe import RecipeError, validate_recipe
 from cascade.stages.tokenizer import load_tokenizer
@@ -240,7 +240,7 @@ def test_refused_and_cut_off_answers_are_teacher_errors(tmp_path, canned_server)
 
 
 def test_crashed_build_resumes_at_the_first_uncommitted_shard(tmp_path, monkeypatch):
-    import cascade.stages.kinds.sft_data.run as sft_data
+    import cascade.stages.kinds.sft_data.run_sft_data as sft_data
 
     stage = {"shard_rows": 16}
     domains = {"math": {"train_size": 40, "heldout_size": 16}, "instruct": {"train_size": 24, "heldout_size": 16}}
@@ -336,7 +336,7 @@ def talk(user: str, *answers: str) -> list[dict]:
 
 def test_conversations_are_built_whole_without_a_teacher_and_filtered_by_their_user_turns(tmp_path):
     from cascade.stages.context import StageContext
-    from cascade.stages.kinds.sft.run import load_examples
+    from cascade.stages.kinds.sft.run_sft import load_examples
     from cascade.stages.model import conversation_example
 
     tool = get_domain("tool")

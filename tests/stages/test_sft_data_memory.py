@@ -43,7 +43,7 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains import register_domain
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.recipe import validate_recipe
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 
 
 class Echo(Domain):

@@ -22,7 +22,7 @@ from cascade.stages.context import ListSink, StageContext
 from cascade.stages.datasets.shards import DATA_DIR, shard_paths
 from cascade.stages.datasets.teachers import TeacherError
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.recipe import validate_recipe
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv

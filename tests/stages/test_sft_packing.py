@@ -9,8 +9,8 @@ from cascade.artifacts.config import config_hash
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.sft.run import model_rows, pack_batch, pad_batch, run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.sft.run_sft import model_rows, pack_batch, pad_batch, run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.losses import sft_loss, token_logprobs
 from cascade.stages.model import Example, build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
@@ -183,7 +183,7 @@ def test_flex_attention_on_the_cpu_is_refused_before_it_trains(tmp_path):
 def test_flex_attention_keeps_packed_rows_apart():
     """The packing probe under flex_attention (forward only: what the CPU has): the row packed behind another
     equals the row alone."""
-    from cascade.stages.kinds.sft.run import check_packing_isolates_rows
+    from cascade.stages.kinds.sft.run_sft import check_packing_isolates_rows
 
     model = tiny_qwen2(300)
     model.set_attn_implementation("flex_attention")
@@ -191,7 +191,7 @@ def test_flex_attention_keeps_packed_rows_apart():
 
 
 def test_a_model_that_attends_across_packed_rows_is_refused():
-    from cascade.stages.kinds.sft.run import check_packing_isolates_rows
+    from cascade.stages.kinds.sft.run_sft import check_packing_isolates_rows
 
     model = tiny_qwen2(len(load_tokenizer()))
     check_packing_isolates_rows(model, torch.device("cpu"))
@@ -204,7 +204,7 @@ def test_a_model_that_attends_across_packed_rows_is_refused():
 
 def test_a_model_that_leaks_one_percent_across_packed_rows_is_refused():
     """A leak far smaller than a real one's (0.6-1.1 of the logits' scale) is still refused."""
-    from cascade.stages.kinds.sft.run import check_packing_isolates_rows
+    from cascade.stages.kinds.sft.run_sft import check_packing_isolates_rows
 
     model = tiny_qwen2(len(load_tokenizer()))
     forward = model.forward
@@ -224,7 +224,7 @@ def test_a_model_that_leaks_one_percent_across_packed_rows_is_refused():
 def test_a_model_with_large_logits_passes_the_probe_though_its_rounding_exceeds_1e_4():
     """The fresh-clone failure: smollm2-135m's logits reach 22 and its packed row rounds 1.2e-4 away from the
     row alone. The tiny model's head scaled 2000x gives logits of that order, and rounding above 1e-4."""
-    from cascade.stages.kinds.sft.run import check_packing_isolates_rows
+    from cascade.stages.kinds.sft.run_sft import check_packing_isolates_rows
 
     model = tiny_qwen2(len(load_tokenizer()))
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 2000)  # unties the head

@@ -7,8 +7,8 @@ from transformers import PreTrainedTokenizerFast
 
 from cascade.stages.config import ModelConfig
 from cascade.stages.config_base import SMOLLM2
-from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.hf import HFEngine
+from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.model import initial_model, load_hf, num_parameters, prompt_ids
 
 pytestmark = [

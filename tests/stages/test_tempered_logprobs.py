@@ -10,8 +10,8 @@ import torch
 
 from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.config import ModelConfig
-from cascade.stages.engines.base import SamplingParams
 from cascade.stages.engines.hf import HFEngine
+from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.losses import (
     NUCLEUS_FLOOR_NATS,
     grpo_loss,

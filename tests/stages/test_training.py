@@ -14,12 +14,12 @@ from cascade.stages.completions import completion_batch, completion_logprobs
 from cascade.stages.config import ModelConfig
 from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.kinds.grpo.run import run_grpo
-from cascade.stages.kinds.sft.run import pad_batch, run_sft
-from cascade.stages.kinds.sft_data.run import run_sft_data
+from cascade.stages.kinds.grpo.run_grpo import run_grpo
+from cascade.stages.kinds.sft.run_sft import pad_batch, run_sft
+from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 from cascade.stages.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
 from cascade.stages.model import Example, build_tiny_model
 from cascade.stages.tokenizer import load_tokenizer
@@ -164,7 +164,7 @@ def test_sft_resume_parity(tmp_path, monkeypatch, overrides):
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp_path, "sft", sink)
         if crash:
-            crash_at_step(monkeypatch, "cascade.stages.kinds.sft.run.clip_and_step", 4)
+            crash_at_step(monkeypatch, "cascade.stages.kinds.sft.run_sft.clip_and_step", 4)
             with pytest.raises(RuntimeError, match="preempted"):
                 run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
             monkeypatch.undo()
@@ -264,15 +264,15 @@ def test_grpo_reward_rises_on_a_tiny_task(tmp_path, monkeypatch):
 def test_grpo_metric_forward_over_dropped_groups_is_optional(tmp_path, monkeypatch):
     """Off, the step never forwards the dropped groups (only the mismatch metric needs them), and learns the same:
     the update touches the kept groups only, so the weights after 3 steps are identical either way."""
-    import cascade.stages.kinds.grpo.run
+    import cascade.stages.kinds.grpo.run_grpo
 
     trained = {}
     for flag in (True, False):
         recipe = vowel_recipe(tmp_path / str(flag), monkeypatch, steps=3, mismatch_over_dropped=flag)
         calls = []
-        real = cascade.stages.kinds.grpo.run.mismatch_sum
+        real = cascade.stages.kinds.grpo.run_grpo.mismatch_sum
         monkeypatch.setattr(
-            cascade.stages.kinds.grpo.run, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k)
+            cascade.stages.kinds.grpo.run_grpo, "mismatch_sum", lambda *a, **k: calls.append(1) or real(*a, **k)
         )
         sink = ListSink()
         (tmp_path / str(flag)).mkdir(exist_ok=True)
@@ -355,7 +355,7 @@ def test_an_on_policy_warmup_ramps_the_learning_rate_then_holds_it(tmp_path, mon
 
 
 def test_importance_correction_auto_is_tis_where_the_mismatch_is_real():
-    from cascade.stages.kinds.grpo.run import importance_weighting
+    from cascade.stages.kinds.grpo.run_grpo import importance_weighting
 
     recipe_stage = {"kind": "grpo", "name": "rl", "domains": ["math"]}
     auto = GRPOConfig(**recipe_stage)
@@ -380,7 +380,7 @@ def test_grpo_weights_each_token_by_its_correction_and_logs_the_share_corrected(
     """The engine's logprobs are shifted so that every token's rho = pi_train / pi_inf is engine_ratio: tis
     truncates every token of rho 4 at its cap of 2 and none of rho 1.5; mis masks every token of rho 0.25 and none
     of rho 2; none logs no share. The mismatch is logged as |log rho|, mean and max."""
-    import cascade.stages.kinds.grpo.run as grpo_run
+    import cascade.stages.kinds.grpo.run_grpo as grpo_run
 
     real_batch = grpo_run.completion_batch
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from cascade.flows.recipes import load_recipe
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 from cascade.stages.evaluate import evaluate_benchmarks
 from cascade.stages.recipe import RecipeError
 from cascade.stages.tokenizer import load_tokenizer

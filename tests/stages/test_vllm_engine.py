@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cascade.stages.engines.base import SamplingParams
+from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
     ServerOptions,

@@ -20,7 +20,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from cascade.stages.engines.base import Completion
+from cascade.stages.engines.interface import Completion
 
 # Proxies from the environment must never see loopback traffic.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

@@ -1,4 +1,4 @@
-"""`VLLMEngine`: the RolloutEngine (`stages/engines/base.py`) on a vLLM server, and its weight sync.
+"""`VLLMEngine`: the RolloutEngine (`stages/engines/interface.py`) on a vLLM server, and its weight sync.
 
 Composed of a `VLLMClient` (client.py) and, in managed mode, a `ManagedServer` (server.py):
 - managed, `VLLMEngine(model_dir)`: this engine launches the server and owns it; when generate() or
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from cascade.stages.engines.base import Completion, SamplingParams
+from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
 from cascade.stages.engines.vllm.server import (
     SCRATCH_DIRS,

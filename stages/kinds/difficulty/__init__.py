@@ -1,8 +1,8 @@
-"""The difficulty stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: k rollouts
-of a reference model per train prompt, keeping the prompts it does not always solve.
+"""The difficulty stage kind: its config, checks, estimate and row (here) and, in `run_difficulty.py`, its run function:
+k rollouts of a reference model per train prompt, keeping the prompts it does not always solve.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_difficulty.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def _estimate_difficulty(cfg: DifficultyConfig, recipe: Any, params: int, prompt
     )
 
 
+# The report's card of the filter (run_difficulty.py writes these metrics and the plot).
 DIFFICULTY_CARD = ReportCard(
     title="Difficulty filter",
     totals=(
@@ -104,7 +105,7 @@ register_kind(
     StageKind(
         "difficulty",
         DifficultyConfig,
-        imported_on_call("cascade.stages.kinds.difficulty.run", "run_difficulty"),
+        imported_on_call("cascade.stages.kinds.difficulty.run_difficulty", "run_difficulty"),
         makes="prompts",
         takes_policy=False,
         holds_compute=False,

@@ -1,8 +1,8 @@
-"""The grpo stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: on-policy RL
-with group-relative advantages.
+"""The grpo stage kind: its config, checks, estimate and row (here) and, in `run_grpo.py`, its run function: on-policy
+RL with group-relative advantages.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_grpo.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ register_kind(
     StageKind(
         "grpo",
         GRPOConfig,
-        imported_on_call("cascade.stages.kinds.grpo.run", "run_grpo"),
+        imported_on_call("cascade.stages.kinds.grpo.run_grpo", "run_grpo"),
         makes="policy",
         takes_policy=True,
         holds_compute=True,

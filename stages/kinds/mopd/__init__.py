@@ -1,8 +1,8 @@
-"""The mopd stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: multi-domain
-on-policy distillation from per-domain teachers.
+"""The mopd stage kind: its config, checks, estimate and row (here) and, in `run_mopd.py`, its run function:
+multi-domain on-policy distillation from per-domain teachers.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_mopd.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ register_kind(
     StageKind(
         "mopd",
         MOPDConfig,
-        imported_on_call("cascade.stages.kinds.mopd.run", "run_mopd"),
+        imported_on_call("cascade.stages.kinds.mopd.run_mopd", "run_mopd"),
         makes="policy",
         takes_policy=True,
         holds_compute=True,

@@ -1,8 +1,8 @@
-"""The reward_model stage kind: its config and the preference pairs it reads (here) and, in `run.py`, its run function:
-a Bradley-Terry reward model.
+"""The reward_model stage kind: its config and the preference pairs it reads (here) and, in `run_reward_model.py`, its
+run function: a Bradley-Terry reward model.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_reward_model.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ register_kind(
     StageKind(
         "reward_model",
         RewardModelConfig,
-        imported_on_call("cascade.stages.kinds.reward_model.run", "run_reward_model"),
+        imported_on_call("cascade.stages.kinds.reward_model.run_reward_model", "run_reward_model"),
         makes="reward_model",
         takes_policy=False,
         holds_compute=True,

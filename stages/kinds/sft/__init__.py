@@ -1,8 +1,8 @@
-"""The sft stage kind: its config, checks, estimate and row (here) and, in `run.py`, its run function: supervised
+"""The sft stage kind: its config, checks, estimate and row (here) and, in `run_sft.py`, its run function: supervised
 fine-tuning on an sft_data stage's rows.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_sft.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ register_kind(
     StageKind(
         "sft",
         SFTConfig,
-        imported_on_call("cascade.stages.kinds.sft.run", "run_sft"),
+        imported_on_call("cascade.stages.kinds.sft.run_sft", "run_sft"),
         makes="policy",
         takes_policy=True,
         holds_compute=True,

@@ -1,8 +1,8 @@
-"""The sft_data stage kind: its config (here: sources, teachers, filters) and, in `run.py`, its run function, which
-builds the SFT dataset as Parquet shards.
+"""The sft_data stage kind: its config (here: sources, teachers, filters) and, in `run_sft_data.py`, its run function,
+which builds the SFT dataset as Parquet shards.
 
 This folder owns the kind's whole registry row (registered below, with the checks, plan estimate and report card
-it names); the row imports `run.py` only on its first call: validating a recipe never loads torch.
+it names); the row imports `run_sft_data.py` only on its first call: validating a recipe never loads torch.
 """
 
 from __future__ import annotations
@@ -100,8 +100,7 @@ def source_rows(cfg: SFTDataConfig, recipe: Any, names: list[str]) -> tuple[dict
     return rows, "; ".join(parts)
 
 
-# The data cards of the report (stages/datasets/card.py and stages/kinds/difficulty/run.py write these metrics and
-# the plot).
+# The data card of the report (stages/datasets/card.py writes these metrics).
 SFT_DATA_CARD = ReportCard(
     title="SFT data card",
     totals=(("rows kept", "rows"), ("tokens", "tokens"), ("input rows", "input_rows"), ("shards", "shards")),
@@ -116,7 +115,7 @@ register_kind(
     StageKind(
         "sft_data",
         SFTDataConfig,
-        imported_on_call("cascade.stages.kinds.sft_data.run", "run_sft_data"),
+        imported_on_call("cascade.stages.kinds.sft_data.run_sft_data", "run_sft_data"),
         makes="dataset",
         takes_policy=False,
         holds_compute=False,
