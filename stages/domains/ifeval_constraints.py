@@ -3,7 +3,7 @@
 An item is a base request (from the templates below: a short piece of writing on a subject) followed by one to
 three verifiable constraints drawn from IFEval's instruction types, each with random arguments. The item's meta is
 IFEval's own (`instruction_id_list`, `kwargs`, `benchmark: ifeval`), so the reward is the grader that scores
-IFEval: Google's checkers as `if-verifiable` ships them (stages/domains/instruct.py), strict prompt-level.
+IFEval: Google's checkers as `if-verifiable` ships them (stages/domains/instruction_checkers.py), strict prompt-level.
 
 What is chosen, and why:
 - Types: the IFEval types whose answers fit a short budget (a few sentences); `language:response_language` is

@@ -291,7 +291,7 @@ def test_rl_prompts_whose_meta_the_grader_cannot_read_are_refused_before_anythin
     data.write_text(json.dumps({"prompt": "Write about cats.", "meta": meta}) + "\n")
     source = f"stages.if_rl.prompts={{instruct: [{{kind: file, path: {data}}}]}}"
     assert_one_line(*cascade("run", "micro", source), f"stage 'if_rl': prompts.instruct.0: {data}: row 1: {message}")
-    # nothing of a run; the IFEval checkers' NLTK data may be cached (stages/domains/instruct.py)
+    # nothing of a run; the IFEval checkers' NLTK data may be cached (stages/domains/instruction_checkers.py)
     assert [p for p in files_under(cascade_home) if not p.is_relative_to(cascade_home / "cache" / "nltk_data")] == []
 
 

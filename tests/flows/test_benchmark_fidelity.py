@@ -417,7 +417,7 @@ def test_every_ifbench_instruction_grades_with_only_the_project_nltk_data(tmp_pa
     """IFBench grades offline: every instruction type, ratio:stop_words (NLTK's stopwords) and words:start_verb (its
     perceptron tagger) included, gets a verdict in a fresh `cascade grade` whose NLTK sees no data but what the
     project writes under CASCADE_HOME, rather than an error that stops the whole benchmark."""
-    from cascade.stages.domains.instruct import checker_classes
+    from cascade.stages.domains.instruction_checkers import checker_classes
 
     ids = sorted(checker_classes("ifbench"))
     rows = [

@@ -216,7 +216,7 @@ IFEVAL_CASES = [
 def test_ifeval_verdicts_match_expectations_and_if_verifiable():
     from if_verifiable import IFEvalSample, evaluate_output_for_sample
 
-    from cascade.stages.domains.instruct import ifeval_verdicts
+    from cascade.stages.domains.instruction_checkers import ifeval_verdicts
 
     for instruction_id, kwargs, response, strict, loose in IFEVAL_CASES:
         prompt = "Write something."
@@ -234,12 +234,12 @@ def test_ifeval_grades_after_its_punkt_cache_was_deleted():
 
     import nltk
 
-    from cascade.stages.domains import instruct
+    from cascade.stages.domains import instruction_checkers as checkers
 
-    instruct.prepare_checkers()
-    if "tokenizers/punkt_tab/english" not in instruct._nltk_missing:
+    checkers.prepare_checkers()
+    if "tokenizers/punkt_tab/english" not in checkers._nltk_missing:
         pytest.skip("NLTK's own punkt_tab is installed here: the project writes no cache to lose")
-    shutil.rmtree(instruct._nltk_root, ignore_errors=True)
+    shutil.rmtree(checkers._nltk_root, ignore_errors=True)
     # the loaded model is kept in three caches: make the next sentence count read the files again
     from if_verifiable.ifeval import instructions_util
 
@@ -247,18 +247,18 @@ def test_ifeval_grades_after_its_punkt_cache_was_deleted():
     nltk.tokenize._get_punkt_tokenizer.cache_clear()
     nltk.data.clear_cache()
     kwargs = {"relation": "less than", "num_sentences": 3}
-    verdicts = instruct.ifeval_verdicts(["length_constraints:number_sentences"], [kwargs], "Write.", "One. Two.")
+    verdicts = checkers.ifeval_verdicts(["length_constraints:number_sentences"], [kwargs], "Write.", "One. Two.")
     assert [(v["strict"], v["loose"]) for v in verdicts] == [(True, True)]
 
 
 def draws_random_argument(instruction_id, kwargs):
     """Whether the checker's configuration depends on its RNG (kwargs missing or invalid)."""
-    from cascade.stages.domains import instruct
+    from cascade.stages.domains import instruction_checkers as checkers
 
     configs = []
     for seed in range(4):
-        instruct._checker_rng.seed(seed)
-        checker = instruct.checker_classes("ifeval")[instruction_id](instruction_id)
+        checkers._checker_rng.seed(seed)
+        checker = checkers.checker_classes("ifeval")[instruction_id](instruction_id)
         checker.build_description(**kwargs)
         configs.append(checker.get_instruction_args())
     return any(c != configs[0] for c in configs)

@@ -6,7 +6,8 @@ import pytest
 
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
-from cascade.stages.domains.tool import Call, decode_calls, reference_calls
+from cascade.stages.domains.tool import reference_calls
+from cascade.stages.domains.tool_calls import Call, decode_calls
 
 TOOL = get_domain("tool")
 CALL_CATEGORIES = ["bfcl_simple", "bfcl_multiple", "bfcl_parallel", "bfcl_parallel_multiple", "bfcl_live_simple"]

@@ -15,7 +15,7 @@ from cascade.stages.domains.ifeval_constraints import (
     overlaps_ifeval,
     token_windows,
 )
-from cascade.stages.domains.instruct import build_checker, checker_classes
+from cascade.stages.domains.instruction_checkers import build_checker, checker_classes
 
 IFEVAL_PROMPTS = [json.loads(line)["prompt"] for line in (DEFAULT_DATA_ROOT / IFEVAL_FILE).open()]
 
