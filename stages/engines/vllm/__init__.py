@@ -23,8 +23,8 @@ from cascade.stages.engines.vllm.server import (
     ManagedServer,
     ServerOptions,
     add_lm_head,
-    group_members,
 )
+from cascade.stages.engines.vllm.server_process import group_members
 
 __all__ = [
     "CPU_HEAD_DIMS",

