@@ -203,7 +203,7 @@ class SharedServerRollouts(RankShares):
     def generate_share(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
     ) -> list[list[Completion]]:
-        from cascade.stages.engines.vllm.engine import prompt_seeds
+        from cascade.stages.engines.vllm.seeds import prompt_seeds
 
         if seeds is None and sampling.seed is not None:
             seeds = prompt_seeds(sampling.seed, len(prompts))

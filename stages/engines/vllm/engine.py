@@ -38,7 +38,6 @@ full checkpoint write per step. Not thread-safe: one caller at a time.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -52,6 +51,8 @@ import torch
 
 from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
+from cascade.stages.engines.vllm.probe import PROBE_LENGTH, WeightSyncError, trainer_logprobs
+from cascade.stages.engines.vllm.seeds import request_seeds
 from cascade.stages.engines.vllm.server import (
     SCRATCH_DIRS,
     SERVED_NAME,
@@ -61,50 +62,6 @@ from cascade.stages.engines.vllm.server import (
     check_head_dim,
     model_config,
 )
-
-PROBE_LENGTH = 32
-
-
-class WeightSyncError(RuntimeError):
-    """The server's logprobs after a weight reload disagree with the trainer's forward pass."""
-
-
-@torch.no_grad()
-def trainer_logprobs(model: torch.nn.Module, token_ids: list[int]) -> list[float]:
-    """log p(token_ids[t] | token_ids[:t]) for t >= 1 from the trainer's own float32 forward (eval mode)."""
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
-        ids = torch.tensor([token_ids], device=device)
-        logits = model(input_ids=ids).logits[0, :-1].float()
-    finally:
-        model.train(was_training)
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu().tolist()
-
-
-def _derive_seed(*parts: int) -> int:
-    # 56 bits leave room for vLLM's per-sample `seed + j` without overflowing int64.
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:7], "big")
-
-
-def prompt_seeds(seed: int, count: int) -> list[int]:
-    """The per-prompt seeds of a call seeded by sampling.seed alone: prompt i of the call gets (seed, i). A rank
-    that sends a share of a step's prompts sends its slice of the whole step's list, and so draws what one process
-    would have drawn for those prompts."""
-    return [_derive_seed(seed, i) for i in range(count)]
-
-
-def _request_seeds(count: int, sampling: SamplingParams, seeds: list[int] | None) -> list[int] | None:
-    """One vLLM seed per prompt (from its own seed, else from prompt_seeds), or None when unseeded."""
-    if seeds is None:
-        if sampling.seed is None:
-            return None
-        seeds = prompt_seeds(sampling.seed, count)
-    if len(seeds) != count:
-        raise ValueError(f"{len(seeds)} seeds for {count} prompts")
-    return [_derive_seed(s) for s in seeds]
 
 
 def _release(server: ManagedServer | None, workdir: Path, owned: bool, model_copy: Path | None) -> None:
@@ -296,12 +253,12 @@ class VLLMEngine:
     def _generate(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None
     ) -> list[list[Completion]]:
-        request_seeds = _request_seeds(len(prompts), sampling, seeds)
-        if request_seeds is None:
+        per_prompt = request_seeds(len(prompts), sampling, seeds)
+        if per_prompt is None:
             size = self.prompts_per_request
             chunks = [(prompts[i : i + size], None) for i in range(0, len(prompts), size)]
         else:
-            chunks = [([p], seed) for p, seed in zip(prompts, request_seeds)]
+            chunks = [([p], seed) for p, seed in zip(prompts, per_prompt)]
         workers = max(1, min(self.max_concurrency, len(chunks)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             parts = list(pool.map(lambda c: self._complete(c[0], n, sampling, c[1]), chunks))
