@@ -23,7 +23,7 @@ from typing import Any
 from prefect import flow
 
 from cascade.artifacts import layout
-from cascade.artifacts.tracking import alias_for, registered_model_name
+from cascade.artifacts.model_registry import alias_for, registered_model_name
 from cascade.flows.recipes import load_any_recipe
 from cascade.stages.recipe import Recipe
 from cascade.stages.regression import RegressionFound, regressions

@@ -12,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 
 from cascade.artifacts import layout
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.tracking import Tracker, register_stage, tracking_on
+from cascade.artifacts.model_registry import register_stage
+from cascade.artifacts.tracking import Tracker, tracking_on
 from cascade.stages.config_base import StageConfig
 from cascade.stages.errors import GateFailed
 from cascade.stages.evaluate import stored_or_evaluated

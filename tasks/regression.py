@@ -18,9 +18,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from cascade.artifacts.checkpoint import CheckpointRef, committed
+from cascade.artifacts.model_registry import registered_checkpoint
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.store import Store
-from cascade.artifacts.tracking import registered_checkpoint
 from cascade.stages.evaluate import evaluate_model
 from cascade.stages.recipe import Recipe
 from cascade.stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from cascade.artifacts.tracking import Tracker, redact, register_stage, scrub
+from cascade.artifacts.model_registry import register_stage
+from cascade.artifacts.tracking import Tracker, redact, scrub
 from tests.conftest import micro_recipe
 
 

@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from cascade.artifacts.model_registry import register_stage
 from cascade.artifacts.store import Store
-from cascade.artifacts.tracking import Tracker, register_stage
+from cascade.artifacts.tracking import Tracker
 from tests.faults.conftest import s3_recipe
 
 pytestmark = pytest.mark.slow
