@@ -254,7 +254,7 @@ def test_two_runs_side_by_side(tmp_path):
 
 def test_the_printed_forgetting_matrix_carries_standard_errors(tmp_path):
     from cascade.flows.cli.common import console
-    from cascade.flows.cli.runs import print_matrix
+    from cascade.flows.cli.inspection import print_matrix
 
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")
@@ -278,7 +278,7 @@ def test_paired_gain_is_over_the_items_both_evals_scored():
 
 def test_the_printed_report_says_what_each_rl_stage_did_to_its_own_domains(tmp_path):
     from cascade.flows.cli.common import console
-    from cascade.flows.cli.runs import print_matrix
+    from cascade.flows.cli.inspection import print_matrix
 
     store = Store(f"file://{tmp_path}/store")
     synthetic_run(store, "r")

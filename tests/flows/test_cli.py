@@ -231,7 +231,7 @@ def test_a_run_failure_that_is_not_a_bug_is_one_line_exit_1(capsys):
 
 
 def test_a_matrix_wider_than_the_terminal_is_split_into_column_groups_never_cut():
-    from cascade.flows.cli.runs import column_groups
+    from cascade.flows.cli.inspection import column_groups
 
     assert column_groups([10, 10, 10], 25) == [[0, 1], [2]]
     assert column_groups([30, 5, 5], 20) == [[0], [1, 2]]  # a column wider than the room still gets a table
@@ -427,7 +427,7 @@ def test_status_tells_a_live_owner_from_one_whose_process_is_gone(tmp_path):
 
     from cascade.artifacts.report import RunReport
     from cascade.artifacts.store import Store
-    from cascade.flows.cli.runs import run_process
+    from cascade.flows.cli.inspection import run_process
 
     store = Store(f"file://{tmp_path}")
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
