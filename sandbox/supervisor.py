@@ -13,7 +13,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import stat
 import subprocess
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from cascade.sandbox import cgroup, child, seccomp
+from cascade.sandbox.holdings import BoundedReader, UidPool, kill_group, remove_tree
 
 __all__ = ["SandboxLimits", "Verdict", "isolation_mode", "run_python", "run_many"]
 
@@ -139,50 +139,7 @@ def _probe() -> tuple[str, ...]:
     return ()
 
 
-class _UidPool:
-    """Hands out one unprivileged uid per concurrent sandbox.
-
-    Distinct uids give each sandbox its own RLIMIT_NPROC budget (the limit is
-    per uid), and keep sandboxes from signalling each other when there is no
-    pid namespace.  The random start makes clashes between caller processes
-    unlikely (they would only share that budget)."""
-
-    def __init__(self, base: int, size: int = 512):
-        self._base, self._size = base, size
-        self._start = int.from_bytes(os.urandom(2), "little") % size
-        self._used: set[int] = set()
-        self._lock = threading.Lock()
-
-    def acquire(self) -> int:
-        # A uid that still owns processes (another caller process's sandbox,
-        # or zombies stuck under a host init that does not reap) would start
-        # with part of its RLIMIT_NPROC budget gone: skip it.
-        busy = _uids_with_processes()
-        with self._lock:
-            for i in range(self._size):
-                uid = self._base + (self._start + i) % self._size
-                if uid not in self._used and uid not in busy:
-                    self._used.add(uid)
-                    return uid
-        raise RuntimeError("sandbox uid pool exhausted")
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            self._used.discard(uid)
-
-
-def _uids_with_processes() -> set[int]:
-    uids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                uids.add(os.stat(f"/proc/{entry}").st_uid)
-            except OSError:
-                continue
-    return uids
-
-
-_uids = _UidPool(int(os.environ.get("CASCADE_SANDBOX_UID_BASE", "65000")))
+_uids = UidPool(int(os.environ.get("CASCADE_SANDBOX_UID_BASE", "65000")))
 
 
 def _execute_safely(code: str, limits: SandboxLimits, layers: tuple[str, ...]) -> Verdict:
@@ -227,7 +184,7 @@ def _execute(code: str, limits: SandboxLimits, layers: tuple[str, ...]) -> Verdi
             _uids.release(uid)
         if group is not None:
             group.remove()
-        _remove_tree(workdir)
+        remove_tree(workdir)
 
 
 def _write_program(workdir: str, code: str, uid: int | None, private_copy: bool) -> None:
@@ -334,7 +291,7 @@ def _supervise(
         os.close(status_w)
         return Verdict("error", None, "", f"could not start sandbox: {exc}", time.monotonic() - start, mode)
     os.close(status_w)
-    readers = [_BoundedReader(proc.stdout, limits.output_bytes), _BoundedReader(proc.stderr, limits.output_bytes)]
+    readers = [BoundedReader(proc.stdout, limits.output_bytes), BoundedReader(proc.stderr, limits.output_bytes)]
     exited = child.wait_exit(proc.pid, limits.wall_seconds + _BACKSTOP_GRACE)
     if not exited and config["uid"] is not None and "pidns" not in config["layers"]:
         # Take the program's tree down first and give our init a moment to
@@ -344,7 +301,7 @@ def _supervise(
         child.wait_exit(proc.pid, 2.0)
     # The bootstrap is still unreaped here, so its pid (= the group id) cannot
     # have been recycled: killing the group cannot hit an unrelated process.
-    _kill_group(proc.pid)
+    kill_group(proc.pid)
     proc.wait()
     report = _read_status(status_r)
     stdout, stderr = (reader.result(timeout=5.0) for reader in readers)
@@ -415,45 +372,6 @@ def _read_status(fd: int) -> dict | None:
     return errors[0] if errors else (reports[-1] if reports else None)
 
 
-class _BoundedReader:
-    """Keeps the first ``limit`` bytes of a pipe and drains the rest.
-
-    Draining (instead of stopping) keeps a chatty program from blocking on a
-    full pipe, while memory stays bounded whatever it prints."""
-
-    def __init__(self, pipe, limit: int):
-        self._pipe, self._limit = pipe, max(0, limit)
-        self._buf = bytearray()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        fd = self._pipe.fileno()
-        try:
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                room = self._limit - len(self._buf)
-                if room > 0:
-                    self._buf += chunk[:room]
-        except OSError:
-            pass
-
-    def result(self, timeout: float) -> str:
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self._pipe.close()
-        return bytes(self._buf[: self._limit]).decode("utf-8", errors="replace")
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _kill_uid(uid: int, python: str) -> None:
     """Kill every process of the sandbox uid (only needed without a pid namespace).
 
@@ -476,16 +394,3 @@ def _kill_uid(uid: int, python: str) -> None:
             )
         except (OSError, subprocess.SubprocessError):
             return
-
-
-def _remove_tree(path: str) -> None:
-    def _unlock_and_retry(func, target, _exc):
-        # The program may have chmod-ed its own files to 000.
-        try:
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-            func(target)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=_unlock_and_retry)
