@@ -31,7 +31,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from cascade.artifacts.layout import MANIFEST, STAGE_DIR, run_dir, step_key, steps_dir
-from cascade.artifacts.store import Store, sha256_file
+from cascade.artifacts.store import Store
+from cascade.artifacts.transfer import sha256_file
 
 UPLOAD_THREADS = 8
 VERIFY_ATTEMPTS = 2  # uploads of one file whose stored bytes do not hash right, before giving up

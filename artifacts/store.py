@@ -39,10 +39,8 @@ import logging
 import os
 import random
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +49,14 @@ from fsspec.exceptions import FSTimeoutError
 
 from cascade.artifacts.config import StorageConfig, url_from_env
 from cascade.artifacts.retry import RetryPolicy, answered, is_transient, retrying
+from cascade.artifacts.transfer import (
+    MULTIPART_THRESHOLD,
+    PART_SIZE,
+    Upload,
+    b64,
+    copy_hashing,
+    put_multipart,
+)
 from cascade.artifacts.urls import credential_error
 
 log = logging.getLogger("cascade.store")
@@ -127,46 +133,6 @@ def storage_options(cfg: StorageConfig) -> dict[str, Any]:
     if profile:
         opts["profile"] = profile
     return opts
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _copy_hashing(src: Path, dst: Path, atomic: bool) -> str:
-    """Copy src to dst in one pass that also hashes; with atomic, via a temp name renamed into place."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    target = dst.with_name(f".{dst.name}.tmp-{os.getpid()}-{random.getrandbits(32):08x}") if atomic else dst
-    h = hashlib.sha256()
-    try:
-        with open(src, "rb") as fin, open(target, "wb") as fout:
-            for block in iter(lambda: fin.read(4 << 20), b""):
-                h.update(block)
-                fout.write(block)
-        if atomic:
-            os.replace(target, dst)
-    finally:
-        if atomic and target.exists():
-            target.unlink()
-    return h.hexdigest()
-
-
-def _b64(digest: Any) -> str:
-    """base64 of a hashlib object's digest, or of raw digest bytes: the form S3 checksums take."""
-    return base64.b64encode(digest if isinstance(digest, bytes) else digest.digest()).decode()
-
-
-@dataclass(frozen=True)
-class Upload:
-    """What put_file sent: the sha256 (hex) of the bytes, and whether the server's checksum of the bytes it
-    received was already compared with ours during the upload (multipart composite)."""
-
-    sha256: str
-    verified: bool = False
 
 
 class Store:
@@ -313,7 +279,7 @@ class Store:
         s3, larger: a multipart upload with a SHA-256 per part (see _put_multipart), checked at once."""
         local = Path(local)
         if self.protocol == "file":
-            return Upload(self._do("upload", key, lambda: _copy_hashing(local, Path(self.path(key)), atomic=True)))
+            return Upload(self._do("upload", key, lambda: copy_hashing(local, Path(self.path(key)), atomic=True)))
         if self.protocol != "s3":
             self._do("upload", key, lambda: self.fs.put_file(str(local), self.path(key)))
             return None
@@ -332,63 +298,19 @@ class Store:
                 Body=data,
                 timeout=body_deadline(len(data)),
                 ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=_b64(digest),
+                ChecksumSHA256=b64(digest),
             ),
         )
         return Upload(digest.hexdigest())
 
     def _put_multipart(self, local: Path, key: str) -> Upload:
-        """Parts read and hashed in order (the whole file's sha256 and each part's) while up to PARTS_IN_FLIGHT
-        parts upload, each with its ChecksumSHA256 (AWS rejects a damaged part; moto recomputes the composite
-        from the bytes it received). Afterwards the server's composite checksum (sha256 of the part digests)
-        is compared with ours: `verified` says whether it matched. A failed upload is aborted."""
+        """A multipart upload (artifacts/transfer.py), then the server's composite checksum compared with ours:
+        `verified` says whether it matched."""
         bucket, obj = self.path(key).split("/", 1)
         part_size = max(self.part_size, -(-local.stat().st_size // 10_000))  # S3 allows 10,000 parts
-        upload_id = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=obj, ChecksumAlgorithm="SHA256")[
-            "UploadId"
-        ]
-        whole, digests, parts, window = hashlib.sha256(), [], [], deque()
-        ids = {"Bucket": bucket, "Key": obj, "UploadId": upload_id}
-
-        def drain(keep: int) -> None:
-            while len(window) > keep:
-                number, digest, fut = window.popleft()
-                parts.append({"PartNumber": number, "ETag": fut.result()["ETag"], "ChecksumSHA256": _b64(digest)})
-
-        try:
-            with open(local, "rb") as f, ThreadPoolExecutor(PARTS_IN_FLIGHT) as pool:
-                for number, block in enumerate(iter(lambda: f.read(part_size), b""), 1):
-                    whole.update(block)
-                    digest = hashlib.sha256(block)
-                    digests.append(digest.digest())
-                    window.append(
-                        (
-                            number,
-                            digest,
-                            pool.submit(
-                                self.fs.call_s3,
-                                "upload_part",
-                                **ids,
-                                PartNumber=number,
-                                Body=block,
-                                timeout=body_deadline(len(block)),
-                                ChecksumAlgorithm="SHA256",
-                                ChecksumSHA256=_b64(digest),
-                            ),
-                        )
-                    )
-                    drain(PARTS_IN_FLIGHT - 1)  # bounded memory: at most PARTS_IN_FLIGHT parts held
-                drain(0)
-            self.fs.call_s3("complete_multipart_upload", **ids, MultipartUpload={"Parts": parts})
-        except BaseException:
-            try:
-                self.fs.call_s3("abort_multipart_upload", **ids)
-            except Exception:  # the server may be the reason we are here; its lifecycle rules clean up
-                pass
-            raise
+        sent, composite = put_multipart(self.fs, bucket, obj, local, part_size, body_deadline)
         server = self.stat_checksum(key)[1] or ""
-        composite = _b64(hashlib.sha256(b"".join(digests)))
-        return Upload(whole.hexdigest(), verified=server.split("-")[0] == composite)
+        return Upload(sent, verified=server.split("-")[0] == composite)
 
     def get_file(self, key: str, local: str | Path) -> str | None:
         """Download to local; return the sha256 (hex) of the bytes received when hashed on the way (file://: one
@@ -397,7 +319,7 @@ class Store:
         local = Path(local)
         local.parent.mkdir(parents=True, exist_ok=True)
         if self.protocol == "file":
-            return self._do("download", key, lambda: _copy_hashing(Path(self.path(key)), local, atomic=False))
+            return self._do("download", key, lambda: copy_hashing(Path(self.path(key)), local, atomic=False))
         self._do("download", key, lambda: self.fs.get_file(self.path(key), str(local)))
         return None
 
@@ -467,11 +389,3 @@ class Store:
         self.fs.invalidate_cache()
         if self.protocol == "s3":
             _FAILING.pop(self._bucket_id(), None)
-
-
-# Files from this size up go as multipart uploads with a checksum per part (parallel parts; no whole file in
-# memory); smaller ones as one PUT, which measured faster on moto for a 64 MiB file (3.3 s vs 3.8 s, loaded).
-# S3 parts must be >= 5 MiB (the last one excepted).
-MULTIPART_THRESHOLD = 100 * 2**20
-PART_SIZE = 16 * 2**20
-PARTS_IN_FLIGHT = 4

@@ -102,7 +102,7 @@ def fail_uploads(store, monkeypatch, make_error, times=10**9) -> list:
 
     calls = []
     if store.protocol == "file":
-        real_copy = cascade.artifacts.store._copy_hashing
+        real_copy = cascade.artifacts.store.copy_hashing
 
         def copy(src, dst, atomic):
             if atomic:  # uploads are atomic copies; downloads are not
@@ -111,7 +111,7 @@ def fail_uploads(store, monkeypatch, make_error, times=10**9) -> list:
                     raise make_error()
             return real_copy(src, dst, atomic)
 
-        monkeypatch.setattr(cascade.artifacts.store, "_copy_hashing", copy)
+        monkeypatch.setattr(cascade.artifacts.store, "copy_hashing", copy)
     else:
         real_call = store.fs.call_s3
 

@@ -40,7 +40,8 @@ from transformers import PreTrainedTokenizerFast
 from cascade.artifacts.checkpoint import CheckpointRef, write_checkpoint
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
-from cascade.artifacts.store import Store, sha256_file
+from cascade.artifacts.store import Store
+from cascade.artifacts.transfer import sha256_file
 from cascade.stages.config_base import reference_kind
 from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Item
