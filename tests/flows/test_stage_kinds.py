@@ -27,7 +27,7 @@ SHRINK = f"{toy_kinds.__name__}.shrink"
 @pytest.fixture
 def shrink_kind():
     """The folder loaded (a fresh import: its row registers itself again); the row gone afterwards."""
-    for module in (SHRINK, f"{SHRINK}.run"):
+    for module in (SHRINK, f"{SHRINK}.run_shrink"):
         sys.modules.pop(module, None)
     load_kinds(toy_kinds.__name__, toy_kinds.__path__)
     yield sys.modules[SHRINK]

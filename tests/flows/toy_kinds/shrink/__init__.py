@@ -1,4 +1,4 @@
-"""The toy `shrink` kind: its config and its registry row (here) and, in `run.py`, its run function: it reads an
+"""The toy `shrink` kind: its config and its registry row (here) and, in `run_shrink.py`, its run function: it reads an
 earlier policy stage's checkpoint, scales every weight by `factor` and commits the result as the next policy."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ register_kind(
     StageKind(
         "shrink",
         ShrinkConfig,
-        imported_on_call("tests.flows.toy_kinds.shrink.run", "run_shrink"),
+        imported_on_call("tests.flows.toy_kinds.shrink.run_shrink", "run_shrink"),
         makes="policy",
         takes_policy=False,
         holds_compute=True,
