@@ -57,10 +57,6 @@ def recovery_stage(gate: GateConfig, after: str) -> StageConfig:
     return gate.recovery.model_copy(update={"name": f"{RECOVERY_PREFIX}{after}"})
 
 
-def is_recovery(stage_name: str) -> bool:
-    return stage_name.startswith(RECOVERY_PREFIX)
-
-
 def walk(recipe: Recipe) -> list[Step]:
     """The steps of a run of `recipe`, in order (a recovery is a possibility of its gate step, not a step)."""
     steps: list[Step] = [SourceEval()] if recipe.eval.enabled and recipe.eval.source else []
