@@ -25,7 +25,7 @@ from typing import Any
 from cascade.artifacts import layout
 from cascade.artifacts.html_template import template_env
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import BENCHMARK_COLUMN, Breakdown, ReportCard, RunReport, column_order, is_side_column
+from cascade.artifacts.report import BENCHMARK_COLUMN, Breakdown, RunReport, StageRecord, column_order, is_side_column
 from cascade.artifacts.report_figures import curves_png, heatmap_png
 from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
@@ -65,7 +65,7 @@ def collect(
     report = RunReport.load(store, run_id)
     if report is None:
         raise LookupError(f"run {run_id!r} has no report yet")
-    plots = {stage["name"]: card_plots(store, stage) for stage in report.stages if stage.get("card")}
+    plots = {stage.name: card_plots(store, stage) for stage in report.stages if stage.card}
     return RunData(
         report,
         list(planned or []),
@@ -77,11 +77,11 @@ def collect(
     )
 
 
-def card_plots(store: Store, stage: dict[str, Any]) -> dict[str, str]:
+def card_plots(store: Store, stage: StageRecord) -> dict[str, str]:
     """The plots a stage's card names that exist in the store: name -> PNG data URI."""
     out = {}
-    for name in stage["card"].get("plots", []):
-        uri = (stage.get("plots") or {}).get(name)
+    for name in stage.card.plots if stage.card else ():
+        uri = stage.plots.get(name)
         key = store.key_of(uri) if uri else None
         if key and store.exists(key):
             out[name] = _data_uri(store.read_bytes(key))
@@ -172,10 +172,10 @@ def where_stopped(run: RunData) -> str | None:
     if run.report.status != "FAILED":
         return None
     planned = run.planned
-    if any(s["name"] not in planned and not s["name"].startswith("recover-") for s in run.report.stages):
+    if any(s.name not in planned and not s.recovers for s in run.report.stages):
         planned = []  # not the recipe's stage list (a recover run): say nothing of stages not run
-    failed = [s["name"] for s in run.report.stages if s.get("status") == "failed"]
-    done = {s["name"] for s in run.report.stages if s.get("status") in ("completed", "skipped")}
+    failed = [s.name for s in run.report.stages if s.status == "failed"]
+    done = {s.name for s in run.report.stages if s.status in ("completed", "skipped")}
     pending = [name for name in planned if name not in done]
     at = failed[-1] if failed else (pending[0] if pending else None)
     why = f": {run.report.stopped}" if run.report.stopped else ""
@@ -201,16 +201,15 @@ def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
         best[d] = max(col, key=lambda c: (c[0], -c[1]))[1] if col else None  # a tie: the earliest stage
     fired: dict[str, list[str]] = {}
     for g in run.report.gate:
-        fired.setdefault(g["stage"], []).append(g["domain"])
+        fired.setdefault(g.stage, []).append(g.domain)
+    recoveries = {s.name for s in run.report.stages if s.recovers}
     out = []
     for i, (stage, scores) in enumerate(rows):
         cells = [
             {"score": s, "se": standard_error(run.items.get(stage, {}).get(d, {}).values()), "best": best[d] == i}
             for d, s in zip(domains, scores)
         ]
-        out.append(
-            {"stage": stage, "cells": cells, "gate": fired.get(stage, []), "recovery": stage.startswith("recover-")}
-        )
+        out.append({"stage": stage, "cells": cells, "gate": fired.get(stage, []), "recovery": stage in recoveries})
     return domains, out
 
 
@@ -220,22 +219,21 @@ def matrix_cells(run: RunData) -> tuple[list[str], list[dict[str, Any]]]:
 def cost_rows(run: RunData) -> list[dict[str, Any]]:
     rows = []
     for s in run.report.stages:
-        steps = run.steps.get(s["name"], [])
+        steps = run.steps.get(s.name, [])
         sampled = sum(r["metrics"].get("tokens_sampled", 0.0) for r in steps) or None
         trained = sum(r["metrics"].get("tokens_trained", 0.0) for r in steps) or None
-        seconds = s.get("seconds")
-        metrics = s.get("metrics") or {}
+        seconds, metrics = s.seconds, s.metrics
         rows.append(
             {
-                "stage": s["name"],
-                "kind": s.get("kind"),
-                "status": s.get("status"),
+                "stage": s.name,
+                "kind": s.kind,
+                "status": s.status,
                 "seconds": seconds,
                 "steps": len(steps) or metrics.get("steps"),
                 "sampled": sampled,
                 "trained": trained,
                 "tokens_per_s": (trained / seconds) if trained and seconds else metrics.get("tokens_per_s"),
-                "peak_rss_mb": s.get("peak_rss_mb") or metrics.get("peak_rss_mb"),
+                "peak_rss_mb": s.peak_rss_mb or metrics.get("peak_rss_mb"),
             }
         )
     return rows
@@ -245,15 +243,15 @@ def data_cards(run: RunData) -> list[dict[str, Any]]:
     """Every stage's report card that has something to show: its totals, its breakdown tables and its plots."""
     cards = []
     for s in run.report.stages:
-        if not s.get("card"):
+        card, m = s.card, s.metrics
+        if card is None:
             continue
-        card, m = ReportCard.model_validate(s["card"]), s.get("metrics") or {}
-        images = run.plots.get(s["name"], {})
+        images = run.plots.get(s.name, {})
         if not m and not images:
             continue
         cards.append(
             {
-                "stage": s["name"],
+                "stage": s.name,
                 "title": card.title,
                 "totals": [(header, m.get(key)) for header, key in card.totals],
                 "tables": [breakdown_table(b, m) for b in card.breakdowns],

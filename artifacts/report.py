@@ -1,15 +1,17 @@
 """The run's record, `<store>/runs/<run_id>/report.json`: stages, evals after each stage, gate decisions.
 
-Rewritten after every change, so a run cut off anywhere still has an accurate record of what finished. A stage's
-record may carry its kind's report card (`ReportCard`), so the HTML page draws any kind's card without knowing it.
+Typed rows (`StageRecord`, `EvalScores`, `GateDecision`) written only through `RunReport`'s methods, and rewritten
+after every change, so a run cut off anywhere still has an accurate record of what finished. A stage's record may
+carry its kind's report card (`ReportCard`), so the HTML page draws any kind's card without knowing it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cascade.artifacts.layout import report_key
 from cascade.artifacts.store import Store
@@ -39,12 +41,64 @@ class ReportCard(BaseModel):
     plots: tuple[str, ...] = ()  # names of the stage's plots (its record's `plots`), drawn under the tables
 
 
+class StageRecord(BaseModel):
+    """One stage of the run: how it ended, its checkpoint, its figures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: str
+    status: Literal["completed", "skipped", "failed"]
+    checkpoint: str | None = None  # the store URI of its checkpoint (None: it failed before one was committed)
+    seconds: float | None = None  # wall time of its last run (a skipped stage keeps the time it took when it ran)
+    metrics: dict[str, Any] = Field(default_factory=dict)  # its figures, and a few words and maps (dtype, teachers)
+    plots: dict[str, str] = Field(default_factory=dict)  # name -> store URI of an image in its checkpoint
+    rebuilt: str | None = None  # why a committed checkpoint was built again
+    peak_rss_mb: float | None = None  # the process's peak resident memory while it ran
+    card: ReportCard | None = None  # its kind's report card
+    recovers: str | None = None  # a gate's recovery stage: the stage whose regression it recovers
+
+
+class EvalScores(BaseModel):
+    """The eval of the policy a stage made (or of the source model): column -> score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    after_stage: str
+    scores: dict[str, float]
+
+
+class GateDecision(BaseModel):
+    """One regressed domain after a stage: its best score so far and where, its score now, what the gate did."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: str
+    domain: str
+    column: str  # the score compared: the domain's dev column where the eval has one
+    best: float
+    best_stage: str
+    now: float
+    drop: float
+    tolerance: float
+    action: Literal["recover", "warn", "fail"]
+    after_recovery: float | None = None  # the column's score after the recovery stage
+
+    @model_validator(mode="before")
+    @classmethod
+    def _column_of_older_records(cls, data: Any) -> Any:
+        """Records written before decisions named their column compared the domain's own column."""
+        if isinstance(data, dict) and "column" not in data and "domain" in data:
+            return {**data, "column": data["domain"]}
+        return data
+
+
 class RunReport(BaseModel):
     run_id: str
     recipe: str
-    stages: list[dict[str, Any]] = Field(default_factory=list)
-    evals: list[dict[str, Any]] = Field(default_factory=list)
-    gate: list[dict[str, Any]] = Field(default_factory=list)
+    stages: list[StageRecord] = Field(default_factory=list)
+    evals: list[EvalScores] = Field(default_factory=list)
+    gate: list[GateDecision] = Field(default_factory=list)
     links: dict[str, str] = Field(default_factory=dict)  # "mlflow", "prefect": where else the run is shown
     status: str | None = None  # how the last finish ended: FINISHED or FAILED (None while it runs)
     stopped: str | None = None  # a failed run: what stopped it (the exception's first line)
@@ -57,22 +111,40 @@ class RunReport(BaseModel):
     def save(self, store: Store) -> None:
         store.write_bytes(report_key(self.run_id), json.dumps(self.model_dump(), indent=1).encode())
 
-    def record_stage(self, entry: dict[str, Any]) -> None:
-        _upsert(self.stages, "name", entry)
+    def stage(self, name: str) -> StageRecord | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def record_stage(self, record: StageRecord) -> None:
+        """Replace the stage's record in place (a resumed run keeps the order), else append it."""
+        _upsert(self.stages, record, lambda s: s.name == record.name)
 
     def record_eval(self, after_stage: str, scores: dict[str, float]) -> None:
-        _upsert(self.evals, "after_stage", {"after_stage": after_stage, "scores": scores})
+        _upsert(self.evals, EvalScores(after_stage=after_stage, scores=scores), lambda e: e.after_stage == after_stage)
 
-    def evals_through(self, stage: str) -> list[dict[str, Any]]:
+    def evals_through(self, stage: str) -> list[EvalScores]:
         """The evals up to and including the one after `stage` (a resumed run may have later ones)."""
-        names = [e["after_stage"] for e in self.evals]
+        names = [e.after_stage for e in self.evals]
         return self.evals[: names.index(stage) + 1] if stage in names else list(self.evals)
+
+    def decisions_after(self, stage: str) -> list[GateDecision]:
+        return [d for d in self.gate if d.stage == stage]
+
+    def record_gate(self, stage: str, decisions: list[GateDecision]) -> None:
+        """The gate's decisions after `stage`, replacing those of an earlier try of it."""
+        self.gate = [d for d in self.gate if d.stage != stage] + decisions
+
+    def record_recovery(self, stage: str, scores: dict[str, float]) -> list[GateDecision]:
+        """The recovery's score on each column that fired after `stage`; returns those decisions."""
+        fired = self.decisions_after(stage)
+        for decision in fired:
+            decision.after_recovery = scores[decision.column]
+        return fired
 
     def forgetting_matrix(self) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
         """Score columns (each domain's primary metric with its greedy column after it), and one row per eval:
         (after_stage, score per column)."""
-        domains = sorted({d for e in self.evals for d in e["scores"]}, key=column_order)
-        return domains, [(e["after_stage"], [e["scores"].get(d) for d in domains]) for e in self.evals]
+        domains = sorted({d for e in self.evals for d in e.scores}, key=column_order)
+        return domains, [(e.after_stage, [e.scores.get(d) for d in domains]) for e in self.evals]
 
 
 GREEDY_COLUMN = "greedy/"  # greedy pass@1 beside a domain's sampled primary metric, e.g. "greedy/math"
@@ -108,10 +180,10 @@ def column_order(column: str) -> tuple[str, int]:
     return column.split("/", 1)[1] if side else column, side
 
 
-def _upsert(rows: list[dict[str, Any]], key: str, entry: dict[str, Any]) -> None:
-    """Replace the row with the same key in place (a resumed run keeps the order), else append."""
+def _upsert(rows: list, entry: BaseModel, same: Callable[[Any], bool]) -> None:
+    """Replace the row `same` picks in place (a resumed run keeps the order), else append."""
     for i, row in enumerate(rows):
-        if row[key] == entry[key]:
+        if same(row):
             rows[i] = entry
             return
     rows.append(entry)

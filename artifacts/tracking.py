@@ -311,7 +311,7 @@ class Tracker:
             matrix.update({d: [scores[i] for _, scores in rows] for i, d in enumerate(domains)})
             self.log_table(matrix, "forgetting_matrix.json")
         if report.gate:
-            self.log_text(json.dumps(report.gate, indent=1, default=str), "gate.json")
+            self.log_text(json.dumps([d.model_dump() for d in report.gate], indent=1), "gate.json")
 
     def log_html_report(self, html: str, images: dict[str, bytes]) -> None:
         """The rendered run report (report.html) and its plots (plots/<name>.png) on the parent run, so MLflow's UI

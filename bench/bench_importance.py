@@ -75,7 +75,7 @@ def stage_checkpoint(store_root: str, run_id: str, stage: str) -> str:
     from cascade.artifacts.report import RunReport
 
     report = RunReport.load(Store(store_root), run_id)
-    made = [s.get("checkpoint") for s in (report.stages if report else []) if s.get("name") == stage]
+    made = [s.checkpoint for s in (report.stages if report else []) if s.name == stage]
     if not made or not made[-1]:
         raise SystemExit(f"bench_importance: run {run_id!r} has no checkpoint of stage {stage!r}")
     return made[-1]

@@ -159,7 +159,7 @@ def sft_checkpoint(store_root: str, run_id: str) -> str:
     report = RunReport.load(store, run_id)
     if report is None:
         raise SystemExit(f"bench_learning: no run {run_id!r} in {store_root}")
-    made = [s["checkpoint"] for s in report.stages if s.get("kind") == "sft" and s.get("checkpoint")]
+    made = [s.checkpoint for s in report.stages if s.kind == "sft" and s.checkpoint]
     made = [uri for uri in made if store.key_of(uri) is not None and committed(store, store.key_of(uri))]
     if not made:
         raise SystemExit(f"bench_learning: run {run_id!r} has no committed SFT checkpoint")

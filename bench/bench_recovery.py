@@ -84,17 +84,16 @@ def main() -> None:
     recipe = recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"split": args.split})})
     mopd_overrides = {k: yaml.safe_load(v) for k, v in (o.split("=", 1) for o in args.mopd)}
     report = RunReport.load(store, args.run_id)
-    fired = [g for g in report.gate if g["action"] == "recover"]
+    fired = [g for g in report.gate if g.action == "recover"]
     if not fired:
         raise SystemExit(f"run {args.run_id}: the gate did not fire; nothing to recover")
-    stage, domain = fired[0]["stage"], fired[0]["domain"]
-    best, tolerance = fired[0]["best"], fired[0]["tolerance"]
+    stage, domain = fired[0].stage, fired[0].domain
+    best, tolerance = fired[0].best, fired[0].tolerance
     teachers = best_stages(report.evals_through(stage), list(recipe.domains))
-    made = {s["name"]: committed(store, store.key_of(s["checkpoint"])) for s in report.stages if s["checkpoint"]}
+    made = {s.name: committed(store, store.key_of(s.checkpoint)) for s in report.stages if s.checkpoint}
     student = made[stage]
     print(
-        f"{stage} dropped {domain} from {best:.3f} to {fired[0]['now']:.3f} (tolerance {tolerance}); "
-        f"teachers {teachers}"
+        f"{stage} dropped {domain} from {best:.3f} to {fired[0].now:.3f} (tolerance {tolerance}); teachers {teachers}"
     )
     if args.split == "dev":
         best = evaluate_model(recipe, made[teachers[domain]], store)[0][domain]

@@ -153,6 +153,9 @@ class EvalConfig(Strict):
         return resolve_data_root(self.data_root)
 
 
+RECOVERY_PREFIX = "recover-"  # a gate's recovery stage is named for the stage it recovers: recover-<stage>
+
+
 class GateConfig(Strict):
     policy: Literal["recover", "warn", "fail"] = "warn"
     max_recoveries: int = Field(1, strict=True, ge=0, le=100)  # recoveries per run; past it the gate warns

@@ -9,25 +9,23 @@ checkpoint per domain as teachers. This module only decides; the flow acts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from cascade.artifacts.report import selection_column
+from cascade.artifacts.report import EvalScores, GateDecision, selection_column
 
 Policy = Literal["recover", "warn", "fail"]
 
 
-def best_so_far(evals: list[dict[str, Any]], domain: str) -> tuple[float, str] | None:
+def best_so_far(evals: list[EvalScores], domain: str) -> tuple[float, str] | None:
     """(best score, stage that holds it) over earlier evals, or None if the domain was never scored. The score is
     the domain's selection column: its dev split where the eval scored one."""
-    scored = [
-        (e["scores"][selection_column(domain, e["scores"])], e["after_stage"]) for e in evals if domain in e["scores"]
-    ]
+    scored = [(e.scores[selection_column(domain, e.scores)], e.after_stage) for e in evals if domain in e.scores]
     return max(scored, key=lambda s: s[0]) if scored else None
 
 
 def decide(
-    stage: str, evals: list[dict[str, Any]], now: dict[str, float], tolerances: dict[str, float], policy: Policy
-) -> list[dict[str, Any]]:
+    stage: str, evals: list[EvalScores], now: dict[str, float], tolerances: dict[str, float], policy: Policy
+) -> list[GateDecision]:
     """One decision per regressed domain; `evals` are the evals before this stage's."""
     decisions = []
     for domain in sorted(now):
@@ -39,23 +37,22 @@ def decide(
         drop = best[0] - score
         if drop > tolerances[domain]:
             decisions.append(
-                {
-                    "stage": stage,
-                    "domain": domain,
-                    "column": column,
-                    "best": best[0],
-                    "best_stage": best[1],
-                    "now": score,
-                    "drop": round(drop, 4),
-                    "tolerance": tolerances[domain],
-                    "action": policy,
-                    "after_recovery": None,
-                }
+                GateDecision(
+                    stage=stage,
+                    domain=domain,
+                    column=column,
+                    best=best[0],
+                    best_stage=best[1],
+                    now=score,
+                    drop=round(drop, 4),
+                    tolerance=tolerances[domain],
+                    action=policy,
+                )
             )
     return decisions
 
 
-def best_stages(evals: list[dict[str, Any]], domains: list[str]) -> dict[str, str]:
+def best_stages(evals: list[EvalScores], domains: list[str]) -> dict[str, str]:
     """domain -> the stage whose checkpoint holds the best score on it (the MOPD teacher for that domain)."""
     found = {d: best_so_far(evals, d) for d in domains}
     return {d: best[1] for d, best in found.items() if best is not None}

@@ -22,6 +22,7 @@ from cascade.artifacts.report import BENCHMARK_COLUMN
 from cascade.artifacts.urls import credential_error
 from cascade.stages.config import (
     DEFAULT_EVAL_SAMPLES,
+    RECOVERY_PREFIX,
     SOURCE_EVAL,
     DomainSpec,
     EngineConfig,
@@ -86,6 +87,8 @@ class Recipe(Strict):
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
+        if taken := [n for n in names if n.startswith(RECOVERY_PREFIX)]:
+            raise ValueError(f"stage name(s) {taken}: {RECOVERY_PREFIX}<stage> names the gate's recovery stages")
         if self.eval.source and SOURCE_EVAL in names:
             raise ValueError(f"eval.source names the model source's eval row {SOURCE_EVAL!r}: rename that stage")
         for i, stage in enumerate(self.stages):

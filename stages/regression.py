@@ -170,9 +170,9 @@ def newest_finished_run(store: Store) -> FinishedRun | None:
             continue
         if report is None or report.status != "FINISHED":
             continue
-        evaluated = [e["after_stage"] for e in report.evals if e["after_stage"] != SOURCE_EVAL]
-        checkpoints = {s["name"]: s.get("checkpoint") for s in report.stages}
-        uri = checkpoints.get(evaluated[-1]) if evaluated else None
+        evaluated = [e.after_stage for e in report.evals if e.after_stage != SOURCE_EVAL]
+        last = report.stage(evaluated[-1]) if evaluated else None
+        uri = last.checkpoint if last else None
         key = store.key_of(uri) if uri else None
         manifest = read_manifest(store, key) if key else None
         if manifest is not None:

@@ -18,12 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.stages.config import GateConfig
+from cascade.stages.config import RECOVERY_PREFIX, GateConfig
 from cascade.stages.config_base import StageConfig
 from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.recipe import Recipe
-
-RECOVERY_PREFIX = "recover-"  # a gate's recovery stage is named for the stage it recovers: recover-<stage>
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,11 @@ Step = SourceEval | StageStep | GateStep
 def recovery_stage(gate: GateConfig, after: str) -> StageConfig:
     """The gate's recovery config, named for the stage it recovers."""
     return gate.recovery.model_copy(update={"name": f"{RECOVERY_PREFIX}{after}"})
+
+
+def recovered(name: str) -> str | None:
+    """The stage a recovery stage named `name` recovers; None for any other stage."""
+    return name.removeprefix(RECOVERY_PREFIX) if name.startswith(RECOVERY_PREFIX) else None
 
 
 def walk(recipe: Recipe) -> list[Step]:

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from cascade.artifacts import layout
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.model_registry import register_stage
+from cascade.artifacts.report import GateDecision
 from cascade.artifacts.tracking import Tracker, tracking_on
 from cascade.stages.config_base import StageConfig
 from cascade.stages.errors import GateFailed
@@ -46,25 +47,23 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
 
 
 @task(name="gate", cache_policy=NO_CACHE)
-def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float], policy: str) -> list[dict[str, Any]]:
+def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float], policy: str) -> list[GateDecision]:
     """Compare with the best score so far per domain; record every decision; raise under policy `fail`."""
     store, report = open_report(recipe, run_id)
-    earlier = [e for e in report.evals_through(stage) if e["after_stage"] != stage]
-    tolerances = recipe.tolerances()
-    decisions = decide(stage, earlier, scores, tolerances, policy)
-    report.gate = [g for g in report.gate if g["stage"] != stage] + decisions
+    earlier = [e for e in report.evals_through(stage) if e.after_stage != stage]
+    decisions = decide(stage, earlier, scores, recipe.tolerances(), policy)
+    report.record_gate(stage, decisions)
     report.save(store)
     if decisions:
         ui_artifacts.create_table_artifact(
-            decisions, key=artifact_key(run_id, "gate"), description=f"Regression gate after stage {stage}"
+            _table(decisions), key=artifact_key(run_id, "gate"), description=f"Regression gate after stage {stage}"
         )
         if tracking_on(recipe.tracking):
-            Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d['domain']}": d["action"] for d in decisions})
+            Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d.domain}": d.action for d in decisions})
     if decisions and policy == "fail":
-        worst = max(decisions, key=lambda d: d["drop"])
+        worst = max(decisions, key=lambda d: d.drop)
         raise GateFailed(
-            f"regression gate: {worst['domain']} dropped {worst['drop']:.3f} after {stage} "
-            f"(tolerance {worst['tolerance']})"
+            f"regression gate: {worst.domain} dropped {worst.drop:.3f} after {stage} (tolerance {worst.tolerance})"
         )
     return decisions
 
@@ -83,20 +82,20 @@ def choose_teachers_task(recipe: Recipe, run_id: str, cfg: StageConfig, through:
 
 
 @task(name="record-recovery", cache_policy=NO_CACHE)
-def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> list[dict[str, Any]]:
+def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> list[GateDecision]:
     store, report = open_report(recipe, run_id)
-    for decision in report.gate:
-        if decision["stage"] == stage:
-            decision["after_recovery"] = scores[decision.get("column", decision["domain"])]
+    fired = report.record_recovery(stage, scores)
     report.save(store)
-    fired = [g for g in report.gate if g["stage"] == stage]
     ui_artifacts.create_table_artifact(
-        fired,
+        _table(fired),
         key=artifact_key(run_id, "gate"),
         description=f"Regression gate after {stage}, with the recovery's scores",
     )
     if tracking_on(recipe.tracking):
-        Tracker(recipe, run_id).set_tags(
-            {f"gate.{stage}.{g['domain']}.after_recovery": g["after_recovery"] for g in fired}
-        )
+        Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g.domain}.after_recovery": g.after_recovery for g in fired})
     return fired
+
+
+def _table(decisions: list[GateDecision]) -> list[dict[str, Any]]:
+    """The decisions as the rows of a Prefect table artifact."""
+    return [d.model_dump() for d in decisions]

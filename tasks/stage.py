@@ -27,7 +27,7 @@ from prefect.concurrency.sync import concurrency
 from cascade.artifacts import layout
 from cascade.artifacts.checkpoint import CheckpointRef, adoptable
 from cascade.artifacts.config import config_hash
-from cascade.artifacts.report import RunReport
+from cascade.artifacts.report import RunReport, StageRecord
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
 from cascade.artifacts.tracking import Tracker, tracking_on
@@ -36,6 +36,7 @@ from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdi
 from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.launch import run_stage_where_configured
 from cascade.stages.recipe import Recipe
+from cascade.stages.walk import recovered
 from cascade.tasks.lifecycle import artifact_key, open_report
 from cascade.tasks.progress import stage_progress
 
@@ -85,8 +86,11 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     key = layout.stage_key(run_id, index, cfg.name)
     done, problems = adoptable(store, key, config_hash(cfg))
     if done is not None:
-        entry = next((s for s in report.stages if s["name"] == cfg.name), {})
-        report.record_stage({**entry, **_kind_facts(cfg), "status": "skipped", "checkpoint": done.uri})
+        earlier = report.stage(cfg.name)
+        kept = (
+            earlier.model_dump(exclude={"name", "kind", "card", "recovers", "status", "checkpoint"}) if earlier else {}
+        )
+        report.record_stage(StageRecord(**_kind_facts(cfg), **kept, status="skipped", checkpoint=done.uri))
         report.save(store)
         return done
     rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None
@@ -146,25 +150,24 @@ def _record(
     """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone;
     peak_rss_mb: the process's peak resident memory while the stage ran."""
     report.record_stage(
-        {
+        StageRecord(
             **_kind_facts(cfg),
-            "status": status,
-            "checkpoint": uri,
-            "seconds": round(seconds, 1),
-            "metrics": metrics,
-            **({"plots": plots} if plots else {}),
-            **({"rebuilt": rebuilt} if rebuilt else {}),
-            **({"peak_rss_mb": round(peak_rss_mb, 1)} if peak_rss_mb else {}),
-        }
+            status=status,
+            checkpoint=uri,
+            seconds=round(seconds, 1),
+            metrics=metrics,
+            plots=plots or {},
+            rebuilt=rebuilt,
+            peak_rss_mb=round(peak_rss_mb, 1) if peak_rss_mb else None,
+        )
     )
     report.save(store)
 
 
 def _kind_facts(cfg: StageConfig) -> dict[str, Any]:
-    """What a stage's record says of it beside its outcome: its name, its kind, and its kind's report card (the
-    page draws it from the record, knowing no kind)."""
-    card = kind_of(cfg.kind).report_card
-    return {"name": cfg.name, "kind": cfg.kind, **({"card": card.model_dump(mode="json")} if card else {})}
+    """What a stage's record says of it beside its outcome: its name, its kind, its kind's report card (the page
+    draws it from the record, knowing no kind), and for a gate's recovery the stage it recovers."""
+    return {"name": cfg.name, "kind": cfg.kind, "card": kind_of(cfg.kind).report_card, "recovers": recovered(cfg.name)}
 
 
 def _close_quietly(steps: StepLog) -> None:

@@ -54,8 +54,8 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
         )
     for g in report.gate:
         console.print(
-            f"gate: {g['domain']} fell {g['drop']:.3f} after {g['stage']} "
-            f"(best {g['best']:.3f}, tolerance {g['tolerance']}): {g['action']}"
+            f"gate: {g.domain} fell {g.drop:.3f} after {g.stage} "
+            f"(best {g.best:.3f}, tolerance {g.tolerance}): {g.action}"
         )
     gains = stage_gains([stage for stage, _ in rows], items, targets or {})
     if gains:
@@ -145,7 +145,7 @@ def status(
         for r in (r for r in st.list_dirs(RUNS) if st.exists(recipe_key(r))):
             try:
                 rep = _load_report(st, r)
-                stages = [[s["name"], s["status"]] for s in rep.stages] if rep else []
+                stages = [[s.name, s.status] for s in rep.stages] if rep else []
             except CLIError as e:
                 stages = [["report", f"unreadable ({e})"]]
             summary.append({"run_id": r, "stages": stages})
@@ -164,14 +164,14 @@ def status(
         return
     console.print(run_process(st, run_id, report), highlight=False)
     table = Table("stage", "kind", "status", "seconds", "checkpoint", title=f"run {run_id}")
-    done = {s["name"]: s for s in report.stages}
     resumes_at = {name: step for name, _, step in stage_positions(st, run_id, recipe)}
     for index, cfg in enumerate(recipe.stages):
-        s = done.get(cfg.name, {})
-        status = stage_status(st, run_id, index, cfg.name, s.get("status", "pending"))
+        s = report.stage(cfg.name)
+        status = stage_status(st, run_id, index, cfg.name, s.status if s else "pending")
         if resumes_at[cfg.name] is not None:  # a stage cut off mid-way: where a resume takes it up
             status = f"{status} (step checkpoint {resumes_at[cfg.name]})"
-        table.add_row(cfg.name, cfg.kind, status, str(s.get("seconds", "")), s.get("checkpoint") or "")
+        seconds = "" if s is None or s.seconds is None else str(s.seconds)
+        table.add_row(cfg.name, cfg.kind, status, seconds, (s.checkpoint if s else None) or "")
     console.print(table)
     print_matrix(report, st, gain_targets(recipe.stages))
 

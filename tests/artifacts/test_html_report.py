@@ -9,7 +9,7 @@ from pathlib import Path
 from cascade.artifacts import layout
 from cascade.artifacts.html_report import SECTIONS, collect, paired_gain, render, standard_error, where_stopped
 from cascade.artifacts.records import EvalRecord
-from cascade.artifacts.report import Breakdown, ReportCard, RunReport
+from cascade.artifacts.report import Breakdown, GateDecision, ReportCard, RunReport, StageRecord
 from cascade.artifacts.steplog import StepLog, read_rows, read_run
 from cascade.artifacts.store import Store
 
@@ -90,34 +90,38 @@ def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
     report = RunReport(run_id=run_id, recipe="demo<b>")
     store.write_bytes("x/00/pass_rates.png", png_bytes())
     report.record_stage(
-        {
-            "name": "build",
-            "kind": "any_kind",
-            "status": "completed",
-            "checkpoint": "file:///x/00",
-            "seconds": 1.0,
-            "metrics": {
-                "rows": 120,
-                "tokens": 4000,
-                "input_rows": 130,
-                "dropped/duplicate": 10,
-                "rows/math": 120,
-                "tokens/math": 3900,
-            },
-            "card": DATA_CARD.model_dump(mode="json"),
-            "plots": {"pass_rates": store.uri("x/00/pass_rates.png")},
-        }
+        StageRecord.model_validate(
+            {
+                "name": "build",
+                "kind": "any_kind",
+                "status": "completed",
+                "checkpoint": "file:///x/00",
+                "seconds": 1.0,
+                "metrics": {
+                    "rows": 120,
+                    "tokens": 4000,
+                    "input_rows": 130,
+                    "dropped/duplicate": 10,
+                    "rows/math": 120,
+                    "tokens/math": 3900,
+                },
+                "card": DATA_CARD.model_dump(mode="json"),
+                "plots": {"pass_rates": store.uri("x/00/pass_rates.png")},
+            }
+        )
     )
     report.record_stage(
-        {
-            "name": "sft",
-            "kind": "sft",
-            "status": "completed",
-            "checkpoint": "file:///x/01",
-            "seconds": 10.0,
-            "peak_rss_mb": 512.0,
-            "metrics": {"steps": 3},
-        }
+        StageRecord.model_validate(
+            {
+                "name": "sft",
+                "kind": "sft",
+                "status": "completed",
+                "checkpoint": "file:///x/01",
+                "seconds": 10.0,
+                "peak_rss_mb": 512.0,
+                "metrics": {"steps": 3},
+            }
+        )
     )
     scores = {
         "sft": {"math": 0.25, "instruct": 0.5, "greedy/instruct": 0.25},
@@ -129,34 +133,37 @@ def synthetic_run(store: Store, run_id: str, *, failed: bool = False) -> None:
         store.write_bytes(
             layout.eval_key(run_id, i + 1, stage), EvalRecord(model=None, scores=s, items=items).to_json()
         )
-    report.gate = [
-        {
-            "stage": "if_rl",
-            "domain": "math",
-            "best": 0.25,
-            "best_stage": "sft",
-            "now": 0.1,
-            "drop": 0.15,
-            "tolerance": 0.05,
-            "action": "warn",
-            "after_recovery": None,
-        }
-    ]
+    report.record_gate(
+        "if_rl",
+        [
+            GateDecision(
+                stage="if_rl",
+                domain="math",
+                column="math",
+                best=0.25,
+                best_stage="sft",
+                now=0.1,
+                drop=0.15,
+                tolerance=0.05,
+                action="warn",
+            )
+        ],
+    )
     if failed:
-        report.record_stage(
-            {"name": "if_rl", "kind": "grpo", "status": "failed", "checkpoint": None, "seconds": 3.0, "metrics": {}}
-        )
+        report.record_stage(StageRecord(name="if_rl", kind="grpo", status="failed", checkpoint=None, seconds=3.0))
         report.status, report.stopped = "FAILED", "RuntimeError: simulated <preemption>"
     else:
         report.record_stage(
-            {
-                "name": "if_rl",
-                "kind": "grpo",
-                "status": "completed",
-                "checkpoint": "file:///x/03",
-                "seconds": 4.0,
-                "metrics": {"steps": 2},
-            }
+            StageRecord.model_validate(
+                {
+                    "name": "if_rl",
+                    "kind": "grpo",
+                    "status": "completed",
+                    "checkpoint": "file:///x/03",
+                    "seconds": 4.0,
+                    "metrics": {"steps": 2},
+                }
+            )
         )
         report.status = "FINISHED"
     report.links = {"mlflow": "http://mlflow/#/experiments/1/runs/abc"}
@@ -410,3 +417,20 @@ def test_two_runs_links_stay_in_their_own_column_in_a_browser(tmp_path, chromium
     )
     (left_col, left_table), _ = boxes
     assert left_table <= left_col + 1, boxes  # the first run's table ends inside its own column
+
+
+def test_a_recovery_is_marked_by_its_record_not_by_its_name(tmp_path):
+    store = Store(f"file://{tmp_path}")
+    report = RunReport(run_id="rec", recipe="micro")
+    report.record_stage(StageRecord(name="if_rl", kind="grpo", status="completed"))
+    report.record_stage(StageRecord(name="heal", kind="mopd", status="completed", recovers="if_rl"))
+    report.record_stage(StageRecord(name="math_rl", kind="grpo", status="failed"))
+    for stage in ("if_rl", "heal", "math_rl"):
+        report.record_eval(stage, {"math": 0.5})
+    report.status, report.stopped = "FAILED", "RuntimeError: cut"
+    report.save(store)
+    run = collect(store, "rec", ["if_rl", "math_rl"])
+    html = render([run]).html
+    assert html.count('<tr class="recovery">') == 1 and '<tr class="recovery"><td>heal' in html
+    # the recovery is not an unplanned stage: the planned list still says where the run stopped
+    assert where_stopped(run) == "stopped at stage math_rl: RuntimeError: cut"

@@ -124,13 +124,13 @@ def test_a_killed_rank_fails_the_stage_in_one_line_and_resume_finishes(prefect_a
     store.invalidate()
     assert unverified(store, f"runs/{RUN_ID}") == {}
     report = RunReport.load(store, RUN_ID)
-    assert [(s["name"], s["status"]) for s in report.stages[1:]] == [("sft", "completed"), ("math_rl", "completed")]
+    assert [(s.name, s.status) for s in report.stages[1:]] == [("sft", "completed"), ("math_rl", "completed")]
     (spec_dir,) = set(spec_root.glob("cascade-torchrun-*")) - before  # the resumed SFT ran on 2 ranks again
     events = [json.loads(line) for line in (spec_dir / "events.jsonl").read_text().splitlines()]
     assert events[0]["restore"][0] == killed_after  # ... from the newest step checkpoint, not from scratch
     rows = read_rows(store, f"runs/{RUN_ID}/metrics/01-sft.jsonl")
     assert [r["step"] for r in rows] == list(range(1, SFT_STEPS + 1))
-    final = report.stages[-1]["checkpoint"].removeprefix(f"{root}/")
+    final = report.stages[-1].checkpoint.removeprefix(f"{root}/")
     model_dir = tmp_path / "store" / final / "model"
     loaded = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     for name, tensor in load_file(model_dir / "model.safetensors").items():

@@ -62,8 +62,8 @@ def finish(proc, timeout: float = 600) -> str:
 
 def final_weights(store: Store, run_id: str) -> dict[str, torch.Tensor]:
     report = RunReport.load(store, run_id)
-    assert report and all(s["status"] in ("completed", "skipped") for s in report.stages), report
-    key = report.stages[-1]["checkpoint"].split(f"{store.root}/", 1)[1]
+    assert report and all(s.status in ("completed", "skipped") for s in report.stages), report
+    key = report.stages[-1].checkpoint.split(f"{store.root}/", 1)[1]
     return load_safetensors(store.read_bytes(f"{key}/model/model.safetensors"))
 
 

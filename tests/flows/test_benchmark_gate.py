@@ -88,7 +88,7 @@ def test_the_gate_fires_on_a_benchmark_column(tmp_path):
     assert "bench/mmlu_stem" in columns and {"math", "instruct"} <= set(columns)
     by_stage = {stage: dict(zip(columns, scores)) for stage, scores in rows}
     assert by_stage["answers_a"]["bench/mmlu_stem"] == 1.0 and by_stage["answers_b"]["bench/mmlu_stem"] == 0.0
-    assert [(g["stage"], g["domain"], g["best"], g["now"], g["tolerance"], g["action"]) for g in report.gate] == [
+    assert [(g.stage, g.domain, g.best, g.now, g.tolerance, g.action) for g in report.gate] == [
         ("answers_b", "bench/mmlu_stem", 1.0, 0.0, 0.25, "warn")
     ]
     store = Store.from_config(recipe.storage)

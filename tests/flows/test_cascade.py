@@ -21,7 +21,7 @@ GOLDEN_DIGESTS = Path(__file__).with_name("micro_digests.json")
 
 
 def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
-    last = report.stages[-1]["checkpoint"]
+    last = report.stages[-1].checkpoint
     key = last.split(f"{store.root}/", 1)[1]
     return load_file(store.path(f"{key}/model/model.safetensors"))
 
@@ -89,7 +89,7 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
     )
     # and every checkpoint is bit for bit the one recorded (on this torch build): a change of structure moves none
     golden = json.loads(GOLDEN_DIGESTS.read_text())
-    digests = {s["name"]: committed(store, f"runs/e2e/{i:02d}-{s['name']}").digest for i, s in enumerate(report.stages)}
+    digests = {s.name: committed(store, f"runs/e2e/{i:02d}-{s.name}").digest for i, s in enumerate(report.stages)}
     if torch.__version__ == golden["torch"]:
         assert digests == golden["digests"], json.dumps(digests, indent=1)
 
@@ -112,7 +112,7 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
         cascade_flow(recipe, "cut")
     store = Store.from_config(recipe.storage)
     cut = RunReport.load(store, "cut")
-    assert [(s["name"], s["status"]) for s in cut.stages] == [
+    assert [(s.name, s.status) for s in cut.stages] == [
         ("sft_data", "completed"),
         ("sft", "completed"),
         ("difficulty", "completed"),
@@ -128,7 +128,7 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
     monkeypatch.setattr(cascade.stages.kinds.sft.run_sft, "run_sft", lambda *a, **k: pytest.fail("sft must not re-run"))
     resumed = cascade_flow(recipe, "cut")
     assert calls == ["if_rl", "math_rl"]
-    assert [(s["name"], s["status"]) for s in resumed.stages] == [
+    assert [(s.name, s.status) for s in resumed.stages] == [
         ("sft_data", done_status),
         ("sft", done_status),
         ("difficulty", done_status),

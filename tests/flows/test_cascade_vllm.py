@@ -21,11 +21,11 @@ def test_micro_cascade_with_vllm_rollouts(tmp_path):
     recipe = micro_recipe(tmp_path, "engine.kind=vllm", "eval.enabled=false")
     recipe = recipe.model_copy(update={"stages": [s for s in recipe.stages if s.name not in ("difficulty", "if_rl")]})
     report = cascade_flow(recipe, "vllm")
-    grpo = [s for s in report.stages if s["kind"] == "grpo"]
-    assert [s["name"] for s in grpo] == ["math_rl"]
+    grpo = [s for s in report.stages if s.kind == "grpo"]
+    assert [s.name for s in grpo] == ["math_rl"]
     for stage in grpo:
-        assert stage["status"] == "completed"
-        assert stage["metrics"]["engine"] == "vllm"
+        assert stage.status == "completed"
+        assert stage.metrics["engine"] == "vllm"
         # pi_train (fp32 forward) vs pi_inf (vLLM fp32): small but reported for every stage
-        assert stage["metrics"]["logprob_mismatch"] is not None
-        assert 0 <= stage["metrics"]["logprob_mismatch"] < 0.05
+        assert stage.metrics["logprob_mismatch"] is not None
+        assert 0 <= stage.metrics["logprob_mismatch"] < 0.05

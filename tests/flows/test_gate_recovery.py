@@ -81,31 +81,31 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
     report = cascade_flow(recipe, "toy")
     on_disk = RunReport.load(Store.from_config(recipe.storage), "toy")
     assert on_disk == report
-    scores = {e["after_stage"]: e["scores"] for e in report.evals}
-    fired = [g for g in report.gate if g["stage"] == "consonant_rl"]
-    assert [g["domain"] for g in fired] == ["vowels"]
+    scores = {e.after_stage: e.scores for e in report.evals}
+    fired = [g for g in report.gate if g.stage == "consonant_rl"]
+    assert [g.domain for g in fired] == ["vowels"]
     decision = fired[0]
-    assert decision["action"] == "recover" and decision["best_stage"] == "vowel_rl"
+    assert decision.action == "recover" and decision.best_stage == "vowel_rl"
     # the gate read the dev split (the held-out column only records)
-    assert decision["column"] == "dev/vowels"
+    assert decision.column == "dev/vowels"
     dev = {stage: s["dev/vowels"] for stage, s in scores.items()}
-    assert decision["drop"] == pytest.approx(dev["vowel_rl"] - dev["consonant_rl"], abs=1e-4)
-    assert decision["drop"] > decision["tolerance"]
+    assert decision.drop == pytest.approx(dev["vowel_rl"] - dev["consonant_rl"], abs=1e-4)
+    assert decision.drop > decision.tolerance
     # the recovery is its own stage, evaluated, and it brought vowels back up
-    recovery = next(s for s in report.stages if s["name"] == "recover-consonant_rl")
-    assert recovery["kind"] == "mopd" and recovery["status"] == "completed"
-    assert recovery["metrics"]["teachers"] == {"consonants": "consonant_rl", "vowels": "vowel_rl"}
-    assert decision["after_recovery"] == dev["recover-consonant_rl"] > dev["consonant_rl"]
+    recovery = next(s for s in report.stages if s.name == "recover-consonant_rl")
+    assert recovery.kind == "mopd" and recovery.status == "completed" and recovery.recovers == "consonant_rl"
+    assert recovery.metrics["teachers"] == {"consonants": "consonant_rl", "vowels": "vowel_rl"}
+    assert decision.after_recovery == dev["recover-consonant_rl"] > dev["consonant_rl"]
     assert scores["recover-consonant_rl"]["vowels"] > scores["consonant_rl"]["vowels"]  # held-out agrees
     # the cascade continued from the recovered checkpoint, and max_recoveries=1 left later fires as warnings
-    stage_names = [s["name"] for s in report.stages]
+    stage_names = [s.name for s in report.stages]
     assert stage_names.index("recover-consonant_rl") < stage_names.index("consonant_rl_2")
     from cascade.artifacts.checkpoint import read_manifest
 
     store = Store.from_config(recipe.storage)
     assert read_manifest(store, "runs/toy/02-consonant_rl_2")["parent"]["stage"] == "recover-consonant_rl"
-    assert all(g["action"] == "warn" for g in report.gate if g["stage"] == "consonant_rl_2")
-    assert [e["after_stage"] for e in report.evals] == [
+    assert all(g.action == "warn" for g in report.gate if g.stage == "consonant_rl_2")
+    assert [e.after_stage for e in report.evals] == [
         "vowel_rl",
         "consonant_rl",
         "recover-consonant_rl",
@@ -122,5 +122,5 @@ def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):
     ):
         cascade_flow(recipe, "toy-fail")
     report = RunReport.load(Store.from_config(recipe.storage), "toy-fail")
-    assert [s["name"] for s in report.stages] == ["vowel_rl", "consonant_rl"]
-    assert report.gate[0]["action"] == "fail"
+    assert [s.name for s in report.stages] == ["vowel_rl", "consonant_rl"]
+    assert report.gate[0].action == "fail"

@@ -32,16 +32,14 @@ def auto_recipe(tmp_path, **mopd):
 @pytest.mark.usefixtures("prefect_harness")
 def test_auto_teachers_are_the_best_checkpoint_per_domain_so_far(tmp_path):
     report = cascade_flow(auto_recipe(tmp_path), "auto")
-    before = [e for e in report.evals if e["after_stage"] != "mopd"]
-    assert [e["after_stage"] for e in before] == ["sft", "if_rl", "math_rl"]
+    before = [e for e in report.evals if e.after_stage != "mopd"]
+    assert [e.after_stage for e in before] == ["sft", "if_rl", "math_rl"]
     expected = best_stages(before, ["instruct", "math"])
     assert set(expected) == {"instruct", "math"}
-    mopd = next(s for s in report.stages if s["name"] == "mopd")
-    assert mopd["status"] == "completed" and mopd["metrics"]["teachers"] == expected
+    mopd = next(s for s in report.stages if s.name == "mopd")
+    assert mopd.status == "completed" and mopd.metrics["teachers"] == expected
     for domain, stage in expected.items():  # the chosen one really holds the best score
-        assert max(e["scores"][domain] for e in before) == next(
-            e["scores"][domain] for e in before if e["after_stage"] == stage
-        )
+        assert max(e.scores[domain] for e in before) == next(e.scores[domain] for e in before if e.after_stage == stage)
 
 
 @pytest.mark.parametrize(

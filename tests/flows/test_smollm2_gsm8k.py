@@ -38,12 +38,12 @@ def test_smollm2_gsm8k_runs_sft_grpo_and_the_gsm8k_test_eval(tmp_path, monkeypat
     monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))  # the test session's converted smollm2-135m
     recipe = load_recipe("smollm2-gsm8k", [f"storage.root=file://{tmp_path}/store", *TINY])
     report = cascade_flow(recipe, "gsm")
-    stages = {s["name"]: s for s in report.stages}
-    assert stages["sft_data"]["metrics"]["rows"] == 6, stages["sft_data"]["metrics"]
-    assert stages["sft"]["metrics"]["steps"] == 2 and stages["sft"]["metrics"]["tokens_per_s"] > 0
-    assert stages["gsm8k_rl"]["metrics"]["steps"] == 1
-    assert [e["after_stage"] for e in report.evals][-2:] == ["sft", "gsm8k_rl"]
-    assert all(0.0 <= e["scores"][column] <= 1.0 for e in report.evals for column in ("math", "bench/gsm8k"))
+    stages = {s.name: s for s in report.stages}
+    assert stages["sft_data"].metrics["rows"] == 6, stages["sft_data"].metrics
+    assert stages["sft"].metrics["steps"] == 2 and stages["sft"].metrics["tokens_per_s"] > 0
+    assert stages["gsm8k_rl"].metrics["steps"] == 1
+    assert [e.after_stage for e in report.evals][-2:] == ["sft", "gsm8k_rl"]
+    assert all(0.0 <= e.scores[column] <= 1.0 for e in report.evals for column in ("math", "bench/gsm8k"))
     # the benchmark column is the GSM8K test split's first items
     test_rows = [json.loads(line) for line in (DEFAULT_DATA_ROOT / "math/gsm8k_test.jsonl").open()][:2]
     (record_file,) = (tmp_path / "store" / "runs" / "gsm" / "evals").glob("*-gsm8k_rl.json")

@@ -34,13 +34,13 @@ def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_gsm
     recipe = load_recipe("smollm2-if", [f"storage.root=file://{tmp_path}/store", *TINY])
     assert recipe.eval.split == "dev" and recipe.domains["instruct"].options == {"generator": "ifeval"}
     report = cascade_flow(recipe, "ifrl")
-    assert [e["after_stage"] for e in report.evals] == ["source", "if_rl"]
-    assert report.stages[0]["metrics"]["steps"] == 1
+    assert [e.after_stage for e in report.evals] == ["source", "if_rl"]
+    assert report.stages[0].metrics["steps"] == 1
     columns = {"instruct", "bench/ifeval", "bench/gsm8k"}
-    assert all(columns <= set(e["scores"]) for e in report.evals), report.evals
+    assert all(columns <= set(e.scores) for e in report.evals), report.evals
     # IFEval's four numbers: prompt-level strict is the gated column, the other three are shown beside it
     ifeval_sides = {"bench/ifeval:prompt_loose", "bench/ifeval:instruction_strict", "bench/ifeval:instruction_loose"}
-    assert all(ifeval_sides <= set(e["scores"]) for e in report.evals)
+    assert all(ifeval_sides <= set(e.scores) for e in report.evals)
     # the records hold every item of both models, so the paired gain can be recomputed from them
     evals = tmp_path / "store" / "runs" / "ifrl" / "evals"
     records = {p.name: json.loads(p.read_text()) for p in evals.glob("*.json")}

@@ -50,12 +50,12 @@ def test_a_kind_from_its_folder_runs_in_the_cascade_with_real_checkpoints(tmp_pa
     assert isinstance(recipe.stage("shrink"), shrink_kind.ShrinkConfig)
     report = cascade_flow(recipe, "toy")
 
-    assert [(s["name"], s["status"]) for s in report.stages] == [
+    assert [(s.name, s.status) for s in report.stages] == [
         ("sft_data", "completed"),
         ("sft", "completed"),
         ("shrink", "completed"),
     ]
-    assert [e["after_stage"] for e in report.evals] == ["sft", "shrink"]  # a policy: evaluated and gated
+    assert [e.after_stage for e in report.evals] == ["sft", "shrink"]  # a policy: evaluated and gated
     store = Store.from_config(recipe.storage)
     sft = load_file(store.path("runs/toy/01-sft/model/model.safetensors"))
     shrunk = load_file(store.path("runs/toy/02-shrink/model/model.safetensors"))

@@ -40,10 +40,10 @@ SCALED = [
 def test_gate_fires_on_the_regressed_domain_and_mopd_raises_it(tmp_path):
     recipe = load_recipe("tiny-regression", [f"storage.root=file://{tmp_path}/store", *SCALED])
     report = cascade_flow(recipe, "regression")
-    fired = {g["domain"]: g for g in report.gate if g["stage"] == "if_rl_hot"}
+    fired = {g.domain: g for g in report.gate if g.stage == "if_rl_hot"}
     assert "math" in fired, f"the gate did not fire on math: {report.gate}"
     math = fired["math"]
-    assert math["action"] == "recover" and math["drop"] > math["tolerance"]
-    assert math["after_recovery"] > math["now"], math
-    after = [e["after_stage"] for e in report.evals]
+    assert math.action == "recover" and math.drop > math.tolerance
+    assert math.after_recovery > math.now, math
+    after = [e.after_stage for e in report.evals]
     assert after[-1] == "recover-if_rl_hot", after  # the recovered checkpoint was evaluated last

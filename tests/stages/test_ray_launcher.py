@@ -214,8 +214,8 @@ def test_a_killed_worker_fails_in_one_line_and_resume_on_one_worker_finishes(ray
     assert resumed.returncode == 0, out[-3000:]
     store.invalidate()
     report = RunReport.load(store, RUN_ID)
-    assert [(s["name"], s["status"]) for s in report.stages[1:]] == [("sft", "completed"), ("math_rl", "completed")]
-    model_dir = tmp_path / "store" / report.stages[1]["checkpoint"].removeprefix(f"{root}/") / "model"
+    assert [(s.name, s.status) for s in report.stages[1:]] == [("sft", "completed"), ("math_rl", "completed")]
+    model_dir = tmp_path / "store" / report.stages[1].checkpoint.removeprefix(f"{root}/") / "model"
     loaded = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
     for name, tensor in load_file(model_dir / "model.safetensors").items():
         assert torch.equal(loaded[name], tensor), name

@@ -44,6 +44,7 @@ def test_tiny_is_the_paper_shape_in_miniature():
         (["engine.kind=tpu"], "engine.kind: Input should be 'hf' or 'vllm'"),
         (["domains.chess.train_size=3"], "unknown domain(s) ['chess']"),
         (["eval.source=true", "stages.sft.name=source"], "eval.source names the model source's eval row 'source'"),
+        (["stages.sft.name=recover-sft"], "stage name(s) ['recover-sft']: recover-<stage> names the gate's recovery"),
         (["domains.instruct.options.generator=ifevl"], "unknown instruct generator 'ifevl'; known: templated, ifeval"),
     ],
 )
