@@ -29,7 +29,7 @@ def job_variables(recipe: Recipe) -> dict[str, Any]:
     jobs (their kind is `distributable`). A stage with `launcher: ray` runs its ranks on the Ray cluster, not in
     the Job's pods, and sizes nothing here."""
     trained = [s for s in [*recipe.stages, recipe.gate.recovery] if kind_of(s.kind).distributable]
-    computes = [c for c in map(recipe.compute_for, trained) if c.launcher != "ray"]
+    computes = [c for c in map(recipe.compute_for, trained) if c.runs_as != "ray"]
     gpu_ranks = [c.nproc_per_node for c in computes if c.device != "cpu"]
     variables: dict[str, Any] = {
         "gpus_per_node": max(gpu_ranks, default=1),

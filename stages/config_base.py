@@ -208,6 +208,14 @@ class ComputeConfig(Strict):
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
+    @property
+    def runs_as(self) -> Literal["process", "torchrun", "ray"]:
+        """How a distributable stage's ranks run, decided here only: in the stage task's own process (one rank,
+        launcher auto), as a torchrun job, or as Ray actors."""
+        if self.launcher == "ray":
+            return "ray"
+        return "process" if self.world_size == 1 and self.launcher == "auto" else "torchrun"
+
 
 class ComputeOverride(Strict):
     """A training stage's `compute:`: the keys it sets replace the recipe's; the rest stay the recipe's."""
@@ -252,6 +260,10 @@ class StageConfig(Strict):
 
     def reads(self) -> list[Read]:
         return []
+
+    def sampling_temperature(self) -> float | None:
+        """The temperature it samples its policy at; None: it samples none."""
+        return None
 
 
 class OptimizerConfig(Strict):
@@ -354,6 +366,9 @@ class OnPolicyConfig(TrainingConfig):
     # every domain (of positive weight) gets at least this many of each step's prompts: at 16 prompts a 0.15 share
     # is 2 prompts, too few groups to carry signal; the rest is shared by weight
     min_prompts_per_domain: Annotated[int, Field(strict=True, ge=0, le=BATCH_LIMIT)] = 0
+
+    def sampling_temperature(self) -> float | None:
+        return self.temperature
 
     @model_validator(mode="after")
     def _weights_sum(self) -> OnPolicyConfig:

@@ -6,7 +6,7 @@ stages/datasets/."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -97,9 +97,18 @@ TeacherConfig = Annotated[OracleTeacher | ModelTeacher | OpenAITeacher, Field(di
 
 
 class ReadsDataFiles(Strict):
-    """A stage that reads prompts from data files: `shared` sources resolve against its data root."""
+    """A stage that reads prompts from data files: `shared` sources resolve against its data root. By default
+    an RL stage's: prompts (its `prompts:` field), graded, a reference answer not needed, no conversations; the
+    SFT data build says otherwise of itself."""
+
+    sources_field: ClassVar[str] = "prompts"  # the config field that lists its sources, for error lines
+    reads_conversations: ClassVar[bool] = False  # whether a source may give multi-turn conversations
 
     data_root: str | None = None  # the real data files; None: <repo>/../shared/data; relative: to the repo
+
+    def reads_rows(self, domain: str) -> tuple[bool, bool]:
+        """What a file row of `domain` must carry: (a reference answer, a gradable prompt)."""
+        return False, True
 
     def resolved_data_root(self) -> Path:
         return resolve_data_root(self.data_root)

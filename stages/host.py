@@ -21,7 +21,7 @@ def check_host(recipe: Recipe) -> None:
     for stage in recipe.stages:
         compute = recipe.compute_for(stage)
         on_cpu = compute.device == "cpu" or (compute.device == "auto" and not gpu)
-        spread = kind_of(stage.kind).distributable and compute.launcher != "ray" and compute.world_size > 1
+        spread = kind_of(stage.kind).distributable and compute.runs_as == "torchrun"
         if on_cpu and spread and compute.nproc_per_node > cores:
             raise RecipeError(
                 f"stage {stage.name!r}: {compute.nproc_per_node} ranks per node on this host's {cores} CPU cores: "
@@ -32,7 +32,7 @@ def check_host(recipe: Recipe) -> None:
 def ray_address(compute: ComputeConfig) -> str | None:
     """The Ray cluster a stage's ranks join: compute.ray_address, else RAY_ADDRESS; None: not on Ray, or a Ray
     started on this host."""
-    if compute.launcher != "ray":
+    if compute.runs_as != "ray":
         return None
     return compute.ray_address or os.environ.get("RAY_ADDRESS") or None
 

@@ -56,10 +56,9 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs) -> StageResult:
     compute = ctx.recipe.compute_for(cfg)
-    one_process = compute.world_size == 1 and compute.launcher == "auto"
-    if one_process or not kind_of(cfg.kind).distributable:
+    if compute.runs_as == "process" or not kind_of(cfg.kind).distributable:
         return run_stage(cfg, ctx, inputs)
-    if compute.launcher == "ray":
+    if compute.runs_as == "ray":
         from cascade.stages.launch_ray import run_ray
 
         return run_ray(cfg, ctx, inputs, compute)

@@ -201,13 +201,13 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
 def placement(compute: ComputeConfig) -> str:
     """Where a training stage's ranks go, in words."""
     unit = {"cuda": "GPU", "cpu": "CPU"}.get(compute.device, "GPU (CPU on a cluster without GPUs)")
-    if compute.launcher == "ray":
+    if compute.runs_as == "ray":
         cluster = compute.ray_address or "RAY_ADDRESS, else a local Ray"
         return (
             f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "
             f"one {unit} each; cluster: {cluster}"
         )
-    if compute.world_size == 1 and compute.launcher == "auto":
+    if compute.runs_as == "process":
         return "in the stage task's process"
     nodes = f", {compute.nnodes} nodes from {compute.rdzv_endpoint}" if compute.nnodes > 1 else " on this node"
     return f"torchrun, {compute.world_size} rank(s){nodes}"
@@ -218,7 +218,7 @@ def rollout_placement(engine: EngineConfig, compute: ComputeConfig) -> str:
         return "HF engine in each rank, on its share of the prompts"
     if engine.url:
         server = f"vLLM server at {engine.url}"
-    elif compute.launcher == "ray":
+    elif compute.runs_as == "ray":
         wants = ", ".join(f"{k}: {v:g}" for k, v in engine.ray_resources.items())
         server = f"managed vLLM server, a Ray actor on resources of its own ({wants})"
     elif compute.world_size == 1:

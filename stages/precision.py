@@ -91,7 +91,7 @@ def pin_run_dtype(recipe: Recipe) -> Recipe:
 
 
 def trains_on_this_cpu(compute: ComputeConfig) -> bool:
-    local = compute.launcher != "ray" and compute.nnodes == 1
+    local = compute.runs_as != "ray" and compute.nnodes == 1
     return local and (compute.device == "cpu" or (compute.device == "auto" and not torch.cuda.is_available()))
 
 

@@ -31,10 +31,9 @@ from cascade.stages.config import (
     ModelConfig,
 )
 from cascade.stages.config_base import STORED, ComputeConfig, RecipeName, Seed, StageConfig, first_error
-from cascade.stages.data_sources import FileSource, OracleTeacher, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.errors import RecipeError
 from cascade.stages.kinds import KINDS, chooses_teachers, kind_of, recovery_kinds
-from cascade.stages.kinds.sft_data import SFTDataConfig
 from cascade.stages.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
 
 
@@ -121,14 +120,16 @@ class Recipe(Strict):
 
     def eval_sampling(self, domain: str) -> tuple[float, int]:
         """(temperature, samples per item) of the domain's primary eval metric (DomainSpec.eval_temperature):
-        unset, the temperature of the first RL stage that trains the domain, else 1.0; greedy takes one sample."""
+        unset, the temperature of the first stage that trains the domain on its own samples, else 1.0; greedy
+        takes one sample."""
         from cascade.stages.kinds import gain_targets
 
         spec = self.domains[domain]
         temperature = spec.eval_temperature
         if temperature is None:
             trained = [s for s in self.stages if domain in gain_targets([s]).get(s.name, [])]
-            temperature = getattr(trained[0], "temperature", 1.0) if trained else 1.0
+            sampled = [t for s in trained if (t := s.sampling_temperature()) is not None]
+            temperature = sampled[0] if sampled else 1.0
         return temperature, (1 if temperature == 0 else spec.eval_samples or DEFAULT_EVAL_SAMPLES)
 
     def stage(self, name: str) -> StageConfig:
@@ -227,15 +228,10 @@ def _check_sources(cfg: ReadsDataFiles) -> None:
     from cascade.stages.domains.benchdata import benchmark_registry
 
     known = {name: spec.domain for name, spec in benchmark_registry().items()}
-    if isinstance(cfg, SFTDataConfig):
-        unknown = sorted(set(cfg.decontamination.benchmarks) - set(known))
-        if unknown:
-            raise ValueError(f"decontamination.benchmarks: unknown benchmark(s) {unknown}")
-    field = "sources" if isinstance(cfg, SFTDataConfig) else "prompts"
     data_root = cfg.resolved_data_root()
     for domain, sources in cfg.file_sources().items():
         for i, src in enumerate(sources):
-            where = f"stage {cfg.name!r}: {field}.{domain}.{i}"
+            where = f"stage {cfg.name!r}: {cfg.sources_field}.{domain}.{i}"
             _check_conversations(cfg, domain, src, where)
             if isinstance(src, SharedSource):
                 if not (data_root / src.file).is_file():
@@ -260,7 +256,7 @@ def _check_conversations(cfg: ReadsDataFiles, domain: str, src: Any, where: str)
 
     if not src.gives_conversations():
         return
-    if not isinstance(cfg, SFTDataConfig):
+    if not cfg.reads_conversations:
         raise ValueError(f"{where}: conversations are SFT data (an sft_data source); an RL stage reads prompts")
     multi_turn = [d for d in domain_names() if type(get_domain(d)).conversation is not Domain.conversation]
     if isinstance(src, SyntheticSource) and domain not in multi_turn:
@@ -272,10 +268,9 @@ def _check_conversations(cfg: ReadsDataFiles, domain: str, src: Any, where: str)
 def _check_file_rows(cfg: ReadsDataFiles, domain: str, src: FileSource, where: str) -> None:
     from cascade.stages.datasets.sources import SourceError, check_file_source
 
-    oracle = isinstance(cfg, SFTDataConfig) and isinstance(cfg.domain_teacher(domain), OracleTeacher)
-    graded = not isinstance(cfg, SFTDataConfig) or (cfg.verify and not oracle)  # SFT grades generated answers only
+    needs_reference, graded = cfg.reads_rows(domain)
     try:
-        check_file_source(src, domain, needs_reference=oracle, graded=graded)
+        check_file_source(src, domain, needs_reference=needs_reference, graded=graded)
     except SourceError as e:
         raise ValueError(f"{where}: {e}") from None
 

@@ -186,7 +186,7 @@ class SharedServerRollouts(RankShares):
         self.world, self.name = run.world, "vllm"
         weights = full_weights_everywhere(run.model, self.world)  # a collective: every rank gathers
         self.replica, self.server_actor, url = None, None, None
-        if self.world.is_main and cfg.url is None and self.world.compute.launcher == "ray":
+        if self.world.is_main and cfg.url is None and self.world.compute.runs_as == "ray":
             from cascade.stages.engines.vllm.ray_actor import start_rollout_server
 
             self.server_actor, place = start_rollout_server(cfg, run.model, run.tokenizer, weights)

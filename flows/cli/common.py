@@ -104,6 +104,7 @@ def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        LOG_FILE.clear()  # an earlier command's log (commands called in one process, as by CliRunner) is not its
         try:
             return fn(*args, **kwargs)
         except bad_input_errors() as e:

@@ -9,7 +9,10 @@ from cascade.stages.regression import newest_finished_run
 
 
 def _run(store: Store, run_id: str, status: str, created: float | None, evals=("source", "sft", "rl")) -> None:
-    stages = [{"name": s, "checkpoint": store.uri(f"runs/{run_id}/{i:02d}-{s}")} for i, s in enumerate(("sft", "rl"))]
+    stages = [
+        {"name": s, "kind": kind, "status": "completed", "checkpoint": store.uri(f"runs/{run_id}/{i:02d}-{s}")}
+        for i, (s, kind) in enumerate((("sft", "sft"), ("rl", "grpo")))
+    ]
     report = {
         "run_id": run_id,
         "recipe": "micro",

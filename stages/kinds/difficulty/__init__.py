@@ -45,6 +45,9 @@ class DifficultyConfig(StageConfig):
     unsolved: Literal["keep", "drop", "keep_fraction"] = "keep"  # prompts solved 0/k times
     unsolved_fraction: Fraction | None = None  # with unsolved=keep_fraction: the share of them kept (seeded draw)
 
+    def sampling_temperature(self) -> float | None:
+        return self.temperature
+
     @model_validator(mode="after")
     def _check_thresholds(self) -> DifficultyConfig:
         if self.drop_solved_at is not None and not 1 <= self.drop_solved_at <= self.k:

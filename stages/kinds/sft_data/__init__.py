@@ -7,7 +7,7 @@ it names); the row imports `run_sft_data.py` only on its first call: validating 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
@@ -46,20 +46,32 @@ class SFTDataConfig(StageConfig, ReadsDataFiles):
     max_tokens: Count = 1024  # prompt + response tokens as SFT sees them; the tiny model's context
     shard_rows: Count = 4096  # source rows per shard: the unit of commit and of resume
 
+    sources_field: ClassVar[str] = "sources"
+    reads_conversations: ClassVar[bool] = True
+
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.sources)
 
     def domain_teacher(self, domain: str) -> BaseModel:
         return self.teachers.get(domain, self.teacher)
 
+    def reads_rows(self, domain: str) -> tuple[bool, bool]:
+        """The oracle teacher answers with the row's reference; only generated answers are graded."""
+        oracle = isinstance(self.domain_teacher(domain), OracleTeacher)
+        return oracle, self.verify and not oracle
+
 
 # Its registry row, and what the row names: the checks only this kind knows, its plan estimate, its report card.
 
 
 def _check_sft_data(cfg: SFTDataConfig, earlier: list[StageConfig], domains: set[str]) -> None:
+    from cascade.stages.domains.benchdata import benchmark_registry
+
     extra = sorted((set(cfg.sources) | set(cfg.teachers)) - set(cfg.domains or domains))
     if extra:
         raise ValueError(f"stage {cfg.name!r} gives sources or teachers for domain(s) {extra} it does not build")
+    if unknown := sorted(set(cfg.decontamination.benchmarks) - set(benchmark_registry())):
+        raise ValueError(f"decontamination.benchmarks: unknown benchmark(s) {unknown}")
 
 
 def _estimate_sft_data(cfg: SFTDataConfig, recipe: Any, params: int, prompt_tokens: int) -> StageEstimate:
