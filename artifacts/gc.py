@@ -12,7 +12,7 @@ recipe, report, evals and lease are never touched. Runs whose lease is live are 
 `plan_gc` only looks; `gc(..., delete=True)` deletes what the plan lists. The CLI prints `GCPlan.render()`.
 
 Verification here is by size (as `committed`), not sha256, so a same-size corrupted step counts as valid and is
-kept: that is why `keep_last` defaults to 2, which leaves resume a fallback (stages.context falls back to the
+kept: that is why `keep_last` defaults to 2, which leaves resume a fallback (stages.train.context falls back to the
 previous step when the newest fails its sha256).
 
 Remaining race: a run that acquires its lease after gc checked it and before gc deleted could lose a step

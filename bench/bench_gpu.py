@@ -4,7 +4,7 @@ Models are built from their configs with random weights (throughput needs no tra
 not travel to a GPU machine): smollm2-135m's architecture (Llama, 30 layers, hidden 576, GQA 9/3, tied
 embeddings, vocab 49152) and a ~0.5B Qwen2 shape (Qwen2.5-0.5B's: 24 layers, hidden 896, GQA 14/2, tied, vocab
 151936). Training is as our stages train: fp32 master weights, bf16 autocast, fused AdamW (0.9, 0.95), the loss
-normalized by the global token count (stages/losses.py, imported as is: it needs only torch).
+normalized by the global token count (stages/train/losses.py, imported as is: it needs only torch).
 
 - SFT step: B x T random tokens, the second half of each row is the response (the loss mask).
 - GRPO step: P prompts x G samples sampled with the model's own KV cache (HF `generate`), a reward that is a
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cascade.stages.losses import grpo_advantages, grpo_loss, sft_loss, token_logprobs  # noqa: E402  (torch only)
+from cascade.stages.train.losses import grpo_advantages, grpo_loss, sft_loss, token_logprobs  # noqa: E402  (torch only)
 
 # dense bf16 tensor-core peaks (no sparsity), from the vendor datasheets; an unknown GPU reports no MFU
 BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0}

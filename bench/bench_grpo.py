@@ -7,7 +7,7 @@
 
 The peer runs in its own venv: `bash bench/trl-venv.sh` builds .venv-trl (TRL 1.16.0, the same CPU torch and
 transformers as .venv). Both sides load one HF model directory (the project's tiny model saved by
-stages.model.save_hf, or smollm2-135m's converted checkpoint), draw P prompts per step from the math domain's
+stages.train.model.save_hf, or smollm2-135m's converted checkpoint), draw P prompts per step from the math domain's
 train split (chat-formatted by the model's template), sample G completions of up to T new tokens at temperature 1
 with HF generation, score them with our math grader, and take one optimizer step per rollout batch without KL.
 Ours is `stages.kinds.grpo.run_grpo.run_grpo` on a one-stage recipe (bench/grpo_cascade_side.py); TRL's is
@@ -172,10 +172,10 @@ def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
     """name -> an HF directory both sides load: `tiny` saved here from its default config (seed 0), smollm2-135m's
     converted checkpoint, or a directory given by path. A random-init tiny model never solves a math prompt, so
     "as configured" drops every group; a trained policy (a path) makes that comparison mean something."""
-    from cascade.stages.config import ModelConfig
-    from cascade.stages.model import build_tiny_model, save_hf
-    from cascade.stages.model_source import smollm2_dir
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model, save_hf
+    from cascade.stages.train.model_source import smollm2_dir
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     dirs = {}
     for name in names:

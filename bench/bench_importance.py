@@ -31,13 +31,13 @@ from bench_learning import bench_recipe, format_gain, grpo_stage, item_scores, s
 from cascade.artifacts.html_report import paired_gain
 from cascade.artifacts.report import GREEDY_COLUMN
 from cascade.artifacts.store import Store
-from cascade.stages.recipe import Recipe, load_recipe
+from cascade.stages.recipe.schema import Recipe, load_recipe
 
 
 def train_variants(args: argparse.Namespace, base: Recipe, run_id: str, work: Path) -> dict:
     """One run's start checkpoint and each variant trained from it: per model, column -> item id -> score."""
-    from cascade.stages.context import ListSink, StageContext
-    from cascade.stages.model_source import resolve_model_dir
+    from cascade.stages.train.context import ListSink, StageContext
+    from cascade.stages.train.model_source import resolve_model_dir
 
     seed = run_seed(args.store, run_id)
     start = stage_checkpoint(args.store, run_id, args.start) if args.start else sft_checkpoint(args.store, run_id)

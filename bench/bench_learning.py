@@ -11,9 +11,9 @@ bench/learning_trl_peer.py). They get the same prompts step by step (our stage's
 our grader as the reward, the same group size, temperature, top_p, max new tokens and steps, the same constant
 learning rate, AdamW betas, weight decay and grad clip, no KL, no gradient checkpointing, fp32 on the CPU. Then the
 SFT start, ours and TRL's are evaluated on the same items of the eval split with the same per-item seeds
-(stages.evaluate: the mean grade of k samples at the training temperature, greedy beside it), and paired differences
-over items give each side's gain over SFT and ours - TRL, with standard errors. Printed: one table and the verdict;
---out gets rewards.png (both reward curves) and learning.json (settings, curves, per-item scores, gains).
+(stages.evals.evaluate: the mean grade of k samples at the training temperature, greedy beside it), and paired
+differences over items give each side's gain over SFT and ours - TRL, with standard errors. Printed: one table and the
+verdict; --out gets rewards.png (both reward curves) and learning.json (settings, curves, per-item scores, gains).
 
 Parity holds when ours gains at least as much as TRL's within one SE: ours - TRL >= -1 SE on the primary metric.
 If TRL gains and ours does not, that is a bug to find, not a setting to tune. Settings are chosen on --split dev;
@@ -27,7 +27,7 @@ Where the two sides necessarily differ:
   advantage, no gradient) and counts their tokens, so its step is smaller by kept/all tokens before clipping and
   Adam's normalization. --keep-flat-groups runs ours as TRL does.
 - the loss: TRL's loss_type "dapo" is the one whose normalizer is the global count of completion tokens, as in
-  stages.losses.grpo_loss; its PPO clip never engages (one update per generation: ratio 1), as ours has none.
+  stages.train.losses.grpo_loss; its PPO clip never engages (one update per generation: ratio 1), as ours has none.
 - advantages: (r - mean) / (std + eps) per group, with our std_eps (1e-6) against TRL's fixed 1e-4.
 - top_p < 1 (1 in every shipped recipe): TRL trains on the full softmax's logprobs of tokens sampled from the
   nucleus; ours on the nucleus distribution's.
@@ -54,7 +54,7 @@ from cascade.artifacts.html_report import paired_gain
 from cascade.artifacts.report import GREEDY_COLUMN, RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.recipe import Recipe, load_recipe, validate_recipe
+from cascade.stages.recipe.schema import Recipe, load_recipe, validate_recipe
 
 CURVE_ENDS = 5  # steps averaged at each end of a reward curve in the table
 PARITY = "parity holds"
@@ -101,7 +101,7 @@ def trl_config_kwargs(cfg: GRPOConfig, max_new_tokens: int, seed: int) -> dict:
         ),
         # our GRPO stage steps at cfg.lr from its first step to its last (a warm-up is refused above), no decay
         "lr_scheduler_type": "constant",
-        "optim": "adamw_torch_fused",  # stages.training.make_optimizer: torch's fused AdamW
+        "optim": "adamw_torch_fused",  # stages.train.training.make_optimizer: torch's fused AdamW
         "adam_beta1": cfg.adam_betas[0],
         "adam_beta2": cfg.adam_betas[1],
         "weight_decay": cfg.weight_decay,
@@ -167,10 +167,10 @@ def sft_checkpoint(store_root: str, run_id: str) -> str:
 
 
 def prompt_schedule(cfg: GRPOConfig, ctx) -> list[list]:
-    """The prompts of each of our stage's steps, in order: its pool and its per-step draw (stages.rollout)."""
+    """The prompts of each of our stage's steps, in order: its pool and its per-step draw (stages.train.rollout)."""
     from cascade.stages.kinds import StageInputs
     from cascade.stages.kinds.grpo.run_grpo import train_prompts
-    from cascade.stages.rollout import step_prompts
+    from cascade.stages.train.rollout import step_prompts
 
     pool = train_prompts(cfg, ctx, StageInputs())
     return [step_prompts(pool, cfg, ctx.recipe.seed, step) for step in range(cfg.steps)]
@@ -219,8 +219,8 @@ def train_trl(cfg: GRPOConfig, recipe: Recipe, schedule: list[list], threads: in
 
 def item_scores(recipe: Recipe, source: str, domain: str) -> dict[str, dict[str, float]]:
     """column -> item id -> score of one model (an HF dir or a checkpoint URI) on the recipe's eval split: every
-    model gets the same items and, per item, the same sampling seed (stages.evaluate.item_seeds)."""
-    from cascade.stages.evaluate import evaluate_domains, open_policy
+    model gets the same items and, per item, the same sampling seed (stages.evals.evaluate.item_seeds)."""
+    from cascade.stages.evals.evaluate import evaluate_domains, open_policy
 
     scored = recipe.model_copy(update={"model": recipe.model.model_copy(update={"source": source})})
     tokenizer, engine = open_policy(scored)
@@ -314,9 +314,9 @@ def run(args: argparse.Namespace, base: Recipe, stage: dict, work: Path) -> tupl
     """Both sides trained and all three models scored; sides: name -> its curve, seconds and per-item scores."""
     import torch
 
-    from cascade.stages.context import ListSink, StageContext
     from cascade.stages.errors import ModelSourceError
-    from cascade.stages.model_source import resolve_model_dir
+    from cascade.stages.train.context import ListSink, StageContext
+    from cascade.stages.train.model_source import resolve_model_dir
 
     torch.set_num_threads(args.threads)
     source = args.checkpoint or sft_checkpoint(args.store, args.run_id)

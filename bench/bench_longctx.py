@@ -20,12 +20,12 @@ import sys
 CHILD = r"""
 import json, resource, statistics, sys, tempfile, time
 from cascade.artifacts.store import Store
-from cascade.stages.context import ListSink, StageContext
+from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds import StageInputs
-from cascade.stages.model import prompt_ids
-from cascade.stages.recipe import validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.train.model import prompt_ids
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.tokenizer import load_tokenizer
 
 domain, steps, keys, filler = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 tmp = tempfile.mkdtemp()

@@ -23,12 +23,12 @@ from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.layout import recipe_key, step_key
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
-from cascade.stages.context import ListSink, StageContext, stage_workdir
-from cascade.stages.evaluate import evaluate_model
-from cascade.stages.gate import best_stages
+from cascade.stages.evals.evaluate import evaluate_model
+from cascade.stages.evals.gate import best_stages
 from cascade.stages.kinds import StageInputs, run_stage
 from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.recipe import Recipe
+from cascade.stages.recipe.schema import Recipe
+from cascade.stages.train.context import ListSink, StageContext, stage_workdir
 
 
 class TimedSink(ListSink):

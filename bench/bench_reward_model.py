@@ -29,10 +29,10 @@ from cascade.stages.domains import get_domain  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.engines.interface import SamplingParams  # noqa: E402
 from cascade.stages.kinds.reward_model.run_reward_model import encode_pairs, labelled_pairs, pair_scores  # noqa: E402
-from cascade.stages.losses import bradley_terry_loss  # noqa: E402
-from cascade.stages.model import load_hf  # noqa: E402
-from cascade.stages.precision import cpu_dtype  # noqa: E402
 from cascade.stages.products import load_reward_model, sequence_scores  # noqa: E402
+from cascade.stages.train.losses import bradley_terry_loss  # noqa: E402
+from cascade.stages.train.model import load_hf  # noqa: E402
+from cascade.stages.train.precision import cpu_dtype  # noqa: E402
 
 
 def one_row_per_answer(model, pairs, pad):

@@ -58,9 +58,9 @@ def one_run(tmp: Path, data, steps: int, launcher: str, n: int) -> tuple[float, 
     """(median step seconds, wall seconds) of one SFT stage under `launcher`."""
     from cascade.artifacts.store import Store
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
-    from cascade.stages.launch import run_stage_where_configured
+    from cascade.stages.scale.launch import run_stage_where_configured
+    from cascade.stages.train.context import ListSink, StageContext
 
     recipe = load_recipe("micro", [*sft_overrides(tmp, steps), *LAUNCHERS[launcher]])
     work = tmp / f"work-{launcher.replace(' ', '')}-{n}"
@@ -91,9 +91,9 @@ def ahead_run(tmp: Path, steps: int, staleness: int, seed: int) -> dict[str, flo
     """One math_rl stage on the Ray layout: wall seconds, median step and rollout-wait seconds, reward gain."""
     from cascade.artifacts.store import Store
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
-    from cascade.stages.launch import run_stage_where_configured
+    from cascade.stages.scale.launch import run_stage_where_configured
+    from cascade.stages.train.context import ListSink, StageContext
 
     overrides = [f"storage.root=file://{tmp}/store", "tracking.enabled=false", f"seed={seed}", *AHEAD_STAGE]
     recipe = load_recipe(
@@ -165,9 +165,9 @@ def main() -> None:
 
     from cascade.artifacts.store import Store
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
     from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
+    from cascade.stages.train.context import ListSink, StageContext
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     rows: dict[str, list[tuple[float, float]]] = {name: [] for name in LAUNCHERS}

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds.sft.run_sft import run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
+from cascade.stages.train.context import ListSink, StageContext
 
 
 class TimedSink(ListSink):

@@ -137,10 +137,10 @@ def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> lis
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from cascade.artifacts.tracking import Tracker
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.context import ListSink, StageContext
     from cascade.stages.kinds import StageInputs
     from cascade.stages.kinds.sft.run_sft import run_sft
     from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
+    from cascade.stages.train.context import ListSink, StageContext
 
     tmp.mkdir(parents=True, exist_ok=True)
     recipe = load_recipe(

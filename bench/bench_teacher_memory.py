@@ -21,9 +21,9 @@ CHILD = r"""
 import json, resource, sys, time
 import torch
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.stages.completions import completion_batch
+from cascade.stages.train.completions import completion_batch
 from cascade.stages.engines.interface import Completion
-from cascade.stages.model import load_hf
+from cascade.stages.train.model import load_hf
 from cascade.stages.kinds.mopd.run_mopd import TeacherPool
 
 rows, tokens, micro = (int(a) for a in sys.argv[1:4])

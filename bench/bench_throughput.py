@@ -20,15 +20,15 @@ from contextlib import nullcontext
 
 import torch
 
-from cascade.stages.config import ModelConfig
-from cascade.stages.config_base import OptimizerConfig
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.kinds.sft.run_sft import model_rows
-from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import build_tiny_model, num_parameters, prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.training import make_optimizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.config_base import OptimizerConfig
+from cascade.stages.train.losses import sft_loss, token_logprobs
+from cascade.stages.train.model import build_tiny_model, num_parameters, prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
+from cascade.stages.train.training import make_optimizer
 
 PAD = 0  # the tiny tokenizer's pad id
 

@@ -5,7 +5,7 @@
 For each (prompt length, group size) of the grid, builds 8 prompts x G completions of 8-32 random tokens, and
 times the loss's forward and backward two ways: `full_row_logits` (the full rows, right-padded, in one forward:
 what the update did before, and its fallback now) and `shared_prefix_logits` (each prompt once, the completions
-on its repeated KV cache), both from stages/completions.py. Both give the same loss and gradient
+on its repeated KV cache), both from stages/train/completions.py. Both give the same loss and gradient
 (tests/stages/test_training.py); the table prints the median
 seconds of --reps repetitions after one warm-up, alternating the two, and the load average.
 """
@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from cascade.stages.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
-from cascade.stages.config import ModelConfig
 from cascade.stages.engines.interface import Completion
-from cascade.stages.losses import grpo_loss, token_logprobs
-from cascade.stages.model import initial_model
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
+from cascade.stages.train.losses import grpo_loss, token_logprobs
+from cascade.stages.train.model import initial_model
 
 PROMPTS = 8
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 
 from cascade.artifacts.store import Store
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.context import ListSink, StageContext
 
 # top-level ranges of a step, in order; backward is forward_backward less the logprob_forward ranges inside it
 PHASES = (

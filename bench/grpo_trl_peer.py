@@ -48,7 +48,7 @@ class StepClock(TrainerCallback):
 
 def prompt_dataset(items) -> Dataset:
     """One row per item, in order: its user message as a conversation (TRL applies the model's chat template with
-    the generation prompt, as stages.model.prompt_ids does) and its index, which the reward reads."""
+    the generation prompt, as stages.train.model.prompt_ids does) and its index, which the reward reads."""
     return Dataset.from_list(
         [{"prompt": [{"role": "user", "content": it.prompt}], "item_index": i} for i, it in enumerate(items)]
     )
@@ -66,7 +66,7 @@ def grader_reward(domain, items):
 
 def load_policy(model_dir: str):
     """(model in fp32, tokenizer) from an HF directory, padded with eos where the tokenizer has no pad token, as
-    stages.model.chat_ready does (padding is masked out everywhere)."""
+    stages.train.model.chat_ready does (padding is masked out everywhere)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -1,4 +1,4 @@
-"""The cascade flow: the recipe's walk (stages/walk.py) as tasks: every stage in order; after each policy an eval
+"""The cascade flow: the recipe's walk (stages/recipe/walk.py) as tasks: every stage in order; after each policy an eval
 and the regression gate.
 
 This module only wires tasks; the walk decides the shape. When the gate fires under policy `recover`, the flow
@@ -24,11 +24,11 @@ from prefect.runtime import flow_run
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
-from cascade.stages.config import SOURCE_EVAL
-from cascade.stages.config_base import StageConfig
 from cascade.stages.kinds import chooses_teachers
-from cascade.stages.recipe import Recipe
-from cascade.stages.walk import GateStep, Made, SourceEval, StageStep, walk
+from cascade.stages.recipe.config import SOURCE_EVAL
+from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.walk import GateStep, Made, SourceEval, StageStep, walk
 from cascade.tasks.evals import choose_teachers_task, eval_task, gate_task, record_recovery_task
 from cascade.tasks.lifecycle import finish_task, links_task, running
 from cascade.tasks.results import result_storage
@@ -63,7 +63,7 @@ def _named(task, recipe: Recipe, run_id: str, what: str):
 
 
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
-    """The walk of the recipe (stages/walk.py): each step a task; called inside a flow."""
+    """The walk of the recipe (stages/recipe/walk.py): each step a task; called inside a flow."""
     with running(recipe, run_id) as recipe:  # one writer per run (LeaseHeld otherwise); the run's own recipe
         stage_run = stage_task.with_options(result_storage=result_storage(recipe, run_id))
         made = Made()

@@ -1,7 +1,7 @@
 """What a user asks for, turned into a validated recipe: `key=value` overrides (`load_recipe`, which lives in
-stages/recipe.py so the stage driver takes them too) and the Prefect run form.
+stages/recipe/schema.py so the stage driver takes them too) and the Prefect run form.
 
-Both edit the raw recipe mapping and then validate it with `stages.recipe.validate_recipe`, so a bad value is
+Both edit the raw recipe mapping and then validate it with `stages.recipe.schema.validate_recipe`, so a bad value is
 refused by the same bounds whether it comes from a file, an override or the form. The form's fields are typed
 (`RunRequest`), so the Prefect server refuses a bad value before a run exists; what needs the recipe (a stage
 name that is not in it) is a RecipeError when the flow starts.
@@ -17,17 +17,17 @@ from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
 from cascade.artifacts.layout import RUN_ID_PATTERN
-from cascade.stages.config_base import LearningRate, Steps
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
-from cascade.stages.recipe import (  # load_recipe: re-exported, the name every flow and CLI command uses
+from cascade.stages.recipe.config_base import LearningRate, Steps
+from cascade.stages.recipe.recipe_file import RECIPES_DIR, parse_recipe_text, read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.schema import (  # load_recipe: re-exported, the name every flow and CLI command uses
     Recipe,
     RecipeError,
     load_recipe,  # noqa: F401
     refuse_url_credentials,
     validate_recipe,
 )
-from cascade.stages.recipe_file import RECIPES_DIR, parse_recipe_text, read_recipe_file, resolve_recipe_path
 
 RecipeName = Literal[tuple(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))]  # type: ignore[valid-type]
 DomainName = Literal[tuple(sorted(DOMAIN_CLASSES))]  # type: ignore[valid-type]

@@ -18,7 +18,7 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
-from cascade.stages.walk import Made
+from cascade.stages.recipe.walk import Made
 from cascade.tasks.lifecycle import finish_task, running
 from cascade.tasks.regression import (
     evaluate_checkpoint_task,

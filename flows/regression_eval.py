@@ -25,8 +25,8 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.artifacts.model_registry import alias_for, registered_model_name
 from cascade.flows.recipes import load_any_recipe
-from cascade.stages.recipe import Recipe
-from cascade.stages.regression import RegressionFound, regressions
+from cascade.stages.evals.regression import RegressionFound, regressions
+from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.regression import (
     emit_regression_task,
     eval_targets_task,

@@ -65,7 +65,7 @@ def scheduled_defaults(specs: list[DeploymentSpec], say: Callable[[str], None]) 
     """Says what each scheduled deployment evaluates by default; returns those to pause (no finished run yet)."""
     from cascade.artifacts.config import StorageConfig
     from cascade.artifacts.store import Store
-    from cascade.stages.regression import newest_finished_run
+    from cascade.stages.evals.regression import newest_finished_run
 
     waiting = [spec for spec in specs if spec.needs_finished_run]
     if not waiting:

@@ -2,7 +2,7 @@
 
 A flow run is one Kubernetes Job (the Prefect kubernetes worker renders the work pool's base job template with
 the deployment's and the run's job variables). Its training stages launch torchrun inside the pod
-(stages/launch.py), so the pod must hold as many GPUs as the largest `nproc_per_node` of a stage that trains on a
+(stages/scale/launch.py), so the pod must hold as many GPUs as the largest `nproc_per_node` of a stage that trains on a
 GPU, and the Job as many pods as the largest `nnodes`. Multi-node stages rendezvous at `compute.rdzv_endpoint`,
 whose host is the headless Service of infra/k8s-rdzv-service.yaml (`<service>.<namespace>.svc:<port>`): the
 Job labels its pods with that service's name, and the service selects the Job's index-0 pod.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from cascade.stages.kinds import kind_of
-from cascade.stages.recipe import Recipe
+from cascade.stages.recipe.schema import Recipe
 
 
 class JobVariablesError(ValueError):

@@ -4,7 +4,8 @@ report while the handler imported those)."""
 
 
 class ModelSourceError(ValueError):
-    """A model source that is none of the kinds `stages.model_source.resolve_model_dir` takes; one line for the user."""
+    """A model source that is none of the kinds `stages.train.model_source.resolve_model_dir` takes; one line for the
+    user."""
 
 
 class DistributedStageError(RuntimeError):
@@ -16,7 +17,7 @@ class GateFailed(RuntimeError):
 
 
 class NonFiniteSteps(RuntimeError):
-    """Optimizer steps in a row whose loss or gradient was not finite (stages/training.py); the message names the
+    """Optimizer steps in a row whose loss or gradient was not finite (stages/train/training.py); the message names the
     steps and the likely cause."""
 
 

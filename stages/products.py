@@ -3,7 +3,7 @@
 A kind never imports another kind's run module. The kind that makes a product writes it in its run module; every
 stage that reads it reads it here: a prompt set (the prompts a difficulty stage kept) and a reward model (a
 one-label sequence classifier, and its score of a sequence). The SFT dataset's reader is stages/datasets/, a policy
-checkpoint's stages/context.py (load_policy).
+checkpoint's stages/train/context.py (load_policy).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef, materialize
-from cascade.stages.context import StageContext
 from cascade.stages.domains import Item
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.train.context import StageContext
+from cascade.stages.train.tokenizer import load_tokenizer
 
 PROMPTS_FILE = "data/prompts.jsonl"  # a difficulty stage's kept prompts, one Item per line
 

@@ -5,7 +5,7 @@
 
 The same code path as the flow's stage task under a thinner caller: each stage runs through
 `run_stage_where_configured` (in this process, or torchrun ranks per `compute:`), in the order and with the
-inputs of the cascade's walk (stages/walk.py), and writes the same checkpoint, step checkpoints and step log to
+inputs of the cascade's walk (stages/recipe/walk.py), and writes the same checkpoint, step checkpoints and step log to
 the recipe's store. A stage whose committed checkpoint verifies and has the same config hash is adopted, as the
 flow adopts it. With `--stage`, only the named stages run; every earlier stage must already be committed in the
 run.
@@ -37,9 +37,9 @@ from cascade.artifacts.lease import LeaseHeld, hold_run
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, StoreError
 from cascade.stages.errors import DistributedStageError, ModelSourceError, NonFiniteSteps
-from cascade.stages.host import check_host
-from cascade.stages.recipe import Recipe, RecipeError, load_recipe
-from cascade.stages.walk import Made, StageStep, stage_steps
+from cascade.stages.recipe.schema import Recipe, RecipeError, load_recipe
+from cascade.stages.recipe.walk import Made, StageStep, stage_steps
+from cascade.stages.scale.host import check_host
 
 RUN_ID = "driver"
 
@@ -99,8 +99,8 @@ def run_one(
     recipe: Recipe, store: Store, run_id: str, step: StageStep, inputs, log_every: int
 ) -> tuple[CheckpointRef, dict[str, Any]]:
     # here, not at the top: they import torch and transformers, and bad input is answered before that (in ~1 s)
-    from cascade.stages.context import StageContext, TeeSink, stage_workdir
-    from cascade.stages.launch import run_stage_where_configured
+    from cascade.stages.scale.launch import run_stage_where_configured
+    from cascade.stages.train.context import StageContext, TeeSink, stage_workdir
 
     cfg, index = step.stage, step.index
     print(f"[{cfg.name}] {cfg.kind}: running", file=sys.stderr, flush=True)

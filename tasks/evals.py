@@ -15,11 +15,11 @@ from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.model_registry import register_stage
 from cascade.artifacts.report import GateDecision
 from cascade.artifacts.tracking import Tracker, tracking_on
-from cascade.stages.config_base import StageConfig
 from cascade.stages.errors import GateFailed
-from cascade.stages.evaluate import stored_or_evaluated
-from cascade.stages.gate import best_stages, decide
-from cascade.stages.recipe import Recipe
+from cascade.stages.evals.evaluate import stored_or_evaluated
+from cascade.stages.evals.gate import best_stages, decide
+from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.lifecycle import artifact_key, open_report
 from cascade.tasks.progress import progress_for
 

@@ -23,7 +23,7 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.artifacts.tracking import Tracker, redact, tracking_on
 from cascade.stages.kinds import gain_targets
-from cascade.stages.recipe import Recipe, validate_recipe
+from cascade.stages.recipe.schema import Recipe, validate_recipe
 
 # Set while the Prefect API is a server that the CLI command started and stops with itself: a link to its UI
 # would be dead once the command ends, so the run's report gets none.
@@ -99,7 +99,7 @@ def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
     `compute.dtype: auto` decided for this host, stored."""
     key = layout.recipe_key(run_id)
     if not store.exists(key):
-        from cascade.stages.precision import pin_run_dtype  # torch: only once a run starts
+        from cascade.stages.train.precision import pin_run_dtype  # torch: only once a run starts
 
         recipe = pin_run_dtype(recipe)
         store.write_bytes(key, recipe.model_dump_json(indent=1).encode())

@@ -21,9 +21,9 @@ from cascade.artifacts.checkpoint import CheckpointRef, committed
 from cascade.artifacts.model_registry import registered_checkpoint
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.store import Store
-from cascade.stages.evaluate import evaluate_model
-from cascade.stages.recipe import Recipe
-from cascade.stages.regression import Baseline, compare, load_baseline, raise_to, save_baseline
+from cascade.stages.evals.evaluate import evaluate_model
+from cascade.stages.evals.regression import Baseline, compare, load_baseline, raise_to, save_baseline
+from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.lifecycle import artifact_key, open_report
 
 REGRESSION_EVENT = "cascade.regression.detected"
@@ -54,7 +54,7 @@ def eval_targets(recipe: str | None, checkpoints: list[str] | None) -> tuple[str
     if recipe is not None:
         return recipe, checkpoints
     from cascade.artifacts.config import StorageConfig
-    from cascade.stages.regression import newest_finished_run
+    from cascade.stages.evals.regression import newest_finished_run
 
     store = Store.from_config(StorageConfig())
     run = newest_finished_run(store)

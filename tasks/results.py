@@ -22,7 +22,7 @@ from pydantic import PrivateAttr
 from cascade.artifacts import layout
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import Store
-from cascade.stages.recipe import Recipe
+from cascade.stages.recipe.schema import Recipe
 
 
 class RunResults(WritableFileSystem):

@@ -31,12 +31,12 @@ from cascade.artifacts.report import RunReport, StageRecord
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
 from cascade.artifacts.tracking import Tracker, tracking_on
-from cascade.stages.config_base import StageConfig
-from cascade.stages.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.stages.kinds import StageInputs, kind_of
-from cascade.stages.launch import run_stage_where_configured
-from cascade.stages.recipe import Recipe
-from cascade.stages.walk import recovered
+from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.walk import recovered
+from cascade.stages.scale.launch import run_stage_where_configured
+from cascade.stages.train.context import ListSink, StageContext, TeeSink, stage_workdir
 from cascade.tasks.lifecycle import artifact_key, open_report
 from cascade.tasks.progress import stage_progress
 

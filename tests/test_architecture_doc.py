@@ -253,7 +253,7 @@ def test_the_toy_domain_grades_its_oracle_answer_right_and_a_wrong_one_wrong(toy
 
 def toy_domain_recipe():
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.recipe import validate_recipe
+    from cascade.stages.recipe.schema import validate_recipe
 
     raw = load_recipe("micro").model_dump(mode="json")
     raw["domains"] = {DOMAIN: {"train_size": 16, "heldout_size": 4, "max_new_tokens": 4}}
@@ -286,22 +286,22 @@ def drive_eval_prompts(recipe, toy) -> None:
 
 
 def drive_prompt_pool(recipe, toy) -> None:
-    from cascade.stages.rollout import prompt_pool
+    from cascade.stages.train.rollout import prompt_pool
 
     assert prompt_pool(recipe, [DOMAIN]) == toy.generate("train", 16, recipe.seed)
 
 
 def drive_score_texts(recipe, toy) -> None:
-    from cascade.stages.rollout import score_texts
+    from cascade.stages.train.rollout import score_texts
 
     items = toy.generate("train", 3, recipe.seed)
     assert score_texts(recipe, items, [[it.reference, "maybe"] for it in items]).tolist() == [[1.0, 0.0]] * 3
 
 
 def drive_evaluate_domains(recipe, toy) -> None:
-    from cascade.stages.evaluate import evaluate_domains
-    from cascade.stages.model import prompt_ids
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.evals.evaluate import evaluate_domains
+    from cascade.stages.train.model import prompt_ids
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     items = toy.generate(recipe.eval.split, 4, recipe.seed)
@@ -415,7 +415,7 @@ def tally_kind():
 
 def tally_recipe(tmp_path, source: str = "sft_data", count: int = 5):
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.recipe import validate_recipe
+    from cascade.stages.recipe.schema import validate_recipe
 
     raw = load_recipe("micro", [f"storage.root=file://{tmp_path}/store"]).model_dump(mode="json")
     raw["stages"] = [s for s in raw["stages"] if s["kind"] in ("sft_data", "sft")] + [
@@ -426,7 +426,7 @@ def tally_recipe(tmp_path, source: str = "sft_data", count: int = 5):
 
 def test_the_toy_kind_validates_in_a_recipe_which_checks_what_it_reads(tally_kind, tmp_path):
     from cascade.stages.kinds import kind_of
-    from cascade.stages.recipe import RecipeError
+    from cascade.stages.recipe.schema import RecipeError
 
     assert kind_of(KIND) is tally_kind
     assert isinstance(tally_recipe(tmp_path).stage(KIND), tally_kind.config)
@@ -439,7 +439,7 @@ def test_the_toy_kind_validates_in_a_recipe_which_checks_what_it_reads(tally_kin
 def test_the_toy_kind_is_wired_and_run_by_the_registry_alone(tally_kind, tmp_path):
     from cascade.artifacts.checkpoint import MANIFEST, CheckpointRef
     from cascade.artifacts.store import Store
-    from cascade.stages.context import ListSink, StageContext
+    from cascade.stages.train.context import ListSink, StageContext
 
     named = [name for s in spans(closing_paragraph(KIND_CHECKLIST)) for name, _, _ in calls(s)]
     code = named_code(closing_paragraph(KIND_CHECKLIST)) + named_code(section(KIND_CHECKLIST))

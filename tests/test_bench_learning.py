@@ -25,7 +25,7 @@ from bench_learning import (  # noqa: E402
 )
 
 from cascade.stages.kinds.grpo import GRPOConfig  # noqa: E402
-from cascade.stages.recipe import load_recipe  # noqa: E402
+from cascade.stages.recipe.schema import load_recipe  # noqa: E402
 
 SFT = {"a": 0.0, "b": 0.25, "c": 0.5, "d": 0.0}
 GAINS = {"a": 0.5, "b": 0.25, "c": 0.75, "d": 0.25}  # SFT + (0.5, 0, 0.25, 0.25): mean 0.25

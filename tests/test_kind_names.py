@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from cascade.stages import config_base, kinds, reward_sources
+from cascade.stages import kinds
+from cascade.stages.recipe import config_base
+from cascade.stages.scoring import reward_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "stages", "artifacts", "infra")
@@ -41,9 +43,12 @@ NOT_NAMES_IN_PARTS = {
     ("flows/regression_eval.py", "judge"): "the regression eval's judge task, named per domain",
     ("stages/datasets/sources.py", "grader"): "a domain's grader, in an error line",
     ("stages/kinds/sft_data/run_sft_data.py", "grader"): "a domain's grader, in an error line",
-    ("stages/recipe.py", "sft"): "prose of an error line: conversations are SFT data",
-    ("stages/recipe.py", "sft_data"): "prose of an error line: an sft_data stage reads conversations",
-    ("stages/training.py", "sft"): "the label of the SFT batch order's seed stream (changing it changes every run)",
+    ("stages/recipe/schema.py", "sft"): "prose of an error line: conversations are SFT data",
+    ("stages/recipe/schema.py", "sft_data"): "prose of an error line: an sft_data stage reads conversations",
+    (
+        "stages/train/training.py",
+        "sft",
+    ): "the label of the SFT batch order's seed stream (changing it changes every run)",
 }
 
 

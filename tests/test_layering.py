@@ -149,12 +149,12 @@ def test_an_artifacts_to_stages_import_or_a_cycle_is_caught(tmp_path):
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "artifacts" / "probe.py").write_text(
-        "def f():\n    from cascade.stages.recipe import Recipe\n    return Recipe\n"
+        "def f():\n    from cascade.stages.recipe.schema import Recipe\n    return Recipe\n"
     )
     (tmp_path / "stages" / "probe_a.py").write_text("def f():\n    import cascade.stages.probe_b\n")
     (tmp_path / "stages" / "probe_b.py").write_text("from cascade.stages import probe_a\n")
     graph = import_graph(tmp_path)
-    assert layering_violations(graph) == ["artifacts.probe -> stages.recipe"]
+    assert layering_violations(graph) == ["artifacts.probe -> stages.recipe.schema"]
     assert cycles(graph) == [["stages.probe_a", "stages.probe_b"]]
 
 

@@ -70,7 +70,7 @@ if [ "$MODE" = prepare ]; then
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl $WHEELS
   python3 -m pip wheel -q --no-deps -w .whl langdetect==1.0.9 || exit 1
   for f in $REAL_DATA; do mkdir -p ".gpu-data/$(dirname "$f")" && cp "../shared/data/$f" ".gpu-data/$f" || exit 1; done
-  gguf=$("$PY" -c "from cascade.stages.model_source import smollm2_gguf; print(smollm2_gguf())") || exit 1
+  gguf=$("$PY" -c "from cascade.stages.train.model_source import smollm2_gguf; print(smollm2_gguf())") || exit 1
   rm -rf .gpu-model && mkdir .gpu-model && "$PY" bench/gpu/split_file.py split "$gguf" .gpu-model $GGUF_SPLIT_MIB || exit 1
   "$PY" -m cascade.stages.run "$RECIPE" "storage.root=file://$(realpath -m "$STORE")" --run-id prep --stage sft_data
   exit $?
@@ -129,7 +129,7 @@ if [ "$REAL" = 1 ]; then  # the real recipes on smollm2-135m at full size (here:
   export CASCADE_DATA_ROOT; CASCADE_DATA_ROOT=$(realpath "${GPU_DATA:-.gpu-data}")
   export -f real; export PY WORK
   part reassemble 60 "$PY" bench/gpu/split_file.py join "${GPU_MODEL_PARTS:-.gpu-model}" "$CASCADE_SMOLLM2_GGUF"
-  part convert 240 "$PY" -c "from cascade.stages.model_source import smollm2_dir; print(smollm2_dir())"
+  part convert 240 "$PY" -c "from cascade.stages.train.model_source import smollm2_dir; print(smollm2_dir())"
   if [ "$MODE" = dry ]; then
     IF_SIZE=("stages.if_rl.steps=1" "stages.if_rl.prompts_per_step=2" "stages.if_rl.group_size=2"
       "stages.if_rl.micro_batch_size=4" "domains.instruct.train_size=8" "domains.instruct.heldout_size=2"

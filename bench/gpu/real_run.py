@@ -4,7 +4,7 @@
 
 Runs the recipe's stages through the stage driver (`cascade.stages.run.run_stages`: the flow's stage code without
 Prefect or MLflow), then evaluates the model source and every policy stage's checkpoint with the flow's own eval
-(`stages.evaluate.evaluate_model`: each domain's eval split and each `eval.benchmarks` column, graded by the
+(`stages.evals.evaluate.evaluate_model`: each domain's eval split and each `eval.benchmarks` column, graded by the
 domain's one grader), and writes each as the flow's eval record (`runs/<id>/evals/NN-<stage>.json`), so
 bench/ifeval_gain.py reads them as it reads a flow's run. Printed per policy stage, against the source: IFEval's
 four numbers and every other column's mean, with the paired gain over the items both scored and its standard error.
@@ -27,9 +27,9 @@ from ifeval_gain import IFEVAL, column_rows, ifeval_rows, rows_by_id  # noqa: E4
 from cascade.artifacts import layout  # noqa: E402
 from cascade.artifacts.checkpoint import CheckpointRef, adoptable  # noqa: E402
 from cascade.artifacts.store import Store  # noqa: E402
-from cascade.stages.config import SOURCE_EVAL  # noqa: E402
 from cascade.stages.kinds import kind_of  # noqa: E402
-from cascade.stages.recipe import Recipe, load_recipe  # noqa: E402
+from cascade.stages.recipe.config import SOURCE_EVAL  # noqa: E402
+from cascade.stages.recipe.schema import Recipe, load_recipe  # noqa: E402
 from cascade.stages.run import run_stages  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def policy_checkpoints(recipe: Recipe, store: Store, run_id: str) -> list[tuple[
 
 def evaluated(recipe: Recipe, store: Store, run_id: str, index: int, stage: str, ref: CheckpointRef | None) -> dict:
     """The eval record of one model (None: the source), as the flow writes it; reused when its digest matches."""
-    from cascade.stages.evaluate import stored_or_evaluated
+    from cascade.stages.evals.evaluate import stored_or_evaluated
 
     started = time.time()
     record, new = stored_or_evaluated(recipe, store, layout.eval_key(run_id, index, stage), ref)

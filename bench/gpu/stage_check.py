@@ -36,8 +36,8 @@ _spec.loader.exec_module(bench_gpu)
 
 
 def make_model(arch: str, out: Path, layers: int | None) -> None:
-    from cascade.stages.model import save_hf
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.train.model import save_hf
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     model = bench_gpu.build_model(arch, "cpu", seed=0, num_layers=layers)
     save_hf(model, load_tokenizer(), out)

@@ -81,7 +81,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
     (`python -m cascade.stages.run`) and what only the CLI meets: its own checks, baselines, eval records, an
     unknown name."""
     from cascade.artifacts.records import EvalRecordError
-    from cascade.stages.regression import BaselineError
+    from cascade.stages.evals.regression import BaselineError
     from cascade.stages.run import BAD_INPUT
 
     return (CLIError, *BAD_INPUT, BaselineError, EvalRecordError, LookupError)
@@ -153,7 +153,7 @@ def stored_recipe(store, run_id: str, compute_overrides: list[str] = ()):
     """The recipe a run executes, as stored with it; an unknown or unreadable run is bad input. `compute.*`
     overrides move the stages still to run (another number of ranks or nodes); nothing else may change."""
     from cascade.artifacts.layout import recipe_key
-    from cascade.stages.recipe import apply_override, validate_recipe
+    from cascade.stages.recipe.schema import apply_override, validate_recipe
 
     key = recipe_key(run_id)
     if not valid_run_id(run_id) or not store.exists(key):

@@ -151,8 +151,8 @@ def _eval_arena_hard(
 
     from cascade.stages.datasets.teachers import TeacherError
     from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
-    from cascade.stages.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
-    from cascade.stages.reward_sources import JudgeReward
+    from cascade.stages.scoring.judge import JudgeError, PairwiseJudge, arena_hard_prompts, probe, win_rate
+    from cascade.stages.scoring.reward_sources import JudgeReward
 
     try:
         cfg = JudgeReward(url=url, model=judge_model, api_key_env=key_env)
@@ -199,7 +199,7 @@ def _greedy_answers(
     source: str, recipe: str, prompts: list[str], max_new_tokens: int, batch_size: int | None
 ) -> list[str]:
     from cascade.stages.engines.interface import SamplingParams
-    from cascade.stages.model import prompt_ids
+    from cascade.stages.train.model import prompt_ids
 
     tokenizer, engine = _load_for_benchmarks(source, recipe, batch_size)
     try:
@@ -213,7 +213,7 @@ def _eval_split(model: str, recipe: str, as_json: bool) -> None:
     """Every recipe domain's eval split (the recipe's `eval.split`), scored as a run's evals score it: the primary
     metric per domain and `greedy/<domain>` beside it."""
     loaded = _recipe_on(recipe, model)
-    from cascade.stages.evaluate import evaluate_model  # after the checks: it imports torch and transformers
+    from cascade.stages.evals.evaluate import evaluate_model  # after the checks: it imports torch and transformers
 
     scores, _ = evaluate_model(loaded)
     if as_json:
@@ -234,7 +234,7 @@ def _eval_split(model: str, recipe: str, as_json: bool) -> None:
 def _recipe_on(recipe: str, model: str):
     """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.model_source import check_model_source
+    from cascade.stages.train.model_source import check_model_source
 
     loaded = load_recipe(recipe)
     check_model_source(model)  # a bad source is one line before any model loads
@@ -264,7 +264,7 @@ def _check_items_file(spec, data: str) -> None:
 
 def _load_for_benchmarks(model: str, recipe: str, batch_size: int | None):
     """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings."""
-    from cascade.stages.evaluate import open_policy
+    from cascade.stages.evals.evaluate import open_policy
 
     return open_policy(_recipe_on(recipe, model), batch_size=batch_size)
 
@@ -273,8 +273,8 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
     """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
 
     `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
-    from cascade.stages.benchmarks import evaluate_benchmark
     from cascade.stages.domains.benchdata import BenchmarkError
+    from cascade.stages.evals.benchmarks import evaluate_benchmark
 
     results = []
     with Progress(
@@ -368,8 +368,8 @@ def grade_cmd(
 ) -> None:
     """Score completions made elsewhere. A bad row is reported with its line number and reason, and the other
     rows are still graded; the exit code is 1 when any row could not be graded."""
-    from cascade.stages.benchmarks import grade_rows
     from cascade.stages.domains.benchdata import BenchmarkError
+    from cascade.stages.evals.benchmarks import grade_rows
 
     if not benchmark or data is None:  # checked here, not by typer, so the error is one line like the others
         raise CLIError("grade needs --benchmark NAME and --data FILE.jsonl")

@@ -44,7 +44,7 @@ def regression_eval_cmd(
     from cascade.flows.recipes import load_any_recipe
     from cascade.flows.regression_eval import default_checkpoints, regression_eval_flow
     from cascade.infra.prefect_server import LocalAPI
-    from cascade.stages.regression import RegressionFound, baseline_key, regressions
+    from cascade.stages.evals.regression import RegressionFound, baseline_key, regressions
     from cascade.tasks.regression import eval_targets, resolve_checkpoint
 
     baseline_key(baseline)
@@ -105,7 +105,7 @@ def baseline_set(
     """Replace a baseline: every domain's score and checkpoint from one eval."""
     from cascade.artifacts.store import Store
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.regression import baseline_key, replace, save_baseline
+    from cascade.stages.evals.regression import baseline_key, replace, save_baseline
 
     loaded = load_recipe(recipe)
     baseline_key(name)
@@ -131,8 +131,8 @@ def baseline_show(
 def _eval_record(recipe, store, source: str):
     """The eval record a baseline is set from: read (a .json record) or made now (a checkpoint)."""
     from cascade.artifacts.records import EvalRecord
-    from cascade.stages.evaluate import evaluate_model
-    from cascade.stages.regression import read_eval_record
+    from cascade.stages.evals.evaluate import evaluate_model
+    from cascade.stages.evals.regression import read_eval_record
     from cascade.tasks.regression import resolve_checkpoint
 
     if source.endswith(".json"):
@@ -149,7 +149,7 @@ def _eval_record(recipe, store, source: str):
 
 
 def _print_baseline(store, name: str) -> None:
-    from cascade.stages.regression import load_baseline
+    from cascade.stages.evals.regression import load_baseline
 
     baseline = load_baseline(store, name)
     if baseline is None:

@@ -122,7 +122,7 @@ def run(
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.host import check_host
+    from cascade.stages.scale.host import check_host
 
     loaded = load_recipe(recipe, overrides or [])
     check_host(loaded)
@@ -159,7 +159,7 @@ def resume(
     from cascade.artifacts.lease import hold_run
     from cascade.artifacts.store import Store
     from cascade.artifacts.tracking import tracking_on
-    from cascade.stages.host import check_host
+    from cascade.stages.scale.host import check_host
 
     found = store_for(store)
     loaded = stored_recipe(found, run_id, overrides or [])

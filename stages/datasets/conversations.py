@@ -1,7 +1,7 @@
 """Conversations as SFT data: chat turns (system, user, assistant, tool) in the chat-template convention.
 
 A row's `messages` is a list of {role, content}. SFT's loss covers the assistant turns only
-(`stages.model.conversation_example` finds their tokens through the tokenizer's chat template); the data build
+(`stages.train.model.conversation_example` finds their tokens through the tokenizer's chat template); the data build
 deduplicates and decontaminates a conversation by its user turns, which is what an eval prompt could leak into.
 A single-turn row (one user turn, one assistant turn) keeps its prompt-and-answer key, as every build before
 conversations had it.

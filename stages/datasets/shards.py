@@ -84,7 +84,7 @@ class TokenCounter:
         return self._render(prompts) if prompts else []
 
     def conversation(self, messages: list[dict[str, str]]) -> int:
-        from cascade.stages.model import conversation_example
+        from cascade.stages.train.model import conversation_example
 
         return len(conversation_example(self.tokenizer, messages).ids)
 

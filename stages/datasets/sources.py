@@ -18,11 +18,11 @@ import fsspec
 
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import storage_options
-from cascade.stages.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.domains.base import Domain, Item
+from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 
 if TYPE_CHECKING:  # the recipe checks file sources with this module when it validates
-    from cascade.stages.recipe import Recipe
+    from cascade.stages.recipe.schema import Recipe
 
 PARQUET_BATCH = 1024  # rows per Parquet record batch read from a user file
 

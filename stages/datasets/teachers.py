@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cascade.stages.config_base import OpenAIEndpoint
-from cascade.stages.data_sources import ModelTeacher, OracleTeacher
 from cascade.stages.domains.base import Item
-from cascade.stages.recipe import Recipe
+from cascade.stages.recipe.config_base import OpenAIEndpoint
+from cascade.stages.recipe.data_sources import ModelTeacher, OracleTeacher
+from cascade.stages.recipe.schema import Recipe
 
 PER_PROMPT_ERRORS = (400, 413, 422)  # the server refuses this prompt (too long, bad content): drop the row
 
@@ -85,7 +85,7 @@ class ModelTeacherEngine:
 
     def answer(self, items: list[Item], max_new_tokens: int) -> list[Answer]:
         from cascade.stages.engines.interface import SamplingParams
-        from cascade.stages.model import prompt_ids
+        from cascade.stages.train.model import prompt_ids
 
         answers: list[Answer] = []
         for start in range(0, len(items), self.cfg.batch_size):
@@ -109,9 +109,10 @@ class ModelTeacherEngine:
 
 
 def load_teacher_model(source: str, recipe: Recipe):
-    """(model, tokenizer) for any model source (stages.model_source.resolve_model_dir); the recipe's for "tiny"."""
+    """(model, tokenizer) for any model source (stages.train.model_source.resolve_model_dir); the recipe's for
+    "tiny"."""
     from cascade.stages.errors import ModelSourceError
-    from cascade.stages.model import initial_model
+    from cascade.stages.train.model import initial_model
 
     try:
         return initial_model(recipe.model.model_copy(update={"source": source}), recipe.seed)

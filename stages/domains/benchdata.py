@@ -2,7 +2,7 @@
 
 Every domain declares its benchmarks (`Domain.benchmarks()`: name -> a loader of the domain's item rows);
 `benchmark_registry()` gathers them, so a recipe checks benchmark names here without importing the eval harness
-(`stages/benchmarks.py`). The shipped files are the copies in `shared/data/`, which sits beside the project
+(`stages/evals/benchmarks.py`). The shipped files are the copies in `shared/data/`, which sits beside the project
 checkout: `<checkout>/../shared/data`. Loaders take the data root as an argument so a test or a recipe can point
 at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ: `$CASCADE_DATA_ROOT`
 when set (a machine where the files lie elsewhere, such as a lent GPU), else that sibling. A user's own file is

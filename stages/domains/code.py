@@ -336,6 +336,6 @@ def load_mbpp(data_root: Path) -> list[Item]:
     return [mbpp_item(row) for row in rows if row["task_id"] in MBPP_TEST_IDS]
 
 
-# A user's own file in a benchmark's native row format loads through these (see stages/benchmarks.py).
+# A user's own file in a benchmark's native row format loads through these (see stages/evals/benchmarks.py).
 load_humaneval.parse_row = humaneval_item  # type: ignore[attr-defined]
 load_mbpp.parse_row = mbpp_item  # type: ignore[attr-defined]

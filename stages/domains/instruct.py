@@ -155,8 +155,8 @@ class InstructDomain(Domain):
         return Item(self.name, "", prompt, reference, {"kind": kind, "n": n, "word": word})
 
     def _sample_constrained(self, rng: random.Random) -> Item:
-        from cascade.stages.config_base import resolve_data_root
         from cascade.stages.domains.ifeval_constraints import draw_constraints, overlaps_ifeval
+        from cascade.stages.recipe.config_base import resolve_data_root
 
         data_root = resolve_data_root(self.data_root)
         for _ in range(100):

@@ -199,7 +199,7 @@ def _bfcl_loader(stem: str) -> Callable[[Path], list[Item]]:
         return bfcl_item(row, _category(stem), row.get("ground_truth", []))
 
     load.__name__ = f"load_bfcl_{stem}"
-    load.parse_row = parse_row  # type: ignore[attr-defined]  # used by stages/benchmarks.py for user files
+    load.parse_row = parse_row  # type: ignore[attr-defined]  # used by stages/evals/benchmarks.py for user files
     return load
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from cascade.stages.config import EngineConfig
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import Completion, RolloutEngine, SamplingParams
+from cascade.stages.recipe.config import EngineConfig
 
 
 def make_engine(
@@ -37,7 +37,7 @@ def managed_vllm_engine(
     from pathlib import Path
 
     from cascade.stages.engines.vllm import VLLMEngine  # only this path needs the server machinery
-    from cascade.stages.model import end_of_turn_ids, save_hf
+    from cascade.stages.train.model import end_of_turn_ids, save_hf
 
     model_dir = Path(tempfile.mkdtemp(prefix="cascade-policy-"))
     try:
@@ -51,9 +51,9 @@ def managed_vllm_engine(
 
 def vllm_client(url: str, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast) -> RolloutEngine:
     """An engine on a running vLLM server that it neither starts nor stops: the recipe's external server, or the
-    one that rank 0 of a multi-rank stage manages (stages.rollout.SharedServerRollouts)."""
+    one that rank 0 of a multi-rank stage manages (stages.train.rollout.SharedServerRollouts)."""
     from cascade.stages.engines.vllm import VLLMEngine
-    from cascade.stages.model import end_of_turn_ids
+    from cascade.stages.train.model import end_of_turn_ids
 
     return VLLMEngine(url=url, stop_token_ids=end_of_turn_ids(tokenizer, getattr(model, "generation_config", None)))
 

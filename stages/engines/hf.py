@@ -40,8 +40,8 @@ from transformers import DynamicCache, PreTrainedTokenizerFast
 
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, graph_capturable, lean_supported
 from cascade.stages.engines.interface import Completion, SamplingParams
-from cascade.stages.losses import sampling_logits
-from cascade.stages.model import end_of_turn_ids
+from cascade.stages.train.losses import sampling_logits
+from cascade.stages.train.model import end_of_turn_ids
 
 COMPACT_SHARE = 8  # drop finished rows once they are 1/8 of the batch: each drop copies the KV cache
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's state increment, 2**64 / golden ratio

@@ -11,14 +11,14 @@ Each kind's row lives in its own folder (`stages/kinds/<kind>/__init__.py`, whic
 `load_kinds` imports every such folder; nothing outside a kind's folder names the kind (tests/test_kind_names.py).
 
 Who reads the registry:
-- the recipe (`stages/recipe.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
+- the recipe (`stages/recipe/schema.py`): a stage's `kind` picks its config class; `reads()` names earlier stages
   that make the right product; a row's `check` adds what only that kind knows; `recovers` admits the gate's
   recovery stage;
-- the dispatcher (`run_stage` below); the cascade's walk (`stages/walk.py`): `makes` and `takes_policy`;
+- the dispatcher (`run_stage` below); the cascade's walk (`stages/recipe/walk.py`): `makes` and `takes_policy`;
 - the compute slot, the stage cache key and the report card in report.json (`tasks/stage.py`);
 - the run form's steps and LR overrides (`flows/recipes.py`): kinds whose config is a `TrainingConfig`;
-- where a stage runs (`stages/launch.py`, `infra/k8s.py`): `distributable`;
-- the dry run (`stages/plan.py`): `estimate`; the gains tables (`gain_targets` below).
+- where a stage runs (`stages/scale/launch.py`, `infra/k8s.py`): `distributable`;
+- the dry run (`stages/recipe/plan.py`): `estimate`; the gains tables (`gain_targets` below).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import ReportCard
-from cascade.stages.config_base import Product, StageConfig, TrainingConfig
-from cascade.stages.estimate import StageEstimate
+from cascade.stages.recipe.config_base import Product, StageConfig, TrainingConfig
+from cascade.stages.recipe.estimate import StageEstimate
 
-# A stage's run function: run(cfg, ctx: stages.context.StageContext, inputs: StageInputs) -> StageResult.
-# (Typed loosely: stages.context imports the recipe, which imports this registry.)
+# A stage's run function: run(cfg, ctx: stages.train.context.StageContext, inputs: StageInputs) -> StageResult.
+# (Typed loosely: stages.train.context imports the recipe, which imports this registry.)
 StageRun = Callable[[Any, Any, "StageInputs"], Any]
 
 
@@ -44,7 +44,7 @@ StageCheck = Callable[[Any, list[StageConfig], set[str]], None]
 
 
 # estimate(cfg, recipe, params: parameters stored, prompt_tokens) -> the stage's tokens, storage and notes; the
-# plan (stages/plan.py) turns its tokens into seconds
+# plan (stages/recipe/plan.py) turns its tokens into seconds
 StageEstimateFn = Callable[[Any, Any, int, int], StageEstimate]
 
 
@@ -69,7 +69,7 @@ class StageKind:
     gains_on: Callable[[Any], list[str]] | None = None  # the domains its paired gain is measured on (RL: its own)
     estimate: StageEstimateFn | None = None  # None: the plan says it has no estimate
     report_card: ReportCard | None = None  # what the run report's Data section shows of its stages
-    # its run function runs as a torchrun job when its `compute:` asks for more than one rank (stages/launch.py);
+    # its run function runs as a torchrun job when its `compute:` asks for more than one rank (stages/scale/launch.py);
     # only a training config has `compute:`
     distributable: bool = False
     # the gate may recover with it: its config's `teachers` (domain -> stage) the flow fills from the eval history,

@@ -267,7 +267,7 @@ def s3_recipe(tmp_path: Path, endpoint: str, bucket: str, *overrides: str):
 
 
 def stage_ctx(recipe, workdir: Path, name: str, run_id: str = "r", sink=None):
-    from cascade.stages.context import ListSink, StageContext
+    from cascade.stages.train.context import ListSink, StageContext
 
     store = Store.from_config(recipe.storage)
     index = [s.name for s in recipe.stages].index(name)

@@ -6,12 +6,12 @@ import logging
 import pytest
 import torch
 
-import cascade.stages.context
+import cascade.stages.train.context
 from cascade.artifacts.checkpoint import CheckpointError, committed, materialize
-from cascade.stages.context import latest_step_checkpoint
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft.run_sft import run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
+from cascade.stages.train.context import latest_step_checkpoint
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def test_corrupted_step_is_detected_and_resume_falls_back(s3, tmp_path, monkeypa
     run_sft(cfg, straight, StageInputs(stages={"sft_data": data}))
 
     ctx = stage_ctx(recipe, tmp_path / "b", "sft")
-    preempt_at(monkeypatch, cascade.stages.context, "write_checkpoint", 5)  # steps 1-4 committed
+    preempt_at(monkeypatch, cascade.stages.train.context, "write_checkpoint", 5)  # steps 1-4 committed
     with pytest.raises(Preempted):
         run_sft(cfg, ctx, StageInputs(stages={"sft_data": data}))
     monkeypatch.undo()
@@ -64,7 +64,7 @@ def test_every_step_corrupted_means_a_fresh_start_not_a_bad_load(s3, tmp_path, m
     cfg = recipe.stage("sft")
     data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
     ctx = stage_ctx(recipe, tmp_path, "sft")
-    preempt_at(monkeypatch, cascade.stages.context, "write_checkpoint", 3)
+    preempt_at(monkeypatch, cascade.stages.train.context, "write_checkpoint", 3)
     with pytest.raises(Preempted):
         run_sft(cfg, ctx, StageInputs(stages={"sft_data": data}))
     monkeypatch.undo()

@@ -2,10 +2,9 @@
 
 One trial: `python -m cascade.flows.cli run kill.yaml` with `stages.sft.compute.nproc_per_node=2` on a file store. Once
 the SFT stage has committed a step checkpoint, the test finds rank 1 (a process whose command line runs
-`cascade.stages.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs it. The
-CLI
-must exit 1 with one line naming the stage and the rank; no partial checkpoint may be adopted (every manifest
-verifies, the SFT stage has no final manifest); no rank survives; the lease is released; and `cascade resume`
+`cascade.stages.scale.launch` on a spec dir under this test's TMPDIR and whose environment has RANK=1) and SIGKILLs
+it. The CLI must exit 1 with one line naming the stage and the rank; no partial checkpoint may be adopted (every
+manifest verifies, the SFT stage has no final manifest); no rank survives; the lease is released; and `cascade resume`
 continues the SFT stage from its newest step checkpoint, still on 2 ranks, and finishes the run, whose final
 weights load in transformers.
 """
@@ -37,7 +36,7 @@ FAILURE = "cascade: error: stage sft: rank 1 died (killed by SIGKILL); torchrun 
 
 
 def rank_pids(spec_root: Path, rank: int) -> list[int]:
-    """Processes running a `cascade.stages.launch` rank on a spec dir under spec_root, with RANK=rank in their
+    """Processes running a `cascade.stages.scale.launch` rank on a spec dir under spec_root, with RANK=rank in their
     environment."""
     found = []
     for entry in Path("/proc").iterdir():
@@ -49,7 +48,7 @@ def rank_pids(spec_root: Path, rank: int) -> list[int]:
         except OSError:  # gone, or not ours
             continue
         if (
-            b"cascade.stages.launch" in cmdline
+            b"cascade.stages.scale.launch" in cmdline
             and any(a.startswith(str(spec_root).encode()) for a in cmdline)
             and f"RANK={rank}".encode() in environ
         ):

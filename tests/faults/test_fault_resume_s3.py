@@ -5,15 +5,15 @@ RNG, step) makes the round trip through S3 and the manifest/sha256 machinery."""
 import pytest
 import torch
 
-import cascade.stages.context
 import cascade.stages.domains
-from cascade.stages.context import ListSink
+import cascade.stages.train.context
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds.sft.run_sft import run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.context import ListSink
 from tests.faults.conftest import Preempted, new_bucket, preempt_at, s3_recipe, stage_ctx, stage_weights
 
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ def test_resume_parity_through_s3(s3, tmp_path, monkeypatch, stage, series):
         if name == "resumed":
             with monkeypatch.context() as mp:
                 preempt_at(
-                    mp, cascade.stages.context, "write_checkpoint", half + 1
+                    mp, cascade.stages.train.context, "write_checkpoint", half + 1
                 )  # after step half+1, before its save
                 with pytest.raises(Preempted):
                     run()

@@ -16,10 +16,10 @@ from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
-from cascade.stages.config_base import StageConfig
-from cascade.stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
 from cascade.stages.kinds import StageInputs, StageKind, register_kind, unregister_kind
-from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.context import StageContext, StageResult, load_policy, save_model_checkpoint
 from tests.stages.rigged import rig_short_answers
 
 

@@ -251,7 +251,7 @@ def test_a_command_leaves_nothing_in_the_temp_directory(tmp_path, monkeypatch):
 
 HOLD_A_SCRATCH_DIR = """
 import time
-from cascade.stages.context import stage_workdir
+from cascade.stages.train.context import stage_workdir
 with stage_workdir() as workdir:
     (workdir / "model.safetensors").write_bytes(b"w" * 4096)
     print(workdir, flush=True)

@@ -13,7 +13,7 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.schema import validate_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
 LETTERS = "bcdfghklmnprstvwz"

@@ -5,8 +5,8 @@ import pytest
 
 from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
-from cascade.stages.gate import best_stages
-from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.evals.gate import best_stages
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
 
 MICRO = ["stages.sft.steps=3", "stages.if_rl.steps=1", "stages.math_rl.steps=1", "tracking.enabled=false"]
 

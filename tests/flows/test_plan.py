@@ -1,4 +1,4 @@
-"""`cascade plan`: the dry run validates, draws the DAG, and estimates by the formulas stages/plan.py states."""
+"""`cascade plan`: the dry run validates, draws the DAG, and estimates by the formulas stages/recipe/plan.py states."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import pytest
 
 from cascade.flows.recipes import load_recipe
-from cascade.stages.model import build_tiny_model, num_parameters
-from cascade.stages.plan import PROFILES
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.plan import PROFILES
+from cascade.stages.train.model import build_tiny_model, num_parameters
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.flows.test_cli import cascade, files_under
 
 
@@ -149,7 +149,7 @@ def test_the_paper_scale_recipe_plans_without_its_model(tmp_path):
 
 
 def test_the_walk_says_where_each_training_stage_ranks_and_rollouts_go():
-    from cascade.stages.plan import dag_lines
+    from cascade.stages.recipe.plan import dag_lines
 
     def placed(*overrides):
         lines = dag_lines(load_recipe("micro", list(overrides)))

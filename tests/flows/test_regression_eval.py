@@ -21,7 +21,7 @@ import cascade.stages.domains
 from cascade.artifacts.checkpoint import read_manifest
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.store import Store
-from cascade.stages.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
+from cascade.stages.evals.regression import Baseline, BaselineEntry, compare, load_baseline, raise_to, regressions
 from tests.artifacts.servers import BIN, Server, free_port
 from tests.flows.test_gate_recovery import LETTERS, LetterDomain, toy_recipe
 
@@ -194,7 +194,7 @@ def regression_run(toy, deployed, prefect_api):
 
 
 def test_a_regression_ends_the_flow_run_failed_naming_the_drop(regression_run, prefect_api):
-    from cascade.stages.regression import RegressionFound
+    from cascade.stages.evals.regression import RegressionFound
 
     state, found = regression_run["state"], regression_run["found"]
     assert state.is_failed() and isinstance(found, RegressionFound)

@@ -18,7 +18,7 @@ from cascade.flows.cascade import cascade_flow
 from cascade.flows.recipes import load_recipe
 from cascade.stages.kinds import KINDS, StageInputs, kind_of, run_stage, unregister_kind
 from cascade.stages.kinds.registry import load_kinds
-from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
 from tests.flows import toy_kinds
 
 SHRINK = f"{toy_kinds.__name__}.shrink"

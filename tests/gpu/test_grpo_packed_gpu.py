@@ -5,17 +5,17 @@ there (bench/gpu/check.sh's gpu-tests part selects it by name)."""
 import pytest
 import torch
 
-from cascade.stages.completions import (
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.completions import (
     RowLayout,
     check_head_reads_decoder,
     completion_batch,
     completion_logprobs,
 )
-from cascade.stages.config import ModelConfig
-from cascade.stages.losses import grpo_loss
-from cascade.stages.model import build_tiny_model
-from cascade.stages.packing import check_packing_isolates_rows, compile_layers
-from cascade.stages.training import backward_micro_batches
+from cascade.stages.train.losses import grpo_loss
+from cascade.stages.train.model import build_tiny_model
+from cascade.stages.train.packing import check_packing_isolates_rows, compile_layers
+from cascade.stages.train.training import backward_micro_batches
 from tests.conftest import needs_cuda
 from tests.stages.test_training import ragged_rollouts
 

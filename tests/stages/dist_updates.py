@@ -10,18 +10,18 @@ from types import SimpleNamespace
 
 import torch
 
-from cascade.stages.completions import completion_batch, completion_logprobs
-from cascade.stages.config import ModelConfig
-from cascade.stages.config_base import ComputeConfig
-from cascade.stages.distributed import World, full_state_dict, prepare_model, world_for
 from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import policy_update
 from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.kinds.mopd.run_mopd import distill_update
-from cascade.stages.losses import groups_with_signal, grpo_advantages
-from cascade.stages.model import build_tiny_model
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.config_base import ComputeConfig
+from cascade.stages.scale.distributed import World, full_state_dict, prepare_model, world_for
+from cascade.stages.train.completions import completion_batch, completion_logprobs
+from cascade.stages.train.losses import groups_with_signal, grpo_advantages
+from cascade.stages.train.model import build_tiny_model
+from cascade.stages.train.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 PROMPTS, GROUP = 4, 3

@@ -32,10 +32,10 @@ def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
 @contextmanager
 def rigged_vllm_server(tmp_path_factory, model_cfg: dict, answer: str = "7") -> Iterator[str]:
     """A vLLM server (from .venv-vllm) serving a rigged tiny model; yields its root URL (the API is URL + /v1)."""
-    from cascade.stages.config import ModelConfig
     from cascade.stages.engines.vllm import VLLMEngine
-    from cascade.stages.model import build_tiny_model, save_hf
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model, save_hf
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     model = build_tiny_model(ModelConfig(**model_cfg), len(tokenizer), seed=0).eval()

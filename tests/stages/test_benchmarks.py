@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from cascade.stages.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import BenchmarkError, benchmark_registry, load_items, resolve_benchmarks
 from cascade.stages.engines.interface import Completion
-from cascade.stages.model import prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.evals.benchmarks import evaluate_benchmark, grade_rows, pass_at_k
+from cascade.stages.train.model import prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 
 
 def items_of(name, limit=None):

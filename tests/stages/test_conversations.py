@@ -7,8 +7,8 @@ import pytest
 
 from cascade.stages.datasets.conversations import check_messages, dedup_text, single_turn, user_text
 from cascade.stages.domains import get_domain
-from cascade.stages.model import completion_ids, conversation_example, prompt_ids
-from cascade.stages.tokenizer import CHAT_TEMPLATE, load_tokenizer
+from cascade.stages.train.model import completion_ids, conversation_example, prompt_ids
+from cascade.stages.train.tokenizer import CHAT_TEMPLATE, load_tokenizer
 
 TOOL_TALK = [
     {"role": "system", "content": "Use the tools."},
@@ -52,8 +52,8 @@ def test_tiny_tokenizer_trains_each_assistant_turn_and_its_end_token_only():
 
 def test_smollm2_template_trains_the_assistant_turns_not_its_default_system_prompt(smollm2_home, monkeypatch):
     monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))
-    from cascade.stages.model import chat_ready
-    from cascade.stages.model_source import smollm2_dir
+    from cascade.stages.train.model import chat_ready
+    from cascade.stages.train.model_source import smollm2_dir
 
     path = smollm2_dir()
     tok = chat_ready(load_tokenizer(path), path)  # as the stages load it

@@ -3,8 +3,8 @@ compare each domain on its `dev/<domain>` column where the eval scored one; the 
 
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import EvalScores
-from cascade.stages.gate import best_stages, decide
-from cascade.stages.regression import compare, raise_to, replace
+from cascade.stages.evals.gate import best_stages, decide
+from cascade.stages.evals.regression import compare, raise_to, replace
 
 # held-out and dev disagree on purpose: held-out says sft is best on math and rl improved it; dev says the opposite
 EVALS = [

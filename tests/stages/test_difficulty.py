@@ -8,16 +8,16 @@ import cascade.stages.domains
 from cascade.artifacts.checkpoint import materialize
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
-from cascade.stages.config import ModelConfig
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty.run_difficulty import PASS_RATES_FILE, keep_or_drop, run_difficulty
-from cascade.stages.model import build_tiny_model, save_hf
 from cascade.stages.products import PROMPTS_FILE
-from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.context import ListSink, StageContext
+from cascade.stages.train.model import build_tiny_model, save_hf
+from cascade.stages.train.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 

@@ -1,7 +1,7 @@
 """2-process gloo training (torchrun + FSDP2) equals one process, and step checkpoints resume across world sizes.
 
 Every run here is the micro recipe's tiny model in fp32 on CPU: SFT 5 steps and a reward model 4 steps through
-the stage launcher (stages/launch.py, the path the stage task takes), GRPO and MOPD one update each on fixed
+the stage launcher (stages/scale/launch.py, the path the stage task takes), GRPO and MOPD one update each on fixed
 rollouts (tests/stages/dist_updates.py under torchrun)."""
 
 import subprocess
@@ -13,15 +13,15 @@ from safetensors.torch import load_file
 
 from cascade.artifacts.checkpoint import MANIFEST, committed
 from cascade.artifacts.store import Store
-from cascade.stages.config_base import ComputeConfig
-from cascade.stages.context import ListSink, StageContext
-from cascade.stages.distributed import world_for
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.launch import run_stage_where_configured
-from cascade.stages.model import build_tiny_model, save_hf
-from cascade.stages.recipe import validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config_base import ComputeConfig
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.scale.distributed import world_for
+from cascade.stages.scale.launch import run_stage_where_configured
+from cascade.stages.train.context import ListSink, StageContext
+from cascade.stages.train.model import build_tiny_model, save_hf
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.conftest import micro_recipe
 from tests.stages.dist_updates import SMALL, updates
 
@@ -232,7 +232,7 @@ ERRORS = {0: "RuntimeError: Connection closed by peer [127.0.0.1]:41109", 1: "Va
     ],
 )
 def test_the_failure_line_names_torchruns_root_cause_not_a_peer_that_lost_it(tmp_path, exit_code, errors, expected):
-    from cascade.stages.launch import TORCHRUN_LOG, failure_line
+    from cascade.stages.scale.launch import TORCHRUN_LOG, failure_line
 
     log = tmp_path / TORCHRUN_LOG
     log.write_text(TORCHRUN_SUMMARY.format(exit_code=exit_code))

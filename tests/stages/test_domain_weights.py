@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 
-from cascade.stages.context import ListSink
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
-from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.rollout import sample_prompts, weighted_counts
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.rollout import sample_prompts, weighted_counts
 from tests.stages.test_training import SMALL, stage_ctx
 
 BLEND = {"mcqa": 0.55, "tool": 0.30, "structured": 0.15}
@@ -109,7 +109,7 @@ def test_a_floor_without_weights_shares_by_pool_size():
 
 def test_a_floor_too_large_for_the_step_is_refused_by_the_recipe():
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.recipe import RecipeError
+    from cascade.stages.recipe.schema import RecipeError
 
     with pytest.raises(RecipeError, match="min_prompts_per_domain 3 x 2 domains is more than prompts_per_step 4"):
         load_recipe("micro", ["stages.math_rl.domains=[math, instruct]", "stages.math_rl.min_prompts_per_domain=3"])

@@ -8,8 +8,8 @@ import pytest
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.longctx import LongContextDomain
 from cascade.stages.domains.mcqa import MCQADomain, extract_letter
-from cascade.stages.model import prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.train.model import prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 
 
 def split_key(item):

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from cascade.artifacts.config import config_hash
-from cascade.stages import precision
-from cascade.stages.config_base import ComputeConfig, ComputeOverride
-from cascade.stages.distributed import process_world
 from cascade.stages.kinds.sft import SFTConfig
-from cascade.stages.precision import cache_path, resolve_dtype
+from cascade.stages.recipe.config_base import ComputeConfig, ComputeOverride
+from cascade.stages.scale.distributed import process_world
+from cascade.stages.train import precision
+from cascade.stages.train.precision import cache_path, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

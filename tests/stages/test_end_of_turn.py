@@ -5,11 +5,11 @@ rollout, so a model whose template ends turns with another token sampled until m
 
 import torch
 
-from cascade.stages.config import ModelConfig
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.model import build_tiny_model, completion_ids, end_of_turn_ids, prompt_ids, turn_end_id
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.model import build_tiny_model, completion_ids, end_of_turn_ids, prompt_ids, turn_end_id
+from cascade.stages.train.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 

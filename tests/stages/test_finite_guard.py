@@ -9,12 +9,12 @@ import pytest
 import torch
 
 import cascade.stages.kinds.sft.run_sft as sft_run
-from cascade.stages.config_base import OptimizerConfig
-from cascade.stages.context import ListSink
 from cascade.stages.errors import NonFiniteSteps
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.training import MAX_NONFINITE_IN_ROW, clip_and_step, make_optimizer
+from cascade.stages.recipe.config_base import OptimizerConfig
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.training import MAX_NONFINITE_IN_ROW, clip_and_step, make_optimizer
 from tests.conftest import micro_recipe
 from tests.stages.test_training import stage_ctx, weights
 

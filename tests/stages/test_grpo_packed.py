@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from cascade.artifacts.config import config_hash
-from cascade.stages.completions import RowLayout, check_head_reads_decoder, completion_batch, completion_logprobs
-from cascade.stages.config_base import ComputeConfig
-from cascade.stages.context import ListSink
-from cascade.stages.distributed import World, process_world
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import policy_update, run_grpo
-from cascade.stages.losses import groups_with_signal, grpo_advantages
-from cascade.stages.packing import check_forward_options
-from cascade.stages.recipe import RecipeError
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config_base import ComputeConfig
+from cascade.stages.recipe.schema import RecipeError
+from cascade.stages.scale.distributed import World, process_world
+from cascade.stages.train.completions import RowLayout, check_head_reads_decoder, completion_batch, completion_logprobs
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.losses import groups_with_signal, grpo_advantages
+from cascade.stages.train.packing import check_forward_options
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.stages.test_sft_packing import tiny_qwen2, untied_llama
 from tests.stages.test_training import ragged_rollouts, stage_ctx, vowel_recipe, weights
 

@@ -8,11 +8,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import cascade.stages.domains
-from cascade.stages.context import ListSink
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo, train_prompts
-from cascade.stages.recipe import RecipeError, validate_recipe
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.context import ListSink
 from tests.stages.test_training import SMALL, VowelDomain, stage_ctx
 
 GSM8K_TRAIN = DEFAULT_DATA_ROOT / "math" / "gsm8k_train.jsonl"

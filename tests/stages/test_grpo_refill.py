@@ -9,8 +9,8 @@ from cascade.stages.domains import Item
 from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import rollout_and_score
-from cascade.stages.recipe import validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.tokenizer import load_tokenizer
 
 
 class CountingEngine:

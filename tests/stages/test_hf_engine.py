@@ -8,13 +8,13 @@ import pytest
 import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from cascade.stages.config import ModelConfig
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, lean_supported
 from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, left_padded, row_keys, sample_next, uniform
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.losses import sampling_logits
-from cascade.stages.model import build_tiny_model, prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.losses import sampling_logits
+from cascade.stages.train.model import build_tiny_model, prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.conftest import DEVICES, needs_cuda
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)

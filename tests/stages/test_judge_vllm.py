@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cascade.flows.cli import app
-from cascade.stages.judge import PairwiseJudge
-from cascade.stages.reward_sources import JudgeReward
+from cascade.stages.scoring.judge import PairwiseJudge
+from cascade.stages.scoring.reward_sources import JudgeReward
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_sft_data_vllm import FaultProxy
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv

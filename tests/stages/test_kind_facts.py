@@ -8,12 +8,12 @@ from typing import Literal
 
 import pytest
 
-from cascade.stages.config_base import StageConfig, TrainingConfig
-from cascade.stages.estimate import StageEstimate
 from cascade.stages.kinds import StageKind, kind_of, recovery_kinds, register_kind, unregister_kind
-from cascade.stages.plan import ModelSize, estimate_stage
-from cascade.stages.recipe import RecipeError, load_recipe, validate_recipe
-from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.config_base import StageConfig, TrainingConfig
+from cascade.stages.recipe.estimate import StageEstimate
+from cascade.stages.recipe.plan import ModelSize, estimate_stage
+from cascade.stages.recipe.recipe_file import read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.schema import RecipeError, load_recipe, validate_recipe
 
 
 class NoteConfig(StageConfig):
@@ -79,7 +79,7 @@ def test_a_row_refuses_facts_its_config_cannot_hold():
 
 def test_only_distributable_kinds_launch_torchrun(note_kind, monkeypatch):
     """A kind that is not distributable runs in-process whatever `compute` asks for."""
-    from cascade.stages import launch
+    from cascade.stages.scale import launch
 
     note_kind()
     recipe = load_recipe("micro", ["compute.nproc_per_node=2"])

@@ -71,14 +71,14 @@ STAGE_CORE = [
     "cascade.stages.kinds.grpo.run_grpo",
     "cascade.stages.kinds.mopd.run_mopd",
     "cascade.stages.kinds",
-    "cascade.stages.recipe",
+    "cascade.stages.recipe.schema",
     "cascade.artifacts.store",
     "cascade.artifacts.checkpoint",
     "cascade.artifacts.steplog",
-    "cascade.stages.context",
-    "cascade.stages.training",
+    "cascade.stages.train.context",
+    "cascade.stages.train.training",
     "cascade.stages.engines.hf",
-    "cascade.stages.launch",
+    "cascade.stages.scale.launch",
     "cascade.stages.run",
 ]
 
@@ -119,7 +119,7 @@ from cascade.stages.domains import get_domain
 
 get_domain("math")
 get_domain("instruct")
-from cascade.stages.recipe import load_recipe
+from cascade.stages.recipe.schema import load_recipe
 
 load_recipe("micro", ["compute.device=cpu"])  # validation loads every domain (the benchmark registry)
 store = Store.from_config(StorageConfig(root="file://" + os.getcwd() + "/store"))

@@ -5,9 +5,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cascade.stages.domains import get_domain
-from cascade.stages.model import build_tiny_model, initial_model, save_hf
-from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.model import build_tiny_model, initial_model, save_hf
+from cascade.stages.train.tokenizer import load_tokenizer
 
 TINY = {"source": "tiny", "hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}

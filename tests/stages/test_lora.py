@@ -7,15 +7,15 @@ import torch
 from safetensors.torch import load_file
 
 from cascade.artifacts.config import config_hash
-from cascade.stages.config_base import LoraConfig, OptimizerConfig
-from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
-from cascade.stages.lora import add_lora, merged_state_dict, save_adapter
-from cascade.stages.model import build_tiny_model
-from cascade.stages.recipe import RecipeError
-from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.training import clip_and_step, make_optimizer
+from cascade.stages.recipe.config_base import LoraConfig, OptimizerConfig
+from cascade.stages.recipe.schema import RecipeError
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.lora import add_lora, merged_state_dict, save_adapter
+from cascade.stages.train.model import build_tiny_model
+from cascade.stages.train.tokenizer import load_tokenizer
+from cascade.stages.train.training import clip_and_step, make_optimizer
 from tests.conftest import micro_recipe
 from tests.stages.test_training import SMALL, stage_ctx, vowel_recipe
 
@@ -104,7 +104,7 @@ def test_grpo_learns_through_lora_and_commits_a_plain_model_with_its_adapter(tmp
     the logits little: their inputs are small), so the model here has its own head, which an adapter may take."""
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setattr("cascade.stages.model.build_tiny_model", untied_tiny_model)
+    monkeypatch.setattr("cascade.stages.train.model.build_tiny_model", untied_tiny_model)
     lora = {"rank": 8, "alpha": 16.0, "target_modules": ["lm_head", "o_proj", "down_proj"]}
     recipe = vowel_recipe(tmp_path, monkeypatch, lora=lora)
     sink = ListSink()

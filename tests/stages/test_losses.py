@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from cascade.stages.losses import (
+from cascade.stages.train.losses import (
     bradley_terry_loss,
     groups_with_signal,
     grpo_advantages,

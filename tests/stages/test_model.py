@@ -3,9 +3,9 @@
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from cascade.stages.config import ModelConfig
-from cascade.stages.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
+from cascade.stages.train.tokenizer import load_tokenizer
 
 SAMPLES = ["Compute 7-3+9.", "7-3=4\n4+9=13\n\\boxed{13}", "- snow\n- ICE", "def f(x):\n    return x * 2", "héllo ✓"]
 
@@ -54,8 +54,8 @@ def test_a_checkpoint_source_loads_and_leaves_no_copy_behind(tmp_path, monkeypat
     reads only the manifest. A copy left per load (evals, plans, teachers) filled CI's disk once."""
     from cascade.artifacts.checkpoint import write_checkpoint
     from cascade.artifacts.store import Store
-    from cascade.stages.model import initial_model
-    from cascade.stages.model_source import check_model_source
+    from cascade.stages.train.model import initial_model
+    from cascade.stages.train.model_source import check_model_source
 
     tok = load_tokenizer()
     model = build_tiny_model(ModelConfig(), len(tok), seed=0)

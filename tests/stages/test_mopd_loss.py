@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from cascade.stages.losses import mopd_loss, truncated_fraction
+from cascade.stages.train.losses import mopd_loss, truncated_fraction
 
 
 def leaf(values):

@@ -5,7 +5,7 @@ import json
 
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import Store
-from cascade.stages.regression import newest_finished_run
+from cascade.stages.evals.regression import newest_finished_run
 
 
 def _run(store: Store, run_id: str, status: str, created: float | None, evals=("source", "sft", "rl")) -> None:

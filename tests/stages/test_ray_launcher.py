@@ -34,10 +34,10 @@ from cascade.artifacts.layout import stage_key, steps_dir
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.infra.ray_local import local_ray_cluster
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.errors import DistributedStageError
 from cascade.stages.kinds import StageInputs
-from cascade.stages.launch import run_stage_where_configured
+from cascade.stages.scale.launch import run_stage_where_configured
+from cascade.stages.train.context import ListSink, StageContext
 from tests.conftest import micro_recipe
 from tests.faults.conftest import KILL_RECIPE, QUIET, cascade
 from tests.stages.test_distributed import SFT, assert_same_adamw_weights, sft_data, stage_run
@@ -81,7 +81,7 @@ def test_sft_and_grpo_on_two_ray_nodes_equal_two_torchrun_ranks(ray_address, tmp
     monkeypatch.setenv("RAY_ADDRESS", ray_address)
     data = sft_data(micro_recipe(tmp_path, *SFT, *GRPO), tmp_path)
     runs = {}
-    with caplog.at_level(logging.INFO, logger="cascade.stages.launch_ray"):
+    with caplog.at_level(logging.INFO, logger="cascade.stages.scale.launch_ray"):
         for name, world in (("torchrun", TORCHRUN), ("ray", RAY_TWO_NODES)):
             recipe = micro_recipe(tmp_path, *SFT, *GRPO, *world)
             sft = stage_run(recipe, tmp_path, name, "sft", StageInputs(stages={"sft_data": data}))

@@ -7,12 +7,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import cascade.stages.domains
-import cascade.stages.training
-from cascade.stages.config_base import SMOLLM2
-from cascade.stages.context import ListSink
+import cascade.stages.train.training
 from cascade.stages.kinds import StageInputs, kind_of
-from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.config_base import SMOLLM2
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.model import completion_ids, prompt_ids
 from tests.stages.test_training import VowelDomain, stage_ctx
 
 
@@ -57,7 +57,7 @@ def trained(smollm2_home, tmp_path_factory):
     """Runs the four stages once; stage name -> (ctx, metric sink, (probe ids, the trained model's logits on them))."""
     tmp = tmp_path_factory.mktemp("smollm2-train")
     final_logits = {}
-    real_save = cascade.stages.training.save_model_checkpoint
+    real_save = cascade.stages.train.training.save_model_checkpoint
 
     def save_and_probe(ctx, key, model, tokenizer, **kw):
         probe = torch.tensor([prompt_ids(tokenizer, "What is 2+3?") + completion_ids(tokenizer, "\\boxed{5}")])
@@ -69,7 +69,7 @@ def trained(smollm2_home, tmp_path_factory):
         patch.setenv("CASCADE_HOME", str(smollm2_home))
         patch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
         cascade.stages.domains.register_domain(VowelDomain())
-        patch.setattr(cascade.stages.training, "save_model_checkpoint", save_and_probe)
+        patch.setattr(cascade.stages.train.training, "save_model_checkpoint", save_and_probe)
         runs = run_recipe_stages(smollm2_recipe(tmp, SMOLLM2), tmp)
     return {name: (ctx, sink, final_logits.get(name)) for name, (ctx, sink) in runs.items()}
 
@@ -132,7 +132,7 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
     pad token that pads on the left. SFT, GRPO and MOPD run on it and the checkpoint keeps the two embeddings apart."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     tok.pad_token, tok.padding_side = None, "left"
@@ -166,10 +166,10 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
 
 
 def test_a_model_without_a_chat_template_is_one_line_of_bad_input(tmp_path):
-    from cascade.stages.config import ModelConfig
     from cascade.stages.errors import ModelSourceError
-    from cascade.stages.model import build_tiny_model, load_hf
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model, load_hf
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     build_tiny_model(

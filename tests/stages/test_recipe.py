@@ -3,8 +3,8 @@
 import pytest
 
 from cascade.flows.recipes import load_recipe
-from cascade.stages.recipe import Recipe, RecipeError
-from cascade.stages.recipe_file import RECIPES_DIR
+from cascade.stages.recipe.recipe_file import RECIPES_DIR
+from cascade.stages.recipe.schema import Recipe, RecipeError
 
 
 @pytest.mark.parametrize("path", sorted(RECIPES_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -88,7 +88,7 @@ def test_unknown_recipe_and_missing_file():
 def test_stage_must_read_an_earlier_dataset():
     raw = {"domains": {"math": {}}, "stages": [{"kind": "sft", "data": "missing"}]}
     with pytest.raises(RecipeError, match="reads data .missing., which no earlier sft_data stage writes"):
-        from cascade.stages.recipe import validate_recipe
+        from cascade.stages.recipe.schema import validate_recipe
 
         validate_recipe(raw)
 
@@ -186,7 +186,7 @@ def test_urls_with_credentials_are_found_and_keys_holding_at_signs_are_not():
 )
 def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
     from cascade.flows.recipes import RunRequest, request_recipe
-    from cascade.stages.recipe import RecipeError
+    from cascade.stages.recipe.schema import RecipeError
 
     with pytest.raises(RecipeError) as e:
         request_recipe(RunRequest(recipe="micro", **fields))
@@ -195,7 +195,7 @@ def test_run_form_rejects_fields_the_recipe_lacks(fields, message):
 
 def test_a_mopd_stage_without_teachers_is_one_line():
     """It used to validate and then crash in random.sample with no prompts to draw."""
-    from cascade.stages.recipe import validate_recipe
+    from cascade.stages.recipe.schema import validate_recipe
 
     raw = load_recipe("micro").model_dump(mode="json")
     raw["stages"].append({"kind": "mopd", "name": "distil"})
@@ -207,8 +207,8 @@ def test_a_mopd_stage_without_teachers_is_one_line():
 def test_a_warmup_longer_than_the_stage_is_refused_even_as_a_default_but_not_in_a_stored_run():
     """SFT's default warm-up is 100 steps: a 50-step SFT that leaves it would never reach its learning rate.
     A run stored before that rule resumes with the settings it began with."""
-    from cascade.stages.recipe import RecipeError, validate_recipe
-    from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
+    from cascade.stages.recipe.recipe_file import read_recipe_file, resolve_recipe_path
+    from cascade.stages.recipe.schema import RecipeError, validate_recipe
 
     raw = read_recipe_file(resolve_recipe_path("micro"))
     sft = next(s for s in raw["stages"] if s["kind"] == "sft")

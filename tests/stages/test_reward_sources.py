@@ -11,15 +11,15 @@ import torch
 
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.engines import Completion
-from cascade.stages.recipe import RecipeError, load_recipe, validate_recipe
-from cascade.stages.recipe_file import read_recipe_file, resolve_recipe_path
-from cascade.stages.reward_sources import (
+from cascade.stages.recipe.recipe_file import read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.schema import RecipeError, load_recipe, validate_recipe
+from cascade.stages.scoring.reward_sources import (
     RewardSourceConfig,
     RewardSourceRow,
     register_reward_source,
     unregister_reward_source,
 )
-from cascade.stages.rewards import make_reward_source
+from cascade.stages.scoring.rewards import make_reward_source
 
 CALLS: list[dict] = []
 

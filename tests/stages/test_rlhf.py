@@ -9,7 +9,6 @@ from transformers import AutoModelForSequenceClassification, Qwen2Config, Qwen2F
 
 from cascade.artifacts.store import Store
 from cascade.flows.recipes import load_recipe
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains import get_domain
 from cascade.stages.domains.chat import NEAR_MISSES, near_miss, rubric
 from cascade.stages.kinds import StageInputs
@@ -17,8 +16,9 @@ from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds.reward_model.run_reward_model import pair_scores, run_reward_model, shared_prefix_rows
 from cascade.stages.kinds.sft.run_sft import run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.train.context import ListSink, StageContext
+from cascade.stages.train.model import completion_ids, prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.conftest import DEVICES
 
 BROKEN = {
@@ -213,8 +213,8 @@ def test_reward_model_resumes_from_its_step_checkpoint_as_a_classifier(tmp_path,
 def test_reward_model_selection_commits_the_best_checked_step_and_stops_on_patience(tmp_path):
     """select_every scores pairs held back from training; the checkpoint holds the best check's weights (its
     margin on those pairs is the logged one), and patience ends the stage early."""
-    from cascade.stages.distributed import process_world
     from cascade.stages.kinds.reward_model.run_reward_model import encode_pairs, pairwise_metrics
+    from cascade.stages.scale.distributed import process_world
 
     rm = {**MICRO_RLHF["stages"][2], "steps": 12, "lr": 3e-3, "select_every": 2, "select_pairs": 8, "patience": 2}
     recipe = micro_rlhf(tmp_path, stages=[*MICRO_RLHF["stages"][:2], rm])
@@ -287,7 +287,7 @@ def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_s
     gives no pair. The same seed gives the same pairs."""
     from cascade.stages.engines import SamplingParams, make_engine
     from cascade.stages.kinds.reward_model.run_reward_model import load_pairs
-    from cascade.stages.rollout import step_seed
+    from cascade.stages.train.rollout import step_seed
 
     pairs_cfg = {"kind": "on_policy", "domain": "chat", "train": 24, "heldout": 8, "samples": 4}
     stages = [{**s, "pairs": pairs_cfg} if s["kind"] == "reward_model" else s for s in MICRO_RLHF["stages"]]
@@ -321,6 +321,6 @@ def test_on_policy_pairs_put_the_policys_best_graded_answer_over_its_worst_and_s
 
 
 def load_checkpoint_of(recipe, ref, workdir):
-    from cascade.stages.context import load_checkpoint
+    from cascade.stages.train.context import load_checkpoint
 
     return load_checkpoint(recipe, Store.from_config(recipe.storage), ref, workdir)

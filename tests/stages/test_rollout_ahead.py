@@ -7,14 +7,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from cascade.stages.context import ListSink
 from cascade.stages.domains import Item
 from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
-from cascade.stages.rollout import StepRequest
-from cascade.stages.rollout_ahead import Rollout, RolloutPipeline
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.rollout import StepRequest
+from cascade.stages.train.rollout_ahead import Rollout, RolloutPipeline
 from tests.stages.test_training import crash_at_step, stage_ctx, vowel_recipe, weights
 
 

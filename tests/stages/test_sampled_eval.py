@@ -9,9 +9,9 @@ import pytest
 from cascade.artifacts.html_report import standard_error
 from cascade.flows.recipes import load_recipe
 from cascade.stages.engines.interface import Completion, SamplingParams
-from cascade.stages.evaluate import evaluate_domains, item_seeds
-from cascade.stages.recipe import RecipeError
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.evals.evaluate import evaluate_domains, item_seeds
+from cascade.stages.recipe.schema import RecipeError
+from cascade.stages.train.tokenizer import load_tokenizer
 from tests.conftest import DEVICES
 
 
@@ -104,9 +104,9 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
     """Common random numbers: a checkpoint answers an item with the same draws whether the eval batches 1 or 64
     rows, whether the held-out set holds 3 or 6 items, and in whatever order they come, so two checkpoints' paired
     difference is theirs alone."""
-    from cascade.stages.config import ModelConfig
     from cascade.stages.engines.hf import HFEngine
-    from cascade.stages.model import build_tiny_model
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model
 
     tok = load_tokenizer()
     model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), len(tok), 0)
@@ -134,7 +134,7 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_eval_samples_where_the_stages_train(device):
     """A recipe that trains on a GPU evaluates there too (the eval once stayed on the CPU whatever compute said)."""
-    from cascade.stages.evaluate import open_policy
+    from cascade.stages.evals.evaluate import open_policy
 
     recipe = load_recipe("micro", [f"compute.device={device}"])
     _, engine = open_policy(recipe)

@@ -16,7 +16,6 @@ import pytest
 
 from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.store import Store
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.datasets.conversations import single_turn
 from cascade.stages.datasets.filters import ContaminationIndex, normalized_tokens
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
@@ -24,9 +23,10 @@ from cascade.stages.domains import get_domain
 from cascade.stages.domains.benchdata import DEFAULT_DATA_ROOT
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.model import completion_ids, prompt_ids
-from cascade.stages.recipe import RecipeError, validate_recipe
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.train.context import ListSink, StageContext
+from cascade.stages.train.model import completion_ids, prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 
 LONG = (
     "the quick brown fox jumps over the lazy dog while the farmer counts his sheep in the morning light "
@@ -335,9 +335,9 @@ def talk(user: str, *answers: str) -> list[dict]:
 
 
 def test_conversations_are_built_whole_without_a_teacher_and_filtered_by_their_user_turns(tmp_path):
-    from cascade.stages.context import StageContext
     from cascade.stages.kinds.sft.run_sft import load_examples
-    from cascade.stages.model import conversation_example
+    from cascade.stages.train.context import StageContext
+    from cascade.stages.train.model import conversation_example
 
     tool = get_domain("tool")
     heldout = tool.generate("heldout", 8, seed=0)[0].prompt
@@ -508,8 +508,8 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
 def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
     from cascade.artifacts.checkpoint import write_checkpoint
-    from cascade.stages.config import ModelConfig
-    from cascade.stages.model import build_tiny_model, save_hf
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model, save_hf
     from tests.stages.rigged import rig_short_answers
 
     tokenizer = load_tokenizer()

@@ -39,10 +39,10 @@ import json, sys, tempfile, time
 from pathlib import Path
 from cascade.artifacts.store import Store
 from cascade.stages.kinds import StageInputs
-from cascade.stages.context import ListSink, StageContext
+from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.domains import register_domain
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.schema import validate_recipe
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
 
 

@@ -18,12 +18,12 @@ import pytest
 
 from cascade.artifacts.checkpoint import committed, verify
 from cascade.artifacts.store import Store
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.datasets.shards import DATA_DIR, shard_paths
 from cascade.stages.datasets.teachers import TeacherError
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.recipe import validate_recipe
+from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.train.context import ListSink, StageContext
 from tests.stages.rigged import rigged_vllm_server
 from tests.stages.test_vllm_engine import TINY, require_vllm_venv
 

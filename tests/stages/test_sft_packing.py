@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from cascade.artifacts.config import config_hash
-from cascade.stages.config import ModelConfig
-from cascade.stages.context import ListSink
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft.run_sft import model_rows, pack_batch, pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import Example, build_tiny_model
-from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.training import backward_micro_batches
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.context import ListSink
+from cascade.stages.train.losses import sft_loss, token_logprobs
+from cascade.stages.train.model import Example, build_tiny_model
+from cascade.stages.train.tokenizer import load_tokenizer
+from cascade.stages.train.training import backward_micro_batches
 from tests.conftest import micro_recipe
 from tests.stages.test_training import grads_of, stage_ctx, weights
 

@@ -5,11 +5,11 @@ import importlib.util
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from cascade.stages.config import ModelConfig
-from cascade.stages.config_base import SMOLLM2
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.model import initial_model, load_hf, num_parameters, prompt_ids
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.config_base import SMOLLM2
+from cascade.stages.train.model import initial_model, load_hf, num_parameters, prompt_ids
 
 pytestmark = [
     pytest.mark.slow,
@@ -66,7 +66,7 @@ def test_generates_a_few_tokens(converted):
 
 def test_the_gguf_can_be_named_by_the_environment(tmp_path, monkeypatch):
     """A machine without the wheel (a lent GPU) names the GGUF; a name that is no file is one clear error."""
-    from cascade.stages.model_source import SMOLLM2_GGUF, smollm2_gguf
+    from cascade.stages.train.model_source import SMOLLM2_GGUF, smollm2_gguf
 
     copy = tmp_path / SMOLLM2_GGUF
     copy.write_bytes(b"GGUF")

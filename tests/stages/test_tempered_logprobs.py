@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from cascade.stages.completions import completion_batch, completion_logprobs
-from cascade.stages.config import ModelConfig
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.losses import (
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.completions import completion_batch, completion_logprobs
+from cascade.stages.train.losses import (
     NUCLEUS_FLOOR_NATS,
     grpo_loss,
     mopd_loss,
@@ -20,8 +20,8 @@ from cascade.stages.losses import (
     scoring_logits,
     token_logprobs,
 )
-from cascade.stages.model import build_tiny_model, prompt_ids
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.train.model import build_tiny_model, prompt_ids
+from cascade.stages.train.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
 

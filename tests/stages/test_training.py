@@ -10,9 +10,6 @@ from safetensors.torch import load_file
 
 import cascade.stages.domains
 from cascade.artifacts.store import Store
-from cascade.stages.completions import completion_batch, completion_logprobs
-from cascade.stages.config import ModelConfig
-from cascade.stages.context import ListSink, StageContext
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.engines.interface import Completion
 from cascade.stages.kinds import StageInputs
@@ -20,10 +17,13 @@ from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds.sft.run_sft import pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
-from cascade.stages.model import Example, build_tiny_model
-from cascade.stages.tokenizer import load_tokenizer
-from cascade.stages.training import backward_micro_batches
+from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.train.completions import completion_batch, completion_logprobs
+from cascade.stages.train.context import ListSink, StageContext
+from cascade.stages.train.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
+from cascade.stages.train.model import Example, build_tiny_model
+from cascade.stages.train.tokenizer import load_tokenizer
+from cascade.stages.train.training import backward_micro_batches
 from tests.conftest import micro_recipe
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -221,7 +221,7 @@ class HalfFlatVowelDomain(VowelDomain):
 def vowel_recipe(tmp_path, monkeypatch, domain=VowelDomain, **grpo):
     monkeypatch.setattr(cascade.stages.domains, "_instances", dict(cascade.stages.domains._instances))
     cascade.stages.domains.register_domain(domain())
-    from cascade.stages.recipe import validate_recipe
+    from cascade.stages.recipe.schema import validate_recipe
 
     return validate_recipe(
         {
@@ -311,7 +311,7 @@ def test_grpo_can_keep_flat_groups_as_trl_does(tmp_path, monkeypatch):
 
 def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
     from cascade.stages.kinds.sft import SFTConfig
-    from cascade.stages.training import make_optimizer
+    from cascade.stages.train.training import make_optimizer
 
     model = build_tiny_model(ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128), 300, 0)
     cfg = SFTConfig(weight_decay=0.1, adam_betas=(0.8, 0.99))
@@ -336,7 +336,7 @@ def test_the_optimizer_decays_matrices_only_with_the_configured_betas():
 
 def test_adam_betas_validate_from_a_recipe():
     from cascade.flows.recipes import load_recipe
-    from cascade.stages.recipe import RecipeError
+    from cascade.stages.recipe.schema import RecipeError
 
     assert load_recipe("micro", ["stages.sft.adam_betas=[0.9, 0.99]"]).stage("sft").adam_betas == (0.9, 0.99)
     with pytest.raises(RecipeError, match="adam_betas"):
@@ -344,7 +344,7 @@ def test_adam_betas_validate_from_a_recipe():
 
 
 def test_an_on_policy_warmup_ramps_the_learning_rate_then_holds_it(tmp_path, monkeypatch):
-    from cascade.stages.training import warmup_constant
+    from cascade.stages.train.training import warmup_constant
 
     assert [warmup_constant(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert warmup_constant(0, 0) == 1.0

@@ -7,9 +7,9 @@ import pytest
 
 from cascade.flows.recipes import load_recipe
 from cascade.stages.engines.interface import Completion
-from cascade.stages.evaluate import evaluate_benchmarks
-from cascade.stages.recipe import RecipeError
-from cascade.stages.tokenizer import load_tokenizer
+from cascade.stages.evals.evaluate import evaluate_benchmarks
+from cascade.stages.recipe.schema import RecipeError
+from cascade.stages.train.tokenizer import load_tokenizer
 
 
 class Answers:

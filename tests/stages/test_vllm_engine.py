@@ -27,7 +27,7 @@ from cascade.stages.engines.vllm import (
     _to_completion,
     trainer_logprobs,
 )
-from cascade.stages.losses import sampling_logits
+from cascade.stages.train.losses import sampling_logits
 from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 
 pytestmark = pytest.mark.vllm
@@ -82,9 +82,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from cascade.stages.config import ModelConfig
-    from cascade.stages.model import build_tiny_model, save_hf
-    from cascade.stages.tokenizer import load_tokenizer
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import build_tiny_model, save_hf
+    from cascade.stages.train.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()
     model = build_tiny_model(ModelConfig(**TINY), len(tokenizer), seed=0).eval()

@@ -1,11 +1,11 @@
-"""The cascade's walk (stages/walk.py): the one description of a run's shape that the flow, the stage driver, the
+"""The cascade's walk (stages/recipe/walk.py): the one description of a run's shape that the flow, the stage driver, the
 plan and the recover flow read, and `Made`, what a run carries from stage to stage."""
 
 from __future__ import annotations
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.kinds import kind_of
-from cascade.stages.walk import GateStep, Made, SourceEval, StageStep, walk
+from cascade.stages.recipe.walk import GateStep, Made, SourceEval, StageStep, walk
 from tests.conftest import micro_recipe
 
 MICRO_STAGES = [(0, "sft_data"), (1, "sft"), (2, "difficulty"), (3, "if_rl"), (4, "math_rl")]

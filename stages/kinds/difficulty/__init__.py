@@ -12,7 +12,8 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from cascade.artifacts.report import ReportCard
-from cascade.stages.config_base import (
+from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.config_base import (
     SMOLLM2,
     Count,
     Fraction,
@@ -24,8 +25,7 @@ from cascade.stages.config_base import (
     imported_on_call,
     reference_kind,
 )
-from cascade.stages.estimate import StageEstimate, mean_new_tokens
-from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.estimate import StageEstimate, mean_new_tokens
 
 
 class DifficultyConfig(StageConfig):

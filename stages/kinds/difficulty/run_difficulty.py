@@ -42,17 +42,17 @@ from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import rollout_cache_key
 from cascade.artifacts.store import Store
 from cascade.artifacts.transfer import sha256_file
-from cascade.stages.config_base import reference_kind
-from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.domains import Item
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty import DifficultyConfig
-from cascade.stages.model import end_of_turn_ids, load_hf, prompt_ids
-from cascade.stages.model_source import resolve_model_dir
 from cascade.stages.products import PROMPTS_FILE
-from cascade.stages.rollout import prompt_pool, score_texts, step_seed
-from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
+from cascade.stages.recipe.config_base import reference_kind
+from cascade.stages.train.context import StageContext, StageResult, load_policy
+from cascade.stages.train.model import end_of_turn_ids, load_hf, prompt_ids
+from cascade.stages.train.model_source import resolve_model_dir
+from cascade.stages.train.rollout import prompt_pool, score_texts, step_seed
+from cascade.stages.train.tokenizer import ASSET_DIR, load_tokenizer
 
 CHUNK_PROMPTS = 64  # prompts per engine call and per cache shard
 PASS_RATES_FILE = "data/pass_rates.jsonl"

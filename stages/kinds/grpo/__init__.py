@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from cascade.stages.config_base import (
+from cascade.stages.kinds.registry import StageKind, check_domain_weights, register_kind
+from cascade.stages.recipe.config_base import (
     Count,
     ForwardOptions,
     Name,
@@ -22,10 +23,9 @@ from cascade.stages.config_base import (
     StageConfig,
     imported_on_call,
 )
-from cascade.stages.data_sources import DataSource, ReadsDataFiles
-from cascade.stages.estimate import StageEstimate, on_policy_estimate
-from cascade.stages.kinds.registry import StageKind, check_domain_weights, register_kind
-from cascade.stages.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms
+from cascade.stages.recipe.data_sources import DataSource, ReadsDataFiles
+from cascade.stages.recipe.estimate import StageEstimate, on_policy_estimate
+from cascade.stages.scoring.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms
 
 
 class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
@@ -37,9 +37,9 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     # domain -> sources, as sft_data reads them (a domain not listed: its synthetic train split)
     prompts: str | dict[str, list[DataSource]] | None = None
     # one reward source ({kind: grader}), or a list of {source, weight} whose rewards are summed
-    # (stages/reward_sources.py: the registry of sources)
+    # (stages/scoring/reward_sources.py: the registry of sources)
     reward: RewardSpec = GraderReward()
-    # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.losses.kl_k3); the paper uses it in RLHF only
+    # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.train.losses.kl_k3); the paper uses it in RLHF only
     kl_coef: NonNegative = 0.0
     reference: str | None = None  # with kl_coef > 0: an earlier policy stage, frozen; None: this stage's start
     # logprob_mismatch (mean |log pi_train - log pi_inf|) covers the kept groups' tokens, from the update's own
@@ -62,7 +62,7 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     mis_band: tuple[Positive, Positive] = (0.5, 5.0)
     # How the update lays out its micro-batch's rows for the model, not what it computes (the same loss up to
     # rounding, tested to 1e-5; so not hashed). shared_prefix: each prompt forwarded once, its group's completions
-    # run on its repeated KV cache (stages/completions.py). packed: the [prompt | completion] rows laid end to end
+    # run on its repeated KV cache (stages/train/completions.py). packed: the [prompt | completion] rows laid end to end
     # in packed rows of pack_length tokens (None: the micro-batch's longest row), position ids restarting per row
     # as SFT packs, one forward without a cache; each prompt then goes through the model once per completion, but
     # in few, full rows, and `attention: flex_attention` and `compile: true` (ForwardOptions) apply to it only.
@@ -70,7 +70,7 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     update_layout: Literal["shared_prefix", "packed"] = "shared_prefix"
     # 0: strictly on-policy, the paper's loop. 1: step t+1's batch is sampled from the weights step t starts from,
     # in the background while step t trains, and importance_correction (auto: tis) weights its tokens
-    # (stages/rollout_ahead.py). It pays where the sampler has cores of its own: a vLLM server, another Ray node.
+    # (stages/train/rollout_ahead.py). It pays where the sampler has cores of its own: a vLLM server, another Ray node.
     max_staleness: Literal[0, 1] = 0
     pack_length: Count | None = None
     not_hashed: ClassVar[frozenset[str]] = (

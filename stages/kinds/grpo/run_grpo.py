@@ -1,7 +1,7 @@
 """GRPO, strictly on-policy, as in every Nemotron-Cascade RL stage (arXiv 2512.13607 sec. 4, 2603.19220 sec. 3).
 
 For each prompt q, sample G responses o_1..o_G from pi_theta, score them r_i with the stage's reward source
-(stages/rewards.py; by default the domain's grader), and
+(stages/scoring/rewards.py; by default the domain's grader), and
 
     A_i = (r_i - mean(r)) / (std(r) + eps)
     L(theta) = -(1 / sum_i |o_i|) * sum_i sum_t A_i * pi_theta(o_it) / sg[pi_theta(o_it)]
@@ -11,10 +11,10 @@ Deviation, as the peers ship it: the engine's logprob pi_inf of each sampled tok
 `importance_correction` weights the token's term by w_t = min(pi_train / pi_inf, is_cap) (tis) or by the ratio
 zeroed outside mis_band (mis, IcePop); none (w = 1) is the paper's loss, and auto picks tis where a mismatch is
 real (vLLM rollouts, bf16 training, a batch sampled ahead). Deviation, off by default: `max_staleness: 1`
-samples step t+1's batch while step t trains, from theta_t (stages/rollout_ahead.py); the correction then also
+samples step t+1's batch while step t trains, from theta_t (stages/train/rollout_ahead.py); the correction then also
 covers that step of staleness, and the step logs it (`staleness`). The step logs the mismatch's mean and max
 and the share of tokens corrected (`is_corrected`). With `kl_coef` > 0 (the paper's RLHF stage only; 0 everywhere
-else), L gains kl_coef * KL(pi_theta || pi_ref), the k3 estimator on the sampled tokens (stages.losses.kl_k3),
+else), L gains kl_coef * KL(pi_theta || pi_ref), the k3 estimator on the sampled tokens (stages.train.losses.kl_k3),
 pi_ref a frozen checkpoint (`reference`, default the stage's start). Groups whose G rewards are all equal carry no
 signal and are dropped (dynamic filtering; `drop_flat_groups: false` keeps them, as TRL does: no gradient of their
 own, more compute). The paper refills dropped groups by over-sampling prompts; `refill_rounds` does so, each round
@@ -41,7 +41,14 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from cascade.stages.completions import (
+from cascade.stages.datasets.sources import iter_rows
+from cascade.stages.domains import Item
+from cascade.stages.kinds import StageInputs
+from cascade.stages.kinds.grpo import GRPOConfig
+from cascade.stages.products import load_kept_prompts
+from cascade.stages.scale.distributed import rank_micro_batches
+from cascade.stages.scoring.rewards import make_reward_source
+from cascade.stages.train.completions import (
     CompletionBatch,
     RowLayout,
     check_head_reads_decoder,
@@ -49,13 +56,8 @@ from cascade.stages.completions import (
     completion_logprobs,
     runs_full_rows,
 )
-from cascade.stages.context import StageContext, StageResult, load_policy
-from cascade.stages.datasets.sources import iter_rows
-from cascade.stages.distributed import rank_micro_batches
-from cascade.stages.domains import Item
-from cascade.stages.kinds import StageInputs
-from cascade.stages.kinds.grpo import GRPOConfig
-from cascade.stages.losses import (
+from cascade.stages.train.context import StageContext, StageResult, load_policy
+from cascade.stages.train.losses import (
     groups_with_signal,
     grpo_advantages,
     grpo_loss,
@@ -64,10 +66,8 @@ from cascade.stages.losses import (
     tis_weights,
     token_entropy,
 )
-from cascade.stages.packing import check_forward_options, check_packing_isolates_rows, compile_layers
-from cascade.stages.products import load_kept_prompts
-from cascade.stages.rewards import make_reward_source
-from cascade.stages.rollout import (
+from cascade.stages.train.packing import check_forward_options, check_packing_isolates_rows, compile_layers
+from cascade.stages.train.rollout import (
     StepRequest,
     make_rollout_engine,
     reward_metrics,
@@ -75,8 +75,8 @@ from cascade.stages.rollout import (
     step_request,
     sync_metrics,
 )
-from cascade.stages.rollout_ahead import CARRY_KEY, Rollout, RolloutPipeline
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
+from cascade.stages.train.rollout_ahead import CARRY_KEY, Rollout, RolloutPipeline
+from cascade.stages.train.training import TrainRun, backward_micro_batches, clip_and_step, idle_loss, warmup_constant
 
 
 def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
@@ -235,7 +235,7 @@ def rollout_and_score(engine, run: TrainRun, pool: list[Item], cfg: GRPOConfig, 
 def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> list[Item]:
     """The prompt pool: a difficulty stage's kept prompts, the domains' files (parsed as sft_data parses them:
     a benchmark's own row parser, or a user's JSONL/Parquet fields); a domain without files: its synthetic
-    train split (the same items as stages.rollout.prompt_pool)."""
+    train split (the same items as stages.train.rollout.prompt_pool)."""
     if isinstance(cfg.prompts, str):
         return load_kept_prompts(ctx, inputs.stages[cfg.prompts], cfg.domains)
     return [row.item for row in iter_rows(cfg, ctx.recipe, cfg.domains, oracle_domains=set())]
@@ -263,7 +263,7 @@ def policy_update(
     off the update's own forward (by default), or over every sampled token with cfg.mismatch_over_dropped
     (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and sums
     are all-reduced, so N ranks make the update of one process. Each prompt goes through the model once for its
-    group (stages/completions.py)."""
+    group (stages/train/completions.py)."""
     world, pad, layout = run.world, run.tokenizer.pad_token_id, row_layout(cfg)
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
     batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature, cfg.top_p).to(
@@ -320,7 +320,8 @@ def policy_update(
 
 
 def row_layout(cfg: GRPOConfig) -> RowLayout:
-    """How the update's forwards lay out their rows (stages/completions.py); the reference keeps the shared prefix."""
+    """How the update's forwards lay out their rows (stages/train/completions.py); the reference keeps the shared
+    prefix."""
     return RowLayout(cfg.update_layout, cfg.pack_length, cfg.compile)
 
 

@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
-from cascade.stages.config_base import (
+from cascade.stages.kinds.registry import StageKind, check_domain_weights, kind_of, register_kind
+from cascade.stages.recipe.config_base import (
     Count,
     Fraction,
     Name,
@@ -22,8 +23,7 @@ from cascade.stages.config_base import (
     _no_bool,
     imported_on_call,
 )
-from cascade.stages.estimate import StageEstimate, on_policy_estimate
-from cascade.stages.kinds.registry import StageKind, check_domain_weights, kind_of, register_kind
+from cascade.stages.recipe.estimate import StageEstimate, on_policy_estimate
 
 
 class MOPDConfig(OnPolicyConfig):

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.stages.completions import CompletionBatch, completion_batch, completion_logprobs
-from cascade.stages.context import StageContext, StageResult, load_policy
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.mopd import MOPDConfig
-from cascade.stages.losses import mopd_loss, truncated_fraction
-from cascade.stages.rollout import (
+from cascade.stages.train.completions import CompletionBatch, completion_batch, completion_logprobs
+from cascade.stages.train.context import StageContext, StageResult, load_policy
+from cascade.stages.train.losses import mopd_loss, truncated_fraction
+from cascade.stages.train.rollout import (
     make_rollout_engine,
     prompt_pool,
     reward_metrics,
@@ -36,7 +36,13 @@ from cascade.stages.rollout import (
     step_request,
     sync_metrics,
 )
-from cascade.stages.training import TrainRun, backward_micro_batches, clip_and_step, micro_batches, warmup_constant
+from cascade.stages.train.training import (
+    TrainRun,
+    backward_micro_batches,
+    clip_and_step,
+    micro_batches,
+    warmup_constant,
+)
 
 
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:

@@ -12,7 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
-from cascade.stages.config_base import (
+from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.config_base import (
     SMOLLM2,
     BatchSize,
     Count,
@@ -29,8 +30,7 @@ from cascade.stages.config_base import (
     imported_on_call,
     reference_kind,
 )
-from cascade.stages.estimate import StageEstimate, mean_new_tokens, training_storage
-from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.estimate import StageEstimate, mean_new_tokens, training_storage
 
 
 class DomainPairs(Strict):

@@ -4,7 +4,7 @@ For preference pairs (x, y_c, y_r), a scalar head r_phi on a language-model back
 
     L(phi) = -(1 / K) * sum_k log sigmoid(r_phi(x_k, y_c,k) - r_phi(x_k, y_r,k) - margin)
 
-(stages.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
+(stages.train.losses.bradley_terry_loss), K the pairs of the optimizer batch. r_phi is read at the last token of the
 chat-formatted prompt + answer (the end-of-turn token); a pair's two sequences share one row, the prompt run once
 (`pair_scores`). The checkpoint is an ordinary one-label `AutoModelForSequenceClassification` that `transformers`
 loads, with a manifest like every checkpoint.
@@ -19,7 +19,7 @@ then climbs a score that the rubric does not share. So the stage can hold back `
 score them every `select_every` steps, stop after `patience` checks without a better score, and commit the best
 step's weights. The held-out pairs stay out of the choice: they report the result.
 
-It trains as SFT does (`TrainRun`, stages/training.py): in one process, or under torchrun (FSDP2) with each rank
+It trains as SFT does (`TrainRun`, stages/train/training.py): in one process, or under torchrun (FSDP2) with each rank
 taking a contiguous share of every batch's pairs, the loss normalized by the whole batch's pair count, and the
 checkpoint committed by rank 0. Deviations: the score head starts at zero (transformers initializes it randomly),
 so every pair starts at loss log 2 and the first steps are not spent undoing a random head; no step checkpoints
@@ -38,20 +38,20 @@ from pathlib import Path
 import torch
 
 from cascade.artifacts.checkpoint import materialize
-from cascade.stages.context import StageContext, StageResult
 from cascade.stages.datasets.preferences import PreferencePair, pair_of
 from cascade.stages.datasets.sources import _file_records
-from cascade.stages.distributed import World, rank_micro_batches
 from cascade.stages.domains import Domain, Item, get_domain
 from cascade.stages.engines import RolloutEngine, SamplingParams, make_engine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.reward_model import DomainPairs, OnPolicyPairs, PreferenceFile, RewardModelConfig
-from cascade.stages.losses import bradley_terry_loss
-from cascade.stages.model import completion_ids, load_hf, prompt_ids
-from cascade.stages.model_source import resolve_model_dir
 from cascade.stages.products import load_reward_model
-from cascade.stages.rollout import step_seed
-from cascade.stages.training import (
+from cascade.stages.scale.distributed import World, rank_micro_batches
+from cascade.stages.train.context import StageContext, StageResult
+from cascade.stages.train.losses import bradley_terry_loss
+from cascade.stages.train.model import completion_ids, load_hf, prompt_ids
+from cascade.stages.train.model_source import resolve_model_dir
+from cascade.stages.train.rollout import step_seed
+from cascade.stages.train.training import (
     TrainRun,
     backward_micro_batches,
     batch_for_step,

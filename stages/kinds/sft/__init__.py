@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from cascade.stages.config_base import (
+from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.config_base import (
     BatchSize,
     Count,
     Every,
@@ -24,8 +25,7 @@ from cascade.stages.config_base import (
     TrainingConfig,
     imported_on_call,
 )
-from cascade.stages.estimate import StageEstimate, mean_new_tokens, training_storage
-from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.estimate import StageEstimate, mean_new_tokens, training_storage
 
 
 class SFTConfig(TrainingConfig, MicroBatched, ForwardOptions):

@@ -6,11 +6,11 @@ Nemotron-Cascade SFT (arXiv 2512.13607 sec. 3): next-token NLL over the teacher'
 
 with N_resp the response-token count of the whole optimizer batch, so micro-batching does not change it. A row
 may be a multi-turn conversation (system, user, assistant and tool turns): then every assistant turn is a response,
-its tokens found through the tokenizer's chat template (stages/model.py `conversation_example`), and the other
+its tokens found through the tokenizer's chat template (stages/train/model.py `conversation_example`), and the other
 turns are context.
 Deviations: AdamW (0.9, 0.95), warm-up then cosine to 10%, and bf16 autocast where this host runs it faster
-(`compute.dtype: auto`, stages/precision.py); under torchrun each rank takes a contiguous share of every
-batch's rows and the token count is all-reduced (stages/distributed.py); batches are sampled from a per-epoch
+(`compute.dtype: auto`, stages/train/precision.py); under torchrun each rank takes a contiguous share of every
+batch's rows and the token count is all-reduced (stages/scale/distributed.py); batches are sampled from a per-epoch
 seeded permutation, so the data position is just the step number and a resumed stage sees exactly the batches
 it would have seen. Packing (on by default, `packing: false` pads instead; docs/RECIPES.md) lays a step's rows
 end to end with position ids restarting per row and attention kept inside each: the same loss per token as
@@ -26,22 +26,22 @@ import time
 import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef, materialize
-from cascade.stages.context import StageContext, StageResult
 from cascade.stages.datasets.shards import DATA_DIR, iter_conversations, shard_paths
-from cascade.stages.distributed import World
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft import SFTConfig
-from cascade.stages.losses import sft_loss, token_logprobs
-from cascade.stages.model import Example, conversation_example
-from cascade.stages.packing import (
+from cascade.stages.recipe.schema import RecipeError
+from cascade.stages.scale.distributed import World
+from cascade.stages.train.context import StageContext, StageResult
+from cascade.stages.train.losses import sft_loss, token_logprobs
+from cascade.stages.train.model import Example, conversation_example
+from cascade.stages.train.packing import (
     check_forward_options,
     check_packing_isolates_rows,
     compile_layers,
     compiled_token_logprobs,
     pack_batch,
 )
-from cascade.stages.recipe import RecipeError
-from cascade.stages.training import TrainRun, backward_micro_batches, batch_for_step, clip_and_step, warmup_cosine
+from cascade.stages.train.training import TrainRun, backward_micro_batches, batch_for_step, clip_and_step, warmup_cosine
 
 
 def run_sft(cfg: SFTConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:

@@ -13,10 +13,10 @@ from pydantic import BaseModel
 
 from cascade.artifacts.config import Strict
 from cascade.artifacts.report import Breakdown, ReportCard
-from cascade.stages.config_base import Count, Fraction, Name, StageConfig, imported_on_call
-from cascade.stages.data_sources import DataSource, OracleTeacher, ReadsDataFiles, SyntheticSource, TeacherConfig
-from cascade.stages.estimate import DATA_BYTES_PER_TOKEN, StageEstimate, mean_new_tokens
 from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.config_base import Count, Fraction, Name, StageConfig, imported_on_call
+from cascade.stages.recipe.data_sources import DataSource, OracleTeacher, ReadsDataFiles, SyntheticSource, TeacherConfig
+from cascade.stages.recipe.estimate import DATA_BYTES_PER_TOKEN, StageEstimate, mean_new_tokens
 
 
 class DedupConfig(Strict):

@@ -35,8 +35,6 @@ from typing import Any
 from cascade.artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.layout import shard_key, shards_dir
-from cascade.stages.context import StageContext, StageResult
-from cascade.stages.data_sources import OracleTeacher
 from cascade.stages.datasets.card import DataCard, SourceCounts
 from cascade.stages.datasets.conversations import dedup_text, single_turn
 from cascade.stages.datasets.filters import ContaminationIndex, ExactDedup, NearDedup
@@ -47,7 +45,9 @@ from cascade.stages.domains import get_domain
 from cascade.stages.domains.base import EVAL_SPLITS, Domain
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data import SFTDataConfig
-from cascade.stages.recipe import Recipe
+from cascade.stages.recipe.data_sources import OracleTeacher
+from cascade.stages.recipe.schema import Recipe
+from cascade.stages.train.context import StageContext, StageResult
 
 DATA_CARD_JSON, DATA_CARD_MD = "data_card.json", "DATA_CARD.md"
 
@@ -131,8 +131,8 @@ class ShardBuilder:
     """The state a build carries across shards: teachers, the eval index, the dedup filters and the card."""
 
     def __init__(self, cfg: SFTDataConfig, ctx: StageContext):
-        from cascade.stages.model_source import resolve_model_dir
-        from cascade.stages.tokenizer import ASSET_DIR, load_tokenizer
+        from cascade.stages.train.model_source import resolve_model_dir
+        from cascade.stages.train.tokenizer import ASSET_DIR, load_tokenizer
 
         self.cfg, self.ctx = cfg, ctx
         self.domains = cfg.domains or list(ctx.recipe.domains)

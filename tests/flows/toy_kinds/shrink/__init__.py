@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from cascade.stages.config_base import Read, StageConfig, imported_on_call
 from cascade.stages.kinds.registry import StageKind, register_kind
+from cascade.stages.recipe.config_base import Read, StageConfig, imported_on_call
 
 
 class ShrinkConfig(StageConfig):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from cascade.stages.context import StageContext, StageResult, load_policy, save_model_checkpoint
 from cascade.stages.kinds.registry import StageInputs
+from cascade.stages.train.context import StageContext, StageResult, load_policy, save_model_checkpoint
 from tests.flows.toy_kinds.shrink import ShrinkConfig
 
 

@@ -1,0 +1,180 @@
+"""Scheduled regression evals: compare checkpoints with a stored per-domain baseline.
+
+The in-run gate (`stages.evals.gate`) compares a stage with the best score earlier in the same run. A regression eval
+compares any checkpoint with a baseline kept in the store across runs, `<store>/baselines/<name>.json`: per
+domain, a score and the checkpoint that earned it. A domain regresses when baseline - score > the recipe's
+tolerance for it (absolute score points, the gate's rule). The checkpoints behind the baseline are, per domain,
+the best known ones, so they are also the MOPD teachers of a recovery.
+
+Two ways to change a baseline: `replace` (all domains from one eval: `cascade baseline set`) and `raise_to`
+(a ratchet, each domain moves only up: the flow's `update_baseline`). This module only decides and records.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from cascade.artifacts import layout
+from cascade.artifacts.records import EvalRecord, EvalRecordError
+from cascade.artifacts.report import is_side_column, selection_column
+from cascade.artifacts.store import Store
+
+Verdict = Literal["regressed", "ok", "no baseline"]
+
+
+class BaselineEntry(BaseModel):
+    score: float
+    checkpoint: str  # the name it was given by (a registry alias or a URI)
+    uri: str  # the checkpoint itself, in the recipe's store
+    digest: str | None = None
+
+
+class Baseline(BaseModel):
+    name: str
+    domains: dict[str, BaselineEntry] = {}
+    updated: float = 0.0  # unix time of the last change
+
+
+class RegressionFound(RuntimeError):
+    """A regression eval found a domain below its baseline: the flow run ends Failed with this, worst drop first."""
+
+    def __init__(self, baseline: str, rows: list[dict[str, Any]]):
+        self.baseline, self.rows = baseline, rows
+        worst = sorted(regressions(rows), key=lambda r: -r["drop"])
+        drops = "; ".join(
+            f"{r['checkpoint']} {r['domain']} {r['score']:.3f} < {r['baseline']:.3f} (drop {r['drop']})" for r in worst
+        )
+        super().__init__(f"{len(worst)} regression(s) against baseline {baseline!r}: {drops}")
+
+    def __reduce__(self):  # the flow run's state carries it: pickled with its own arguments, not the message
+        return RegressionFound, (self.baseline, self.rows)
+
+
+class BaselineError(ValueError):
+    """A bad baseline name or eval record; the CLI prints it as one line and exits 2."""
+
+
+def baseline_key(name: str) -> str:
+    try:
+        return layout.baseline_key(name)
+    except ValueError as e:
+        raise BaselineError(str(e)) from None
+
+
+def load_baseline(store: Store, name: str) -> Baseline | None:
+    key = baseline_key(name)
+    return Baseline.model_validate_json(store.read_bytes(key)) if store.exists(key) else None
+
+
+def save_baseline(store: Store, baseline: Baseline) -> None:
+    store.write_bytes(baseline_key(baseline.name), baseline.model_dump_json(indent=1).encode())
+
+
+def compare(
+    checkpoint: str, scores: dict[str, float], baseline: Baseline | None, tolerances: dict[str, float]
+) -> list[dict[str, Any]]:
+    """One row per gated column (each domain's primary metric, each benchmark): score, baseline, drop (baseline -
+    score), tolerance, verdict. A column without a tolerance (greedy/<domain>) is not compared; a domain with a dev
+    score is compared on it."""
+    rows = []
+    for domain in sorted(scores):
+        if domain not in tolerances:
+            continue
+        column = selection_column(domain, scores)
+        score = scores[column]
+        entry = baseline.domains.get(domain) if baseline else None
+        drop = None if entry is None else round(entry.score - score, 4)
+        verdict: Verdict = "no baseline" if drop is None else "regressed" if drop > tolerances[domain] else "ok"
+        rows.append(
+            {
+                "checkpoint": checkpoint,
+                "domain": domain,
+                "column": column,
+                "score": score,
+                "baseline": entry.score if entry else None,
+                "drop": drop,
+                "tolerance": tolerances[domain],
+                "verdict": verdict,
+            }
+        )
+    return rows
+
+
+def regressions(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["verdict"] == "regressed"]
+
+
+def replace(name: str, record: EvalRecord) -> Baseline:
+    """A baseline holding every gated column of one eval record (each domain's primary metric, each benchmark)."""
+    return Baseline(name=name, domains=_entries(record), updated=time.time())
+
+
+def raise_to(baseline: Baseline | None, name: str, record: EvalRecord) -> Baseline:
+    """The baseline with each domain moved up to the record's score where that is higher (or new)."""
+    domains = dict(baseline.domains) if baseline else {}
+    for domain, entry in _entries(record).items():
+        if domain not in domains or entry.score > domains[domain].score:
+            domains[domain] = entry
+    return Baseline(name=name, domains=domains, updated=time.time())
+
+
+def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, BaselineEntry]:
+    if not record.model:
+        raise BaselineError(f"{where} has no `model` (the checkpoint URI it scored)")
+    name = record.checkpoint or record.model
+    scores = record.scores
+    return {
+        d: BaselineEntry(
+            score=float(scores[selection_column(d, scores)]), checkpoint=name, uri=record.model, digest=record.digest
+        )
+        for d in scores
+        if not is_side_column(d)
+    }  # greedy, pass@k and dev: shown, not bars; a domain's bar is its dev score where it has one
+
+
+def read_eval_record(blob: bytes, where: str) -> EvalRecord:
+    """An eval record as the cascade (`runs/<id>/evals/NN-stage.json`) or a regression eval writes it."""
+    try:
+        record = EvalRecord.parse(blob, where)
+    except EvalRecordError as e:
+        raise BaselineError(str(e)) from None
+    _entries(record, where)
+    return record
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run that finished, as a scheduled eval picks it up when it is given no recipe."""
+
+    run_id: str
+    recipe_uri: str  # the run's own recipe, runs/<id>/recipe.json
+    checkpoint: str  # the URI of its final policy: the stage of its last eval
+    created: float  # when that checkpoint was committed (its manifest)
+
+
+def newest_finished_run(store: Store) -> FinishedRun | None:
+    """The finished run whose final policy was committed last, or None when the store holds no finished run."""
+    from cascade.artifacts.checkpoint import read_manifest
+    from cascade.artifacts.report import RunReport
+    from cascade.stages.recipe.config import SOURCE_EVAL
+
+    found = []
+    for run_id in store.list_dirs(layout.RUNS):
+        try:
+            report = RunReport.load(store, run_id)
+        except ValueError:  # a torn or foreign report.json: not a run to evaluate
+            continue
+        if report is None or report.status != "FINISHED":
+            continue
+        evaluated = [e.after_stage for e in report.evals if e.after_stage != SOURCE_EVAL]
+        last = report.stage(evaluated[-1]) if evaluated else None
+        uri = last.checkpoint if last else None
+        key = store.key_of(uri) if uri else None
+        manifest = read_manifest(store, key) if key else None
+        if manifest is not None:
+            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), uri, manifest["created"]))
+    return max(found, key=lambda run: run.created, default=None)

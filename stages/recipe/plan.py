@@ -1,0 +1,371 @@
+"""A recipe's dry run: the DAG the flow will walk, and per stage what it will sample, train, store and take.
+
+Nothing is loaded but configs: the parameter count comes from the model's config built on torch's `meta`
+device (no weights), so a 30B recipe plans on a laptop. Token counts and storage are upper bounds, and times are
+estimates, under stated assumptions: what a run really costs depends on how long the model's answers turn out.
+
+- a sampled answer runs to its domain's `max_new_tokens`; a prompt is `prompt_tokens` long (an option);
+- training costs 6 N FLOPs per token and sampling 2 N, with N the (active) parameter count (Kaplan et al.);
+- a throughput profile turns FLOPs into seconds: its effective FLOP/s for training and for sampling. The `cpu`
+  profile is this project's measured 2-core figures on the tiny model (bench/RESULTS.md: SFT ~8.5k tok/s, HF
+  engine ~4.7k tok/s), which are also its token-rate ceilings: a smaller model is not faster per token on a CPU,
+  where per-token overhead dominates; the GPU profiles are the card's dense bf16 peak times an assumed utilization;
+- storage: a policy checkpoint holds fp32 weights; a step checkpoint adds AdamW's two moments; a stage keeps
+  `keep_step_checkpoints` of them while it runs.
+
+Evals run after every policy-making stage (greedy, each domain's held-out split); the gate may branch into one
+MOPD recovery per fired stage, up to `gate.max_recoveries`, which the plan counts as possible, not certain.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from cascade.stages.kinds import kind_of
+from cascade.stages.recipe.config import SOURCE_EVAL, EngineConfig, GateConfig
+from cascade.stages.recipe.config_base import ComputeConfig, OnPolicyConfig, StageConfig
+from cascade.stages.recipe.estimate import StageEstimate
+from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.walk import GateStep, SourceEval, StageStep, walk
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Effective FLOP/s of one device: what a real step achieves, not the datasheet's peak."""
+
+    name: str
+    train_flops: float
+    sample_flops: float
+    basis: str  # where the figures come from, printed under the table
+    max_train_tokens_per_s: float | None = None  # a ceiling whatever the model's size (per-token overhead)
+    max_sample_tokens_per_s: float | None = None
+
+
+_TINY = 3.4e6  # the tiny model's parameters, on which the cpu figures were measured
+_H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM (the H200 has the same compute)
+PROFILES = {
+    "cpu": Throughput(
+        "cpu",
+        6 * _TINY * 8552,
+        2 * _TINY * 4700,
+        "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s "
+        "(also the ceilings for smaller models)",
+        max_train_tokens_per_s=8552,
+        max_sample_tokens_per_s=4700,
+    ),
+    "h100": Throughput(
+        "h100",
+        0.40 * _H100_BF16,
+        0.10 * _H100_BF16,
+        "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)",
+    ),
+    "h200": Throughput(
+        "h200",
+        0.40 * _H100_BF16,
+        0.13 * _H100_BF16,
+        "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
+        "(more memory bandwidth for decode)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    total: int  # parameters stored
+    active: int  # parameters each token passes through (MoE: fewer than total)
+    from_config: bool  # counted from the recipe's model config, not given by the user
+
+
+def model_size(recipe: Recipe, params: float | None = None, active: float | None = None) -> ModelSize:
+    """Parameter counts from the model's config on the meta device; `params`/`active` override (a model that
+    is not on this machine)."""
+    if params is not None:
+        return ModelSize(int(params), int(active or params), from_config=False)
+    import tempfile
+
+    import torch
+
+    from cascade.stages.train.model import build_tiny_model
+    from cascade.stages.train.model_source import resolve_model_dir
+    from cascade.stages.train.tokenizer import load_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:
+        model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
+        with torch.device("meta"):
+            if model_dir is None:
+                model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
+            else:
+                from transformers import AutoConfig, AutoModelForCausalLM
+
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+    total = sum(p.numel() for p in model.parameters())
+    return ModelSize(total, int(active or total), from_config=True)
+
+
+def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tokens: int) -> StageEstimate:
+    """Token, storage and note figures of one stage, by its kind's `estimate`; seconds are filled in by `plan`."""
+    estimate = kind_of(cfg.kind).estimate
+    if estimate is None:
+        return StageEstimate(cfg.name, cfg.kind, notes=[f"no estimate for kind {cfg.kind!r}"])
+    return estimate(cfg, recipe, size.total, prompt_tokens)
+
+
+def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
+    est = StageEstimate(f"eval after {name}", "eval")
+    items = sum(d.heldout_size for d in recipe.domains.values())
+    est.tokens_sampled = sum(
+        spec.heldout_size * answers_per_item(recipe, domain) * spec.max_new_tokens
+        for domain, spec in recipe.domains.items()
+    )
+    for bench, spec in recipe.eval.benchmarks.items():
+        count = spec.limit or benchmark_size(bench, recipe)
+        if count is None:
+            est.notes.append(f"benchmark {bench}: no file under the data root and no limit, not counted")
+            continue
+        items += count
+        est.tokens_sampled += count * spec.max_new_tokens
+    est.storage_bytes = items * 256  # a stored row per item
+    return est
+
+
+def answers_per_item(recipe: Recipe, domain: str) -> int:
+    """The eval's answers per item of a domain: its k samples, one greedy beside a sampled metric, and k more on
+    the dev split when the eval split is held-out (the dev/<domain> column that selects)."""
+    temperature, k = recipe.eval_sampling(domain)
+    return k + (1 if temperature > 0 else 0) + (k if recipe.eval.split == "heldout" else 0)
+
+
+def benchmark_size(name: str, recipe: Recipe) -> int | None:
+    """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
+    sets up their checkers); None: it has no file here."""
+    from cascade.stages.domains.benchdata import benchmark_registry, is_url, read_rows
+
+    user_file = recipe.eval.benchmarks[name].file
+    if user_file is not None:
+        return None if is_url(user_file) else len(read_rows(Path(user_file)))
+    relpath = getattr(benchmark_registry()[name].loader, "relpath", None)
+    path = recipe.eval.resolved_data_root() / relpath if relpath else None
+    return len(read_rows(path)) if path is not None and path.is_file() else None
+
+
+def seconds(est: StageEstimate, size: ModelSize, profile: Throughput, devices: int) -> float:
+    """Training 6N per token; teacher forwards 2N at training efficiency (whole sequences at once); sampling
+    2N per token at decode efficiency."""
+    train_s = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active / profile.train_flops
+    sample_s = 2 * size.active * est.tokens_sampled / profile.sample_flops
+    if profile.max_train_tokens_per_s:
+        train_s = max(train_s, (est.tokens_trained + est.teacher_tokens / 3) / profile.max_train_tokens_per_s)
+    if profile.max_sample_tokens_per_s:
+        sample_s = max(sample_s, est.tokens_sampled / profile.max_sample_tokens_per_s)
+    return (train_s + sample_s) / devices
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    size: ModelSize
+    profile: Throughput
+    devices: int
+    prompt_tokens: int
+    rows: list[StageEstimate]  # stages and evals, in the order the flow runs them
+    recovery: StageEstimate | None  # one MOPD recovery, if the gate may branch into it
+
+    def total(self, attr: str) -> float:
+        return sum(getattr(r, attr) for r in self.rows)
+
+
+def recovery_label(gate: GateConfig) -> str:
+    """How the plan names the gate's recovery stage: by its kind, e.g. "MOPD recovery"."""
+    return f"{gate.recovery.kind.upper()} recovery"
+
+
+def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int = 1, prompt_tokens: int = 128) -> Plan:
+    """The walk's steps as estimates; the first recovery the gate may insert is its own row."""
+    rows, recovery = [], None
+    for step in walk(recipe):
+        if isinstance(step, StageStep):
+            rows.append(estimate_stage(step.stage, recipe, size, prompt_tokens))
+            continue
+        rows.append(eval_estimate(SOURCE_EVAL if isinstance(step, SourceEval) else step.after, recipe))
+        if isinstance(step, GateStep) and step.recovery is not None and recovery is None:
+            label = recovery_label(recipe.gate)
+            recovery = estimate_stage(step.recovery.model_copy(update={"name": label}), recipe, size, prompt_tokens)
+            recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
+    for est in rows + ([recovery] if recovery else []):
+        est.seconds = seconds(est, size, profile, devices)
+    return Plan(recipe, size, profile, devices, prompt_tokens, rows, recovery)
+
+
+def placement(compute: ComputeConfig) -> str:
+    """Where a training stage's ranks go, in words."""
+    unit = {"cuda": "GPU", "cpu": "CPU"}.get(compute.device, "GPU (CPU on a cluster without GPUs)")
+    if compute.runs_as == "ray":
+        cluster = compute.ray_address or "RAY_ADDRESS, else a local Ray"
+        return (
+            f"{compute.world_size} Ray actor(s) on {compute.nnodes} node(s) x {compute.nproc_per_node} per node, "
+            f"one {unit} each; cluster: {cluster}"
+        )
+    if compute.runs_as == "process":
+        return "in the stage task's process"
+    nodes = f", {compute.nnodes} nodes from {compute.rdzv_endpoint}" if compute.nnodes > 1 else " on this node"
+    return f"torchrun, {compute.world_size} rank(s){nodes}"
+
+
+def rollout_placement(engine: EngineConfig, compute: ComputeConfig) -> str:
+    if engine.kind == "hf":
+        return "HF engine in each rank, on its share of the prompts"
+    if engine.url:
+        server = f"vLLM server at {engine.url}"
+    elif compute.runs_as == "ray":
+        wants = ", ".join(f"{k}: {v:g}" for k, v in engine.ray_resources.items())
+        server = f"managed vLLM server, a Ray actor on resources of its own ({wants})"
+    elif compute.world_size == 1:
+        server = "managed vLLM server on the stage task's host"
+    else:
+        server = "managed vLLM server on rank 0's node"
+    return server if compute.world_size == 1 else f"{server}, shared by the {compute.world_size} ranks (each its share)"
+
+
+def dag_lines(recipe: Recipe) -> list[str]:
+    """The flow's walk as text: each stage, what it reads and makes, and after each policy the eval and gate."""
+    lines = []
+    gate = recipe.gate
+    for step in walk(recipe):
+        if isinstance(step, SourceEval):
+            lines.append(f" 0. eval of the source model ({recipe.model.source})")
+        elif isinstance(step, StageStep):
+            cfg = step.stage
+            reads = ", ".join(sorted({r.stage for r in cfg.reads()}))
+            makes = kind_of(cfg.kind).makes
+            lines.append(
+                f"{step.index + 1:>2}. {cfg.name} [{cfg.kind}] -> {makes}" + (f"  (reads {reads})" if reads else "")
+            )
+            if kind_of(cfg.kind).distributable:
+                lines.append(f"    |- ranks: {placement(recipe.compute_for(cfg))}")
+                if isinstance(cfg, OnPolicyConfig):  # it samples from its own policy as it trains
+                    lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
+        else:
+            benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
+            lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
+            branch = (
+                f"fired -> {recovery_label(gate)} ({gate.recovery.steps} steps, teachers: the best checkpoint per "
+                "domain so far) -> eval -> go on from it"
+                if step.recovery is not None
+                else f"fired -> {'warn' if gate.policy == 'recover' else gate.policy}"  # no recovery left to run
+            )
+            lines.append(f"    `- gate ({gate.policy}): {branch}")
+    return lines
+
+
+def _human(n: float, unit: str = "") -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f}{suffix}{unit}"
+    return f"{n:.0f}{unit}"
+
+
+def _duration(s: float) -> str:
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    if s < 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def render_table(plan: Plan) -> str:
+    """The estimate as a Markdown table (the CLI prints it; the README quotes it), assumptions underneath."""
+    head = (
+        "| stage | kind | tokens sampled | tokens trained | storage | time |\n| --- | --- | ---: | ---: | ---: | ---: |"
+    )
+    body = [
+        f"| {r.stage} | {r.kind} | {_human(r.tokens_sampled)} | {_human(r.tokens_trained)} | "
+        f"{_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |"
+        for r in plan.rows
+    ]
+    body.append(
+        f"| **total** | | {_human(plan.total('tokens_sampled'))} | {_human(plan.total('tokens_trained'))} | "
+        f"{_human(plan.total('storage_bytes'), 'B')} | {_duration(plan.total('seconds'))} |"
+    )
+    if plan.recovery:
+        r = plan.recovery
+        body.append(
+            f"| {r.stage} (if the gate fires) | {r.kind} | {_human(r.tokens_sampled)} | "
+            f"{_human(r.tokens_trained)} | {_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |"
+        )
+    size = plan.size
+    params = _human(size.total) + (f" ({_human(size.active)} active)" if size.active != size.total else "")
+    model = plan.recipe.model.source if size.from_config else "as given"
+    notes = [
+        f"model: {model}, {params} parameters; prompts ~{plan.prompt_tokens} tokens; answers at their domain's "
+        "max_new_tokens (upper bounds)",
+        f"throughput: {plan.profile.basis}; {plan.devices} device(s)",
+    ]
+    for r in plan.rows + ([plan.recovery] if plan.recovery else []):
+        label = "evals" if r.kind == "eval" else r.stage  # every eval has the same notes: say them once
+        notes += [f"{label}: {n}" for n in r.notes if f"{label}: {n}" not in notes]
+    return "\n".join([head, *body, "", *notes])
+
+
+def draw_dag(recipe: Recipe, path: Path) -> None:
+    """The DAG as a PNG: stages top to bottom, each policy stage's eval and gate beside it, the gate's branch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(recipe.stages)
+    gates = {step.after: step for step in walk(recipe) if isinstance(step, GateStep)}
+    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.8 * n))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.8 * n - 0.2, 0.8)
+    ax.axis("off")
+    box = dict(boxstyle="round,pad=0.3", fc="#e8f0fe", ec="#3367d6")
+    for i, cfg in enumerate(recipe.stages):
+        y = -0.8 * i
+        ax.text(1.8, y, f"{cfg.name}\n[{cfg.kind}]", ha="center", va="center", fontsize=9, bbox=box)
+        if i:
+            ax.annotate("", (1.8, y + 0.25), (1.8, y + 0.55), arrowprops=dict(arrowstyle="->"))
+        if cfg.name in gates:
+            ax.annotate("", (4.2, y), (2.9, y), arrowprops=dict(arrowstyle="->", color="#777"))
+            ax.text(
+                5.0,
+                y,
+                "eval + gate",
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox=dict(boxstyle="round,pad=0.3", fc="#fef7e0", ec="#f9ab00"),
+            )
+            if gates[cfg.name].recovery is not None:
+                ax.annotate("", (7.2, y), (5.9, y), arrowprops=dict(arrowstyle="->", ls="--", color="#d93025"))
+                ax.text(
+                    8.3,
+                    y,
+                    f"fired:\n{recovery_label(recipe.gate)}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    bbox=dict(boxstyle="round,pad=0.3", fc="#fce8e6", ec="#d93025"),
+                )
+    ax.set_title(f"recipe {recipe.name}: {n} stages, gate policy {recipe.gate.policy}", fontsize=10)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plan_json(plan: Plan) -> str:
+    rows = [r.__dict__ for r in plan.rows + ([plan.recovery] if plan.recovery else [])]
+    return json.dumps(
+        {
+            "recipe": plan.recipe.name,
+            "params": plan.size.total,
+            "active_params": plan.size.active,
+            "profile": plan.profile.name,
+            "devices": plan.devices,
+            "rows": rows,
+        },
+        indent=1,
+    )

@@ -1,0 +1,95 @@
+"""The cascade's shape, decided once: which stage runs when and from what, where the evals and the gate go, and what
+a recovery inserts.
+
+`walk(recipe)` is pure (configs in, steps out, nothing loaded or written): the eval of the source model, then
+each recipe stage in order; after each policy-making stage (when evals are on) its eval and the gate, carrying
+the recovery stage the gate may insert there (policy `recover`: the recipe's `gate.recovery` config named
+`recover-<stage>`, run at that stage's index). Its readers: the Prefect flow (flows/cascade.py), the stage driver
+(stages/run.py: the stage steps only), the dry run (stages/recipe/plan.py) and, for the recovery's inputs, the recover
+flow (flows/recover.py). None of them decides the shape on its own.
+
+`Made` is what a walk carries from step to step while it runs: the checkpoint of every stage so far and the
+newest policy. A stage's inputs are the newest policy (if its kind starts from one) and the checkpoints of the
+stages its config reads; a stage whose kind makes a policy becomes the newest policy, a recovery included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cascade.artifacts.checkpoint import CheckpointRef
+from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.recipe.config import RECOVERY_PREFIX, GateConfig
+from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class SourceEval:
+    """The recipe's model evaluated before any stage runs (`eval.source`)."""
+
+
+@dataclass(frozen=True)
+class StageStep:
+    """A recipe stage, `index` its position (its checkpoint is `runs/<run>/<index>-<name>`)."""
+
+    index: int
+    stage: StageConfig
+
+
+@dataclass(frozen=True)
+class GateStep:
+    """The eval of the policy `after` made, then the gate on it; `recovery`: the stage the gate inserts when it
+    fires under policy `recover` (None under `warn` and `fail`), run at `index`."""
+
+    index: int
+    after: str
+    recovery: StageConfig | None
+
+
+Step = SourceEval | StageStep | GateStep
+
+
+def recovery_stage(gate: GateConfig, after: str) -> StageConfig:
+    """The gate's recovery config, named for the stage it recovers."""
+    return gate.recovery.model_copy(update={"name": f"{RECOVERY_PREFIX}{after}"})
+
+
+def recovered(name: str) -> str | None:
+    """The stage a recovery stage named `name` recovers; None for any other stage."""
+    return name.removeprefix(RECOVERY_PREFIX) if name.startswith(RECOVERY_PREFIX) else None
+
+
+def walk(recipe: Recipe) -> list[Step]:
+    """The steps of a run of `recipe`, in order (a recovery is a possibility of its gate step, not a step)."""
+    steps: list[Step] = [SourceEval()] if recipe.eval.enabled and recipe.eval.source else []
+    for index, stage in enumerate(recipe.stages):
+        steps.append(StageStep(index, stage))
+        if kind_of(stage.kind).makes == "policy" and recipe.eval.enabled:
+            recovers = recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0
+            steps.append(GateStep(index, stage.name, recovery_stage(recipe.gate, stage.name) if recovers else None))
+    return steps
+
+
+def stage_steps(recipe: Recipe) -> list[StageStep]:
+    return [step for step in walk(recipe) if isinstance(step, StageStep)]
+
+
+@dataclass
+class Made:
+    """What the walk has made so far: stage name -> checkpoint, and the newest policy (None: the recipe's model)."""
+
+    stages: dict[str, CheckpointRef] = field(default_factory=dict)
+    policy: CheckpointRef | None = None
+
+    def inputs(self, stage: StageConfig) -> StageInputs:
+        """What the stage takes: the newest policy if its kind starts from one, and the stages it reads."""
+        return StageInputs(
+            policy=self.policy if kind_of(stage.kind).takes_policy else None,
+            stages={read.stage: self.stages[read.stage] for read in stage.reads()},
+        )
+
+    def add(self, stage: StageConfig, checkpoint: CheckpointRef) -> None:
+        self.stages[stage.name] = checkpoint
+        if kind_of(stage.kind).makes == "policy":
+            self.policy = checkpoint
