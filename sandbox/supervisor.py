@@ -25,6 +25,7 @@ from typing import Literal
 
 from cascade.sandbox import cgroup, child, seccomp
 from cascade.sandbox.holdings import BoundedReader, UidPool, kill_group, remove_tree
+from cascade.sandbox.reaping import wait_exit
 
 __all__ = ["SandboxLimits", "Verdict", "isolation_mode", "run_python", "run_many"]
 
@@ -292,13 +293,13 @@ def _supervise(
         return Verdict("error", None, "", f"could not start sandbox: {exc}", time.monotonic() - start, mode)
     os.close(status_w)
     readers = [BoundedReader(proc.stdout, limits.output_bytes), BoundedReader(proc.stderr, limits.output_bytes)]
-    exited = child.wait_exit(proc.pid, limits.wall_seconds + _BACKSTOP_GRACE)
+    exited = wait_exit(proc.pid, limits.wall_seconds + _BACKSTOP_GRACE)
     if not exited and config["uid"] is not None and "pidns" not in config["layers"]:
         # Take the program's tree down first and give our init a moment to
         # reap it: orphans of a killed init would go to the host's init, which
         # in a container may never reap them.
         _kill_uid(config["uid"], config["python"])
-        child.wait_exit(proc.pid, 2.0)
+        wait_exit(proc.pid, 2.0)
     # The bootstrap is still unreaped here, so its pid (= the group id) cannot
     # have been recycled: killing the group cannot hit an unrelated process.
     kill_group(proc.pid)

@@ -106,14 +106,17 @@ MID_RUN_BUDGET_S = 60  # from the fault to the run's one line
     ],
     ids=["stall-mid-stage", "trickle-at-commit", "not-http-between-stages"],
 )
-def test_a_store_that_fails_mid_run_ends_the_run_in_one_line_within_a_minute(s3, tmp_path, misbehaviour, when):
+def test_a_store_that_fails_mid_run_ends_the_run_in_one_line_within_a_minute(
+    s3, prefect_api, tmp_path, misbehaviour, when
+):
     """A real S3 API behind a proxy that starts to misbehave mid-run. Before: a trickle held the run for over 15
     minutes in Prefect's listing of its results (Prefect's remote file system has no deadline), a stall ended after
     7 minutes and bytes that are not HTTP after 75 s: every remaining write waited out its own deadline."""
     bucket = new_bucket(s3.url)
     with FaultyProxy(s3.url) as proxy:
         args = ["run", "micro", f"storage.root=s3://{bucket}/x", f"storage.endpoint_url={proxy.url}"]
-        run = cascade([*args, "tracking.enabled=false", "--run-id", "mid"], cli_env(tmp_path / "home", proxy.url, None))
+        env = cli_env(tmp_path / "home", proxy.url, prefect_api)  # the worker's Prefect server: one start, not three
+        run = cascade([*args, "tracking.enabled=false", "--run-id", "mid"], env)
         watchdog = threading.Timer(MID_RUN_BUDGET_S + 240, os.killpg, (run.pid, signal.SIGKILL))
         watchdog.start()
         lines = []

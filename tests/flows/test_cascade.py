@@ -26,13 +26,25 @@ def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
     return load_file(store.path(f"{key}/model/model.safetensors"))
 
 
-def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
-    scratch = tmp_path / "tmp"
+@pytest.fixture(scope="module")
+def straight(prefect_harness, tmp_path_factory):
+    """The micro cascade run once, straight through, as run `e2e`: the end-to-end test reads it, and the resume
+    tests compare with it. Returns (its directory, the recipe, the flow's report, what its stages left in the
+    scratch directory)."""
+    tmp = tmp_path_factory.mktemp("straight")
+    scratch = tmp / "tmp"
     scratch.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    recipe = micro_recipe(tmp_path)
-    report = cascade_flow(recipe, "e2e")
-    assert sorted(p.name for p in scratch.iterdir()) == []  # no stage or eval left a model copy behind
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CASCADE_HOME", str(tmp / "cascade-home"))
+        patch.setattr(tempfile, "tempdir", str(scratch))
+        recipe = micro_recipe(tmp)
+        report = cascade_flow(recipe, "e2e")
+    return tmp, recipe, report, sorted(p.name for p in scratch.iterdir())
+
+
+def test_micro_cascade_runs_end_to_end(straight):
+    tmp_path, recipe, report, left_in_scratch = straight
+    assert left_in_scratch == []  # no stage or eval left a model copy behind
     store = Store.from_config(recipe.storage)
     on_disk = json.loads(store.read_bytes("runs/e2e/report.json"))
     assert [s["name"] for s in on_disk["stages"]] == ["sft_data", "sft", "difficulty", "if_rl", "math_rl"]
@@ -95,12 +107,9 @@ def test_micro_cascade_runs_end_to_end(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])
-def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, results_kept, done_status):
+def test_resume_after_second_stage_reruns_only_the_rest(straight, tmp_path, monkeypatch, results_kept, done_status):
     """Completed stages come back as Prefect cache hits (their report rows stay `completed`); without the
     persisted results (a kill between checkpoint commit and result write) their manifests skip them."""
-    straight = micro_recipe(tmp_path / "a")
-    cascade_flow(straight, "straight")
-
     recipe = micro_recipe(tmp_path / "b")
     real_grpo = cascade.stages.kinds.grpo.run_grpo.run_grpo
 
@@ -136,9 +145,9 @@ def test_resume_after_second_stage_reruns_only_the_rest(tmp_path, monkeypatch, r
         ("math_rl", "completed"),
     ]
 
-    reference = RunReport.load(Store.from_config(straight.storage), "straight")
+    _, straight_recipe, reference, _ = straight
     assert resumed.evals == reference.evals
-    a = final_weights(Store.from_config(straight.storage), reference)
+    a = final_weights(Store.from_config(straight_recipe.storage), reference)
     b = final_weights(store, resumed)
     assert a.keys() == b.keys()
     for name in a:

@@ -399,27 +399,35 @@ def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeyp
 
 
 @pytest.mark.slow
-def test_status_and_resume_say_where_a_cut_off_run_stands(tmp_path, prefect_api):
+def test_status_and_resume_say_where_a_cut_off_run_stands_and_a_moved_store_resumes_where_it_is(tmp_path, prefect_api):
     """SFT fails at its last step (the test-only fault hook) after its step checkpoint 3: status says no process
-    runs the run and shows the step checkpoint; resume names what each stage does, then finishes the run."""
+    runs the run and shows the step checkpoint. Then its home moves: resume, told where the store is now, says so,
+    names what each stage does, finishes the run there and writes nothing at the old path."""
     env = {k: v for k, v in os.environ.items() if k not in ("CASCADE_STORE", "MLFLOW_TRACKING_URI")}
-    env.update(CASCADE_HOME=str(tmp_path / "home"), OMP_NUM_THREADS="1", COLUMNS="200", PREFECT_API_URL=prefect_api)
+    env.update(OMP_NUM_THREADS="1", COLUMNS="200", PREFECT_API_URL=prefect_api)
+    old, new = tmp_path / "home", tmp_path / "moved"
 
-    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess:
+    def cli(home, *args: str, **extra: str) -> subprocess.CompletedProcess:
         command = [*CASCADE, *args]
-        return subprocess.run(command, capture_output=True, text=True, env={**env, **extra}, cwd=ROOT, timeout=600)
+        run_env = {**env, "CASCADE_HOME": str(home), **extra}
+        return subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=600)
 
-    failed = cli("run", "micro", "--run-id", "cut", CASCADE_TEST_FAIL_STAGE="cut/sft")
+    failed = cli(old, "run", "micro", "--run-id", "cut", "tracking.enabled=false", CASCADE_TEST_FAIL_STAGE="cut/sft")
     assert failed.returncode == 1, (failed.stdout + failed.stderr)[-3000:]
-    status = cli("status", "cut")
+    status = cli(old, "status", "cut")
     assert "not running; `cascade resume cut` continues it" in status.stdout, status.stdout
     assert re.search(r"│ sft +│ sft +│ \w+ \(step checkpoint 3\)", status.stdout), status.stdout
-    resumed = cli("resume", "cut")
+    old.rename(new)
+    resumed = cli(new, "resume", "cut", "--store", f"file://{new}")
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     lines = resumed.stdout.splitlines()
-    assert lines[1:3] == ["  sft_data: committed, skipped", "  sft: continues from its step checkpoint 3 of 6"]
-    assert lines[3:6] == ["  difficulty: starts", "  if_rl: starts", "  math_rl: starts"]
-    assert "running" not in cli("status", "cut").stdout.splitlines()[0].replace("not running", "")
+    assert lines[0] == f"cut began in file://{old} and is in file://{new} now: it continues there", lines
+    assert lines[2:4] == ["  sft_data: committed, skipped", "  sft: continues from its step checkpoint 3 of 6"]
+    assert lines[4:7] == ["  difficulty: starts", "  if_rl: starts", "  math_rl: starts"]
+    assert not old.exists(), sorted(str(p.relative_to(old)) for p in old.rglob("*"))  # nothing at the old path
+    report = json.loads((new / "runs" / "cut" / "report.json").read_text())
+    assert report["status"] == "FINISHED" and [s["name"] for s in report["stages"]][-1] == "math_rl"
+    assert "running" not in cli(new, "status", "cut").stdout.splitlines()[0].replace("not running", "")
 
 
 def test_status_tells_a_live_owner_from_one_whose_process_is_gone(tmp_path):
@@ -445,25 +453,3 @@ def test_the_terminal_prints_brackets_in_user_strings_as_they_are(capsys):
 
     console.print("store file:///tmp/mk[/x]home/runs/[draft]", highlight=False)
     assert capsys.readouterr().out == "store file:///tmp/mk[/x]home/runs/[draft]\n"
-
-
-@pytest.mark.slow
-def test_a_run_whose_store_moved_resumes_where_it_is_now_and_writes_nothing_at_the_old_path(tmp_path, prefect_api):
-    env = {k: v for k, v in os.environ.items() if k not in ("CASCADE_STORE", "MLFLOW_TRACKING_URI")}
-    env.update(OMP_NUM_THREADS="1", COLUMNS="200", PREFECT_API_URL=prefect_api)
-    old, new = tmp_path / "home", tmp_path / "moved"
-
-    def cli(home, *args: str, **extra: str) -> subprocess.CompletedProcess:
-        command = [*CASCADE, *args]
-        run_env = {**env, "CASCADE_HOME": str(home), **extra}
-        return subprocess.run(command, capture_output=True, text=True, env=run_env, cwd=ROOT, timeout=600)
-
-    failed = cli(old, "run", "micro", "--run-id", "mv", "tracking.enabled=false", CASCADE_TEST_FAIL_STAGE="mv/sft")
-    assert failed.returncode == 1, (failed.stdout + failed.stderr)[-3000:]
-    old.rename(new)
-    resumed = cli(new, "resume", "mv", "--store", f"file://{new}")
-    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
-    assert f"mv began in file://{old} and is in file://{new} now: it continues there" in resumed.stdout
-    assert not old.exists(), sorted(str(p.relative_to(old)) for p in old.rglob("*"))  # nothing at the old path
-    report = json.loads((new / "runs" / "mv" / "report.json").read_text())
-    assert report["status"] == "FINISHED" and [s["name"] for s in report["stages"]][-1] == "math_rl"
