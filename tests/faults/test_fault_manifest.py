@@ -77,9 +77,9 @@ def test_resume_rebuilds_a_stage_that_does_not_verify(straight, damage, stage):
     resumed = cascade_flow(recipe, RUN)
 
     name = stage.split("-", 1)[1]
-    entry = next(s for s in resumed.stages if s["name"] == name)
-    assert entry["status"] == "completed" and "did not verify" in entry["rebuilt"]
-    assert all(s["status"] in ("completed", "skipped") for s in resumed.stages)
+    entry = resumed.stage(name)
+    assert entry.status == "completed" and "did not verify" in entry.rebuilt
+    assert all(s.status in ("completed", "skipped") for s in resumed.stages)
     reference = straight[2]
     rebuilt = final_weights(recipe)
     for key in reference:
