@@ -12,17 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_learning import (  # noqa: E402
-    PARITY,
-    SHORTFALL,
-    grpo_stage,
-    parse_args,
-    render,
-    stage_settings,
-    summarize,
-    trl_config_kwargs,
-    unsupported,
-)
+from bench_learning import grpo_stage, parse_args, stage_settings, trl_config_kwargs, unsupported  # noqa: E402
+from learning_table import PARITY, SHORTFALL, render, summarize  # noqa: E402
 
 from cascade.stages.kinds.grpo import GRPOConfig  # noqa: E402
 from cascade.stages.recipe.schema import load_recipe  # noqa: E402
