@@ -26,7 +26,8 @@ from tempfile import TemporaryDirectory
 
 import yaml
 from bench_grpo import run_main
-from bench_learning import bench_recipe, format_gain, grpo_stage, item_scores, sft_checkpoint, train_ours
+from bench_learning import bench_recipe, grpo_stage, item_scores, sft_checkpoint, train_ours
+from learning_table import format_gain
 
 from cascade.artifacts.html_report import paired_gain
 from cascade.artifacts.report import GREEDY_COLUMN
