@@ -86,11 +86,9 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     key = layout.stage_key(run_id, index, cfg.name)
     done, problems = adoptable(store, key, config_hash(cfg))
     if done is not None:
-        earlier = report.stage(cfg.name)
-        kept = (
-            earlier.model_dump(exclude={"name", "kind", "card", "recovers", "status", "checkpoint"}) if earlier else {}
-        )
-        report.record_stage(StageRecord(**_kind_facts(cfg), **kept, status="skipped", checkpoint=done.uri))
+        skipped = {**_kind_facts(cfg), "status": "skipped", "checkpoint": done.uri}
+        earlier = report.stage(cfg.name)  # keeps the figures of the run that made the checkpoint
+        report.record_stage(earlier.model_copy(update=skipped) if earlier else StageRecord(**skipped))
         report.save(store)
         return done
     rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None

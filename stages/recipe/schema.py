@@ -128,8 +128,7 @@ class Recipe(Strict):
         temperature = spec.eval_temperature
         if temperature is None:
             trained = [s for s in self.stages if domain in gain_targets([s]).get(s.name, [])]
-            sampled = [t for s in trained if (t := s.sampling_temperature()) is not None]
-            temperature = sampled[0] if sampled else 1.0
+            temperature = next((t for s in trained if (t := s.sampling_temperature()) is not None), 1.0)
         return temperature, (1 if temperature == 0 else spec.eval_samples or DEFAULT_EVAL_SAMPLES)
 
     def stage(self, name: str) -> StageConfig:
