@@ -1,6 +1,9 @@
 """Shared fixtures. Every test gets its own CASCADE_HOME, so nothing touches the user's ~/.cascade."""
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,36 @@ def pytest_collection_modifyitems(items):
 
     long, slow = files_with("long"), files_with("slow") | files_with("vllm")
     items.sort(key=lambda item: (item.nodeid.split("::")[0] not in long, item.nodeid.split("::")[0] not in slow))
+
+
+def build_wheel(out: Path) -> Path:
+    """The project's wheel, built from a copy of the checkout's files (setuptools' build/ in the checkout would keep
+    deleted modules); setuptools must not warn about pyproject.toml."""
+    root = Path(__file__).resolve().parents[1]
+    source = out / "src"
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in files:
+        if (root / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, source / name)
+    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out)]
+    build = subprocess.run([*pip, str(source)], check=True, capture_output=True, text=True)
+    # setuptools warns of a license table, data folders missing from `packages`, ...: pyproject.toml says it right
+    assert "warning" not in (build.stdout + build.stderr).lower(), build.stdout + build.stderr
+    (built,) = out.glob("cascade-*.whl")
+    return built
+
+
+def install_wheel(wheel: Path, venv: Path) -> dict[str, str]:
+    """`pip install` of the wheel into a fresh venv; returns the environment its commands run in. The venv borrows
+    the test venv's third-party packages through PYTHONPATH (no download), which runs no .pth file, so the
+    checkout's editable install cannot answer `import cascade`."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    install = ["--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps", "--no-index", str(wheel)]
+    subprocess.run([sys.executable, "-m", "pip", *install], check=True, capture_output=True)
+    third_party = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CASCADE_", "MLFLOW_", "PREFECT_API"))}
+    env.update(PYTHONPATH=third_party, OMP_NUM_THREADS="1")
+    return env

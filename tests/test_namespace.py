@@ -1,9 +1,8 @@
 """One import namespace: the wheel installs `cascade` and nothing else at the top of site-packages, and no code of
-ours imports a module under its bare folder name (one module under two names is two registries)."""
+ours imports a module under its bare folder name (one module under two names is two registries). The installed
+wheel runs the README's commands outside the checkout in tests/test_readme.py."""
 
 import ast
-import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,29 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import build_wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("stages", "artifacts", "tasks", "flows", "infra", "sandbox")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """Built from a copy of the checkout's files (setuptools' build/ in the checkout would keep deleted modules),
-    with no warning from setuptools about pyproject.toml."""
-    out = tmp_path_factory.mktemp("wheel")
-    source = out / "src"
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
-    for name in files:
-        if (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    pip = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out)]
-    build = subprocess.run([*pip, str(source)], check=True, capture_output=True, text=True)
-    # setuptools warns of a license table, data folders missing from `packages`, ...: pyproject.toml says it right
-    assert "warning" not in (build.stdout + build.stderr).lower(), build.stdout + build.stderr
-    (built,) = out.glob("cascade-*.whl")
-    return built
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_the_wheel_installs_one_top_level_package_holding_every_module(wheel):
@@ -55,44 +40,6 @@ def test_the_wheel_installs_one_top_level_package_holding_every_module(wheel):
     } <= set(names)  # IFBench offline
     top_level = next(n for n in names if n.endswith("entry_points.txt"))
     assert "cascade = cascade.flows.cli:main" in zipfile.ZipFile(wheel).read(top_level).decode()
-
-
-@pytest.mark.slow
-def test_the_installed_wheel_plans_and_runs_a_recipe_outside_the_checkout(wheel, tmp_path, prefect_api):
-    """`pip install` of the wheel into a fresh venv, run from a folder outside the checkout: the shipped recipes
-    come from the installed package. The venv borrows the test venv's third-party packages through PYTHONPATH
-    (no download), which runs no .pth file, so the checkout's editable install cannot answer `import cascade`."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    install = ["--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps", "--no-index", str(wheel)]
-    subprocess.run([sys.executable, "-m", "pip", *install], check=True, capture_output=True)
-    third_party = next(p for p in sys.path if p.endswith("site-packages") and Path(p, "torch").is_dir())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CASCADE_", "MLFLOW_"))}
-    env.update(PYTHONPATH=third_party, CASCADE_HOME=str(tmp_path / "home"), PREFECT_API_URL=prefect_api)
-    env.update(OMP_NUM_THREADS="1")
-    work = tmp_path / "elsewhere"
-    work.mkdir()
-
-    def cascade(*args: str) -> subprocess.CompletedProcess:
-        command = [str(venv / "bin" / "cascade"), *args]
-        return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-
-    where = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", "import cascade.recipes as r; print(r.__file__)"],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert where.startswith(str(venv)), where
-    plan = cascade("plan", "tiny")
-    assert plan.returncode == 0 and plan.stdout.startswith("recipe tiny: valid, 5 stages"), plan.stderr[-2000:]
-    run = cascade("run", "micro", "--run-id", "wheel")
-    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    assert "Forgetting matrix" in run.stdout
-    assert (tmp_path / "home" / "runs" / "wheel" / "report.json").is_file()
-    assert not list(work.iterdir())  # nothing written into the working directory
 
 
 def bare_imports(path: Path) -> list[str]:

@@ -1,19 +1,19 @@
 """Every command block of the README marked `<!-- runnable -->` runs as written, in order, in one shell.
 
 The fast equivalent: the `micro` recipe in place of `tiny` (the same stage names and shape, seconds instead of
-minutes), a temporary CASCADE_HOME, and `cascade` as `python -m cascade.flows.cli` of this checkout.
+minutes), a temporary CASCADE_HOME, and `cascade` the command of this checkout's wheel, installed in a fresh venv.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import build_wheel, install_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"<!-- runnable -->\s*\n```bash\n(.*?)```", re.S)
@@ -48,28 +48,35 @@ def test_the_readme_is_a_front_door_and_results_live_in_docs():
 @pytest.mark.long
 @pytest.mark.slow
 def test_the_runnable_readme_blocks_run_as_written(tmp_path):
-    """As on a fresh clone: no PREFECT_API_URL, so each command that runs a flow starts and stops a Prefect server
-    of its own. No dependency's WARNING or UserWarning line reaches the user (the compute concurrency limit exists
-    on the embedded server), and nothing of Prefect's logging reaches the terminal of the regression eval, run as a
-    crontab line runs it (its log lines used to, and to fail to reach the server it had already stopped)."""
+    """As a user who installed the wheel runs them, in a folder outside the checkout: the shipped recipes come from
+    the installed package, and nothing is written to the folder but what a command was asked to write there. No
+    PREFECT_API_URL, so each command that runs a flow starts and stops a Prefect server of its own. No dependency's
+    WARNING or UserWarning line reaches the user (the compute concurrency limit exists on the embedded server), and
+    nothing of Prefect's logging reaches the terminal of the regression eval, run as a crontab line runs it (its log
+    lines used to, and to fail to reach the server it had already stopped)."""
+    venv = tmp_path / "venv"
+    env = install_wheel(build_wheel(tmp_path / "wheel"), venv)
+    work = tmp_path / "work"
+    work.mkdir()
+    installed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import cascade.recipes as r; print(r.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert installed.startswith(str(venv)), installed
     blocks = runnable_blocks((ROOT / "README.md").read_text())
-    script = "\n".join(
-        [
-            "set -euo pipefail",
-            f'cascade() {{ "{sys.executable}" -m cascade.flows.cli "$@"; }}',
-            f"cd {tmp_path}",
-            *(fast(b) for b in blocks),
-        ]
-    )
+    script = "\n".join(["set -euo pipefail", f"export PATH={venv / 'bin'}:$PATH", f"cd {work}", *map(fast, blocks)])
     home = tmp_path / "home"
-    env = dict(os.environ, CASCADE_HOME=str(home), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", COLUMNS="200")
-    for leftover in ("CASCADE_STORE", "MLFLOW_TRACKING_URI", "PREFECT_API_URL"):
-        env.pop(leftover, None)
+    env.update(CASCADE_HOME=str(home), COLUMNS="200")
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, timeout=600)
     out = result.stdout
     assert result.returncode == 0, (out + result.stderr)[-3000:]
-    assert "Forgetting matrix" in out and f"html report: {tmp_path / 'report.html'}" in out
-    assert (tmp_path / "report.html").exists() and (home / "runs" / "first" / "report.html").exists()
+    assert "Forgetting matrix" in out and f"html report: {work / 'report.html'}" in out
+    assert sorted(p.name for p in work.iterdir()) == ["report.html"]  # what `report first --html report.html` wrote
+    assert (home / "runs" / "first" / "report.html").exists()
     assert "resuming first" in out and "regression eval against baseline 'nightly'" in out
     # no terminal here: each stage's progress is plain lines, its first step and its last among them
     assert re.search(r"^01 sft:sft: 1/6 steps, 0:\d\d$", out, re.M) and re.search(r"^01 sft:sft: 6/6 steps", out, re.M)

@@ -1,5 +1,6 @@
-"""`cascade deploy` against a real Prefect server: the typed `cascade` deployment, a run from the API, Retry of a
-failed run keeping completed stages, and a run started from the UI in headless Chromium.
+"""`cascade deploy` against a real Prefect server: the typed `cascade` deployment, a run started from the terminal
+as docs/DEPLOYMENTS.md says, one from the API that fails and its Retry keeping completed stages, the nightly, and
+a run started from the UI in headless Chromium.
 
 One server and one `cascade deploy` (serving) for the module. The fault run uses the test-only hook
 `CASCADE_TEST_FAIL_STAGE` (tasks/progress.py): its if_rl stage (the fourth, after the difficulty
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -139,11 +142,28 @@ def _wait_for_deployment(api: httpx.Client, deployer: subprocess.Popen, log: Pat
 
 @pytest.fixture(scope="module")
 def api_runs(deployed):
-    """The completing and the failing run, started together: their training stages take turns on the limit."""
-    return {
-        "ok": deployed.start(recipe="micro", run_id="deploy-ok"),
-        "fault": deployed.start(recipe="micro", run_id=FAULT_RUN),
-    }
+    """The completing run, started from the terminal as docs/DEPLOYMENTS.md says, and the failing run, started
+    through the API, together: their training stages take turns on the limit."""
+    return {"ok": _run_the_docs_terminal_trigger(deployed), "fault": deployed.start(recipe="micro", run_id=FAULT_RUN)}
+
+
+def _run_the_docs_terminal_trigger(deployed: Deployed) -> str:
+    """DEPLOYMENTS.md's `prefect deployment run ...` line, run in a shell with the exported PREFECT_API_URL that
+    `cascade deploy` printed; returns the id of the flow run it started."""
+    doc = (ROOT / "docs" / "DEPLOYMENTS.md").read_text()
+    command = re.search(r"`(prefect deployment run\s+cascade/cascade [^`]+)`", doc).group(1)
+    export = next(line for line in deployed.log.read_text().splitlines() if "export PREFECT_API_URL=" in line)
+    api_url = export.split("export PREFECT_API_URL=", 1)[1]
+    prefect = str(Path(sys.executable).with_name("prefect"))
+    done = subprocess.run(
+        [prefect, *shlex.split(" ".join(command.split()))[1:]],
+        capture_output=True,
+        text=True,
+        env=dict(deployed.env, PREFECT_API_URL=api_url),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
 
 
 def test_deploy_says_how_another_shell_reaches_its_server(deployed):
@@ -186,33 +206,35 @@ def test_prefect_yaml_declares_the_registry():
     assert [(d["name"], d["entrypoint"]) for d in declared] == [(s.name, s.entrypoint) for s in DEPLOYMENTS]
 
 
-def test_micro_run_from_the_api_completes(deployed, api_runs):
+def test_the_terminal_trigger_in_the_docs_starts_a_run_that_completes_with_its_report(deployed, api_runs):
     run = deployed.wait(api_runs["ok"])
     assert run["state_type"] == "COMPLETED", deployed.why(run["id"])
-    assert run["name"] == "deploy-ok"
+    assert run["parameters"]["request"] == {"recipe": "micro", "steps": 3}
+    ok = run["name"]  # the run id of a form without one: recipe + flow run id
+    assert ok == f"micro-{run['id'][:8]}"
     names = [t["name"] for t in deployed.task_runs(run["id"])]
-    assert "micro/deploy-ok/03-grpo-if_rl" in names and "micro/deploy-ok/eval-after-math_rl" in names
+    assert f"micro/{ok}/03-grpo-if_rl" in names and f"micro/{ok}/eval-after-math_rl" in names
     artifacts = deployed.post("/artifacts/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json()
     kinds = sorted({a["type"] for a in artifacts})
     assert kinds == ["markdown", "progress", "table"]
     assert len([a for a in artifacts if a["type"] == "progress"]) == 5  # one per stage
     assert all(a["data"] == 100.0 for a in artifacts if a["type"] == "progress")
-    links = next(a for a in artifacts if a["key"] == "deploy-ok-links")["data"]
-    assert "MLflow run" in links and f"file://{deployed.home}/runs/deploy-ok/report.json" in links
+    links = next(a for a in artifacts if a["key"] == f"{ok}-links")["data"]
+    assert "MLflow run" in links and f"file://{deployed.home}/runs/{ok}/report.json" in links
     # the run report: written beside report.json, linked from the flow run, in the MLflow parent run
-    html_uri = f"file://{deployed.home}/runs/deploy-ok/report.html"
-    report_md = next(a for a in artifacts if a["key"] == "deploy-ok-report")["data"]
+    html_uri = f"file://{deployed.home}/runs/{ok}/report.html"
+    report_md = next(a for a in artifacts if a["key"] == f"{ok}-report")["data"]
     assert f"[report.html]({html_uri})" in report_md and "in MLflow: artifact `report.html`" in report_md
-    html = (deployed.home / "runs" / "deploy-ok" / "report.html").read_text()
+    html = (deployed.home / "runs" / ok / "report.html").read_text()
     assert f"/flow-run/{run['id']}" in html  # the Prefect flow run's page (Prefect's own ui_url)
-    assert "<b>deploy-ok</b> (micro) finished" in html
+    assert f"<b>{ok}</b> (micro) finished" in html
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{deployed.home}/mlflow.db")
     experiment = client.get_experiment_by_name("cascade")
     parent = [
         r
-        for r in client.search_runs([experiment.experiment_id], "tags.`cascade.run_id` = 'deploy-ok'")
+        for r in client.search_runs([experiment.experiment_id], f"tags.`cascade.run_id` = '{ok}'")
         if "mlflow.parentRunId" not in r.data.tags
     ]
     assert len(parent) == 1 and parent[0].info.status == "FINISHED"
@@ -234,38 +256,14 @@ def test_the_nightly_fires_with_its_defaults_and_completes(deployed, api_runs):
     assert run["state_type"] == "COMPLETED", deployed.why(run["id"])
     (verdicts,) = (deployed.home / "regression").glob("*/verdicts.json")
     rows = json.loads(verdicts.read_text())
-    finals = {f"file://{deployed.home}/runs/{r}/04-math_rl" for r in ("deploy-ok", FAULT_RUN)}
+    ok = deployed.flow_run(api_runs["ok"])["name"]
+    finals = {f"file://{deployed.home}/runs/{r}/04-math_rl" for r in (ok, FAULT_RUN)}
     assert {r["checkpoint"] for r in rows} <= finals and {r["verdict"] for r in rows} == {"no baseline"}
     assert {r["domain"] for r in rows} == {"math", "instruct"}
     baseline = json.loads((deployed.home / "baselines" / "nightly.json").read_text())
     assert {d: e["uri"] for d, e in baseline["domains"].items()} == {
         d: rows[0]["checkpoint"] for d in ("math", "instruct")
     }
-
-
-def test_the_terminal_trigger_in_the_docs_works_as_written(deployed):
-    """DEPLOYMENTS.md's `prefect deployment run ...` line, run in a shell with the exported PREFECT_API_URL that
-    `cascade deploy` printed, starts a run of the deployment, which completes."""
-    import re
-    import shlex
-
-    doc = (ROOT / "docs" / "DEPLOYMENTS.md").read_text()
-    command = re.search(r"`(prefect deployment run\s+cascade/cascade [^`]+)`", doc).group(1)
-    export = next(line for line in deployed.log.read_text().splitlines() if "export PREFECT_API_URL=" in line)
-    api_url = export.split("export PREFECT_API_URL=", 1)[1]
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    done = subprocess.run(
-        [prefect, *shlex.split(" ".join(command.split()))[1:]],
-        capture_output=True,
-        text=True,
-        env=dict(deployed.env, PREFECT_API_URL=api_url),
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", done.stdout).group(1)
-    run = deployed.wait(flow_run_id)
-    assert run["state_type"] == "COMPLETED", deployed.why(flow_run_id)
-    assert run["parameters"]["request"] == {"recipe": "micro", "steps": 3}
 
 
 def _manifests(home: Path, run_id: str) -> dict[str, bytes]:
