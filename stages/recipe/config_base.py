@@ -265,6 +265,10 @@ class StageConfig(Strict):
         """The temperature it samples its policy at; None: it samples none."""
         return None
 
+    def check_compute(self, compute: ComputeConfig) -> None:
+        """Refuse (ValueError) a placement the stage cannot run in; `compute`: the recipe's with the stage's own
+        keys in place."""
+
 
 class OptimizerConfig(Strict):
     """The optimizer every training stage uses: AdamW, weight decay on matrices only (norm gains and biases are
@@ -303,6 +307,10 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     # Hashed only when set, so that a stage without it keeps the hash (and the step checkpoints) it had before
     # the field existed.
     hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
+
+    def check_compute(self, compute: ComputeConfig) -> None:
+        if self.lora is not None and compute.world_size > 1:
+            raise ValueError(f"stage {self.name!r}: lora trains in one process; set its compute to one rank")
 
 
 class ForwardOptions(Strict):

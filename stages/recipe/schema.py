@@ -92,8 +92,7 @@ class Recipe(Strict):
             raise ValueError(f"eval.source names the model source's eval row {SOURCE_EVAL!r}: rename that stage")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
-            if getattr(stage, "lora", None) is not None and self.compute_for(stage).world_size > 1:
-                raise ValueError(f"stage {stage.name!r}: lora trains in one process; set its compute to one rank")
+            stage.check_compute(self.compute_for(stage))
         if not kind_of(self.gate.recovery.kind).recovers:
             raise ValueError(
                 f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
