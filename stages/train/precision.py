@@ -110,17 +110,26 @@ def host_identity() -> dict[str, Any]:
     }
 
 
-def cpu_model_and_flags() -> tuple[str, str]:
-    """The first CPU's "model name" and "flags" from /proc/cpuinfo (not its clock, which changes); elsewhere the
-    platform's processor name."""
+def first_cpu_fields() -> dict[str, str] | None:
+    """The first CPU's fields in /proc/cpuinfo ("model name", "flags", "vendor_id", ...); None where it cannot be
+    read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or platform.machine(), ""
+        return None
     fields: dict[str, str] = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
         fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_model_and_flags() -> tuple[str, str]:
+    """The first CPU's "model name" and "flags" (not its clock, which changes); elsewhere the platform's processor
+    name."""
+    fields = first_cpu_fields()
+    if fields is None:
+        return platform.processor() or platform.machine(), ""
     return fields.get("model name", platform.machine()), fields.get("flags", "")
 
 

@@ -14,6 +14,7 @@ from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.flows.cascade import cascade_flow
+from cascade.stages.train.precision import first_cpu_fields
 from tests.conftest import micro_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_harness")]
@@ -22,10 +23,7 @@ GOLDEN_DIGESTS = Path(__file__).with_name("micro_digests.json")
 
 def host_kind() -> str:
     """The torch build and the CPU's vendor: what the micro run's bits depend on (micro_digests.json)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    vendor = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "unknown")
-    return f"{torch.__version__} {vendor}"
+    return f"{torch.__version__} {(first_cpu_fields() or {}).get('vendor_id', 'unknown')}"
 
 
 def final_weights(store: Store, report: RunReport) -> dict[str, torch.Tensor]:
@@ -110,8 +108,9 @@ def test_micro_cascade_runs_end_to_end(straight):
     # and every checkpoint is bit for bit the one recorded for this kind of host: a change of structure moves none
     recorded = json.loads(GOLDEN_DIGESTS.read_text())["recorded"]
     digests = {s.name: committed(store, f"runs/e2e/{i:02d}-{s.name}").digest for i, s in enumerate(report.stages)}
-    if host_kind() in recorded:
-        assert digests == recorded[host_kind()]["digests"], f"{host_kind()}: {json.dumps(digests, indent=1)}"
+    kind = host_kind()
+    if kind in recorded:
+        assert digests == recorded[kind]["digests"], f"{kind}: {json.dumps(digests, indent=1)}"
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])
