@@ -29,7 +29,14 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
     """Scores of every domain after a stage; reused from the store when already computed."""
     store, report = open_report(recipe, run_id)
     key = layout.eval_key(run_id, index, stage)
-    record, new = stored_or_evaluated(recipe, store, key, model, lambda part: progress_for(f"eval {stage}: {part}"))
+    record, new = stored_or_evaluated(
+        recipe,
+        store,
+        key,
+        model,
+        lambda part: progress_for(f"eval {stage}: {part}"),
+        announce=lambda line: get_run_logger().info(f"eval {stage}: {line}"),
+    )
     scores = record.scores
     if new and tracking_on(recipe.tracking):
         tracker = Tracker(recipe, run_id)

@@ -268,7 +268,7 @@ class OracleEngine:
     def __init__(self, answers: dict[tuple[int, ...], str]):
         self.answers = answers
 
-    def generate(self, prompts, n, sampling, seeds=None):
+    def generate(self, prompts, n, sampling, seeds=None, progress=None):
         from cascade.stages.engines.interface import Completion
 
         return [[Completion([], [], self.answers[tuple(p)], "stop")] * n for p in prompts]

@@ -57,7 +57,12 @@ def eval_cmd(
     ),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="Generation budget per completion."),
     temperature: float | None = typer.Option(None, "--temperature", help="Sampling temperature override."),
-    batch_size: int | None = typer.Option(None, "--batch-size", help="Sequences per generate call."),
+    batch_size: int | None = typer.Option(
+        None, "--batch-size", help="Rows decoded at once (the recipe's engine.batch_size; fewer where memory is short)."
+    ),
+    engine_kind: str | None = typer.Option(
+        None, "--engine", help="hf or vllm (the vLLM venv's server): the engine that generates; default the recipe's."
+    ),
     threads: int | None = typer.Option(
         None,
         "--threads",
@@ -92,7 +97,7 @@ def eval_cmd(
     if benchmark is None:
         if limit is not None or samples != 1 or data is not None or out is not None:
             raise CLIError("--limit, --samples, --data and --out apply to --benchmark runs only")
-        _eval_split(model, recipe, as_json)
+        _eval_split(_recipe_on(recipe, model, batch_size, engine_kind), model, as_json)
         return
     specs = _benchmark_specs(benchmark, data)
     if data is not None:
@@ -107,7 +112,7 @@ def eval_cmd(
             raise CLIError(f"{flag} must be >= {low}, got {value}")
     if temperature is not None and temperature < 0:
         raise CLIError(f"--temperature must be >= 0, got {temperature}")
-    tokenizer, engine = _load_for_benchmarks(model, recipe, batch_size)
+    tokenizer, engine = _load_for_benchmarks(model, recipe, batch_size, engine_kind, quiet=as_json)
     settings = {
         "limit": limit,
         "samples": samples,
@@ -209,13 +214,12 @@ def _greedy_answers(
         engine.close()
 
 
-def _eval_split(model: str, recipe: str, as_json: bool) -> None:
+def _eval_split(loaded, model: str, as_json: bool) -> None:
     """Every recipe domain's eval split (the recipe's `eval.split`), scored as a run's evals score it: the primary
     metric per domain and `greedy/<domain>` beside it."""
-    loaded = _recipe_on(recipe, model)
     from cascade.stages.evals.evaluate import evaluate_model  # after the checks: it imports torch and transformers
 
-    scores, _ = evaluate_model(loaded)
+    scores, _ = evaluate_model(loaded, announce=None if as_json else _announce)
     if as_json:
         typer.echo(json.dumps({"model": model, "scores": scores}))
         return
@@ -231,14 +235,22 @@ def _eval_split(model: str, recipe: str, as_json: bool) -> None:
     console.print(table)
 
 
-def _recipe_on(recipe: str, model: str):
-    """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture)."""
+def _recipe_on(recipe: str, model: str, batch_size: int | None = None, engine_kind: str | None = None):
+    """The recipe with its model source replaced by MODEL ("tiny" keeps the recipe's tiny architecture), and the
+    command's --batch-size (engine.batch_size) and --engine (eval.engine) over the recipe's."""
     from cascade.flows.recipes import load_recipe
     from cascade.stages.train.model_source import check_model_source
 
+    if engine_kind not in (None, "hf", "vllm"):
+        raise CLIError(f"--engine must be hf or vllm, got {engine_kind!r}")
     loaded = load_recipe(recipe)
     check_model_source(model)  # a bad source is one line before any model loads
-    return loaded.model_copy(update={"model": loaded.model.model_copy(update={"source": model})})
+    update = {"model": loaded.model.model_copy(update={"source": model})}
+    if batch_size is not None:
+        update["engine"] = loaded.engine.model_copy(update={"batch_size": batch_size})
+    if engine_kind is not None:  # the engine the eval generates on (eval.engine)
+        update["eval"] = loaded.eval.model_copy(update={"engine": engine_kind})
+    return loaded.model_copy(update=update)
 
 
 def _benchmark_specs(benchmark: str, data: str | None):
@@ -262,11 +274,18 @@ def _check_items_file(spec, data: str) -> None:
         raise CLIError(str(e)) from None
 
 
-def _load_for_benchmarks(model: str, recipe: str, batch_size: int | None):
-    """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings."""
+def _load_for_benchmarks(
+    model: str, recipe: str, batch_size: int | None, engine_kind: str | None = None, quiet: bool = True
+):
+    """(tokenizer, engine) for a model name, HF dir or checkpoint, with the recipe's engine settings and the
+    command's batch size and engine kind over them; unless quiet, the engine's memory plan goes to stderr."""
     from cascade.stages.evals.evaluate import open_policy
 
-    return open_policy(_recipe_on(recipe, model), batch_size=batch_size)
+    return open_policy(_recipe_on(recipe, model, batch_size, engine_kind), announce=None if quiet else _announce)
+
+
+def _announce(line: str) -> None:
+    Console(stderr=True).print(f"engine: {line}", highlight=False)
 
 
 def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save) -> list:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedTokenizerFast
 
@@ -11,10 +13,18 @@ from cascade.stages.recipe.config import EngineConfig
 
 
 def make_engine(
-    cfg: EngineConfig, model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int
+    cfg: EngineConfig,
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    seed: int,
+    announce: Callable[[str], None] | None = None,
 ) -> RolloutEngine:
+    """The recipe's engine on `model`. announce: where the HF engine says, before a call that refills its rows
+    starts, how many rows it decodes at once and how much memory their KV cache takes."""
     if cfg.kind == "hf":
-        return HFEngine(model, tokenizer, batch_size=cfg.batch_size, seed=seed, decoder=cfg.hf_decoder)
+        return HFEngine(
+            model, tokenizer, batch_size=cfg.batch_size, seed=seed, decoder=cfg.hf_decoder, announce=announce
+        )
     return _vllm_engine(cfg, model, tokenizer)
 
 

@@ -10,11 +10,19 @@ family and HF's forward for any other causal LM. `decoder` (the recipe's engine.
 layout: on the CPU by default the shared prefix (`LeanDecoder`), which reads each prompt's prefilled keys and values
 once for all n of its samples; on cuda by default a per-row cache whose step is captured as CUDA graphs
 (`GraphDecoder`: a GPU's eager step is bound by kernel launches, not by reading the cache). Rows that reached the
-end of turn are dropped from the batch once they are an eighth of it, so compute follows the live rows. Per step,
-the sampled token's logprob is its logit minus the row's logsumexp (no full log_softmax), both of the distribution
-it samples from (temperature and nucleus applied: `losses.sampling_logits`, the same function the trainer's logprobs
-use), and sampling draws one uniform per row against the cumulative distribution (what torch.multinomial does,
-without its argument checks).
+end of turn are dropped from the batch once they are an eighth of it, so compute follows the live rows.
+
+A call with more rows than batch_size (an eval's every item, a difficulty filter's k samples of many prompts) on a
+model on the CPU is decoded continuously on the lean step (stages/engines/continuous.py): batch_size slots, longest
+prompt first; a row that stops frees its slot and, once an eighth are free, waiting rows are prefilled into them, so
+the batch stays full while rows wait and a call's time follows its tokens rather than its longest row. The slots
+are sized to the host's memory, and `announce` is told the plan before the cache is allocated. A call whose rows
+fit one batch (a GRPO step's groups) decodes as one static batch, its prompts' keys read once for all n samples.
+
+Per step, the sampled token's logprob is its logit minus the row's logsumexp (no full log_softmax), both of the
+distribution it samples from (temperature and nucleus applied: `losses.sampling_logits`, the same function the
+trainer's logprobs use), and sampling draws one uniform per row against the cumulative distribution (what
+torch.multinomial does, without its argument checks).
 
 Sampling stays on the model's device: logits, tokens and logprobs never leave it until the batch is done, and a
 step syncs with the host once (how many rows have finished). Each expanded row (prompt i, sample j) draws from
@@ -27,19 +35,31 @@ engine's seed, continued across unseeded calls so that each draws afresh. The gl
 order use, is never touched.
 
 It samples from the trainer's own module, so weight sync is free and pi_inf differs from pi_train only by
-batch numerics (and bf16 autocast, when training uses it).
+batch numerics (and bf16 autocast, when training uses it). An eval's engine runs on the model cast to the training
+dtype (stages/evals/evaluate.py: open_policy).
 """
 
 from __future__ import annotations
 
 import inspect
+from collections import deque
+from collections.abc import Callable
 from functools import partial
 
 import torch
 from transformers import DynamicCache, PreTrainedTokenizerFast
 
+from cascade.stages.engines.continuous import (
+    PREFILL_TOKENS,
+    REFILL_SHARE,
+    SlotDecoder,
+    SlotPlan,
+    available_memory,
+    plan_slots,
+    prefill_right_padded,
+)
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, graph_capturable, lean_supported
-from cascade.stages.engines.interface import Completion, SamplingParams
+from cascade.stages.engines.interface import Completion, Progress, SamplingParams
 from cascade.stages.train.losses import sampling_logits
 from cascade.stages.train.model import end_of_turn_ids
 
@@ -77,11 +97,15 @@ def row_keys(prompt_seeds: torch.Tensor, n: int) -> torch.Tensor:
     return splitmix64(prompt_seeds.repeat_interleave(n), sample)
 
 
-def uniform(keys: torch.Tensor, step: int) -> torch.Tensor:
-    """keys: [B] int64 -> [B] float32 in [0, 1), one draw per row at this step:
-    u = (mix64(key + (step + 1) * GOLDEN) mod 2**64 >>> 40) / 2**24, the top 24 bits of output `step` of splitmix64
-    seeded with the key. 24 bits: every u is exact in float32, so u < 1 and CPU and CUDA give the same draw."""
-    z = mix64(keys + as_int64((step + 1) * GOLDEN))  # the step folded in on the host: no tensor per step
+def uniform(keys: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """keys: [B] int64 -> [B] float32 in [0, 1), one draw per row at this step (an int, or [B] int64: each row's
+    own step): u = (mix64(key + (step + 1) * GOLDEN) mod 2**64 >>> 40) / 2**24, the top 24 bits of output `step` of
+    splitmix64 seeded with the key. 24 bits: every u is exact in float32, so u < 1 and CPU and CUDA give the same
+    draw. int64 tensor arithmetic wraps mod 2**64 as the host's folding does, so both forms give the same draws."""
+    if isinstance(step, int):
+        z = mix64(keys + as_int64((step + 1) * GOLDEN))  # the step folded in on the host: no tensor per step
+    else:
+        z = mix64(keys + (step + 1) * as_int64(GOLDEN))
     return shr(z, 40).float() * 2.0**-24
 
 
@@ -138,6 +162,56 @@ def pick_decoder(model: torch.nn.Module, choice: str):
     return GraphDecoder
 
 
+class SlotState:
+    """Per slot of continuous batching: its row (-1: free), the row's decode step, the last token it took and
+    that token's position (the next step feeds them), and the logits its next token is drawn from."""
+
+    def __init__(self, slots: int, vocab: int, pad: int, device: torch.device):
+        self.row = torch.full((slots,), -1, dtype=torch.long, device=device)
+        self.step = torch.zeros_like(self.row)
+        self.token = torch.full_like(self.row, pad)
+        self.position = torch.zeros_like(self.row)
+        self.logits = torch.zeros(slots, vocab, device=device)
+        self.used = 0  # slots 0..used-1 are decoded; every taken slot is below it
+        self.pad = pad
+
+    def free(self) -> torch.Tensor:
+        return (self.row < 0).nonzero().squeeze(-1)
+
+    def live(self) -> torch.Tensor:
+        return (self.row[: self.used] >= 0).nonzero().squeeze(-1)
+
+    def take(self, slots: torch.Tensor, rows: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor) -> None:
+        self.row[slots], self.step[slots], self.position[slots] = rows, 0, lengths - 1
+        self.logits[slots] = logits.float()
+        self.used = max(self.used, int(slots.max()) + 1)
+
+    def release(self, slots: torch.Tensor, decoder: SlotDecoder) -> None:
+        self.row[slots], self.token[slots] = -1, self.pad
+        decoder.release(slots)
+
+    def compact(self, decoder: SlotDecoder) -> None:
+        """Once an eighth of the decoded slots is free and no row waits, the taken ones move to the front."""
+        taken = self.row[: self.used] >= 0
+        count = int(taken.sum())
+        if (self.used - count) * COMPACT_SHARE < self.used:
+            return
+        holes = (~taken[:count]).nonzero().squeeze(-1)
+        movers = taken[count:].nonzero().squeeze(-1) + count
+        decoder.move(movers, holes)
+        for state in (self.row, self.step, self.token, self.position):
+            state[holes] = state[movers]
+        self.row[movers] = -1
+        self.used = count
+
+    def feed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next step's tokens and positions [used]: each taken slot's last token at the position after its
+        previous one, a free slot's filler at position 0."""
+        taken = self.row[: self.used] >= 0
+        self.position[: self.used] += taken
+        return self.token[: self.used], torch.where(taken, self.position[: self.used], 0)
+
+
 class HFEngine:
     name = "hf"
 
@@ -148,6 +222,7 @@ class HFEngine:
         batch_size: int = 128,
         seed: int = 0,
         decoder: str = "auto",
+        announce: Callable[[str], None] | None = None,
     ):
         pick_decoder(model, decoder)  # refuse a decoder the model cannot take now, not at the first batch
         self.model = model
@@ -157,11 +232,34 @@ class HFEngine:
         self.batch_size = batch_size
         self.seed = seed
         self.unseeded = 0  # prompts drawn so far without a seed: where the engine's own seed stream continues
+        self.last_plan: SlotPlan | None = None  # the slots and KV cache of the last continuous call
+        self.announce = announce  # told each continuous call's plan before its cache is allocated
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+        progress: Progress | None = None,
     ) -> list[list[Completion]]:
         keys = row_keys(self._prompt_seeds(len(prompts), sampling, seeds), n)  # [P * n]
+        if self._refills() and len(prompts) * n > self.batch_size:
+            flat = self._generate_continuously(prompts, n, keys, sampling, progress)
+        else:
+            flat = self._generate_in_batches(prompts, n, keys, sampling, progress)
+        return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _refills(self) -> bool:
+        """Continuous batching runs on the CPU's lean step; its slots are sized to the host's memory."""
+        on_cpu = next(self.model.parameters()).device.type == "cpu"
+        return on_cpu and pick_decoder(self.model, self.decoder) is LeanDecoder
+
+    def _generate_in_batches(
+        self, prompts: list[list[int]], n: int, keys: torch.Tensor, sampling: SamplingParams, progress
+    ) -> list[Completion]:
+        """Static batches of batch_size rows in prompt order, each prompt prefilled once for its n rows: where every
+        row fits one batch (nothing waits to take a freed slot), or the decoder cannot take rows mid-batch."""
         owner = [i for i in range(len(prompts)) for _ in range(n)]  # expanded row -> prompt index
         flat: list[Completion] = []
         for start in range(0, len(owner), self.batch_size):
@@ -169,7 +267,9 @@ class HFEngine:
             repeat = torch.tensor(rows) - rows[0]  # [B] -> row of the shared prefill (rows are consecutive)
             batch_keys = keys[start : start + len(rows)]  # [B]
             flat += self._generate_batch(prompts[rows[0] : rows[-1] + 1], repeat, batch_keys, sampling)
-        return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+            if progress is not None:
+                progress(len(flat) // n, len(prompts))
+        return flat
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.model = model  # same process, same tensors: nothing to copy
@@ -249,6 +349,78 @@ class HFEngine:
             next_pos = next_pos + 1
             logits = decoder.step(tok, next_pos)
         return tokens[:, : step + 1], logps[:, : step + 1]
+
+    @torch.no_grad()
+    def _generate_continuously(
+        self, prompts: list[list[int]], n: int, keys: torch.Tensor, sampling: SamplingParams, progress
+    ) -> list[Completion]:
+        """Row i * n + j (prompt i, sample j) for every row, at most plan.slots at a time, longest prompt first: a
+        row that stops frees its slot, and once an eighth of the slots is free (or none is taken) the next waiting
+        rows are prefilled into them (stages/engines/continuous.py)."""
+        was_training = self.model.training
+        self.model.eval()
+        device, steps, total = keys.device, sampling.max_new_tokens, len(prompts) * n
+        plan = plan_slots(self.model, total, self.batch_size, max(map(len, prompts)) + steps, available_memory())
+        self.last_plan = plan
+        if self.announce is not None:
+            self.announce(f"{len(prompts)} prompts x {n}: {plan.describe()}")
+        decoder = SlotDecoder(self.model, plan.slots, plan.width)
+        longest_first = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        waiting = deque(i * n + j for i in longest_first for j in range(n))
+        pad, stop = self.tokenizer.pad_token_id, torch.tensor(self.stop_ids, device=device)
+        tokens = torch.full((total, steps), pad, dtype=torch.long, device=device)
+        logps = torch.zeros(total, steps, device=device)
+        slot = SlotState(plan.slots, self.model.lm_head.out_features, pad, device)
+        unfinished, finished_prompts = [n] * len(prompts), 0
+        while True:
+            free = slot.free()
+            if waiting and (len(free) * REFILL_SHARE >= plan.slots or len(free) == plan.slots):
+                self._admit(decoder, slot, prompts, n, [waiting.popleft() for _ in free[: len(waiting)]], free)
+            live = slot.live()  # [l] slots holding a row
+            rows, at = slot.row[live], slot.step[live]
+            logits = sampling_logits(slot.logits[live], sampling.temperature, sampling.top_p)  # [l, V]
+            lse = logits.logsumexp(-1)
+            tok = sample_next(logits, lse, None if sampling.temperature == 0 else uniform(keys[rows], at))
+            tokens[rows, at] = tok
+            logps[rows, at] = logits.gather(-1, tok[:, None]).squeeze(-1) - lse
+            slot.step[live], slot.token[live] = at + 1, tok
+            ended = torch.isin(tok, stop) | (at + 1 >= steps)
+            if bool(ended.any()):
+                slot.release(live[ended], decoder)
+                for prompt in (rows[ended] // n).tolist():
+                    unfinished[prompt] -= 1
+                    finished_prompts += unfinished[prompt] == 0
+                if progress is not None:
+                    progress(finished_prompts, len(prompts))
+            if not waiting and not bool((slot.row >= 0).any()):
+                break
+            if not waiting:
+                slot.compact(decoder)
+            feed, positions = slot.feed()
+            slot.logits[: len(feed)] = decoder.step(feed, positions).float()
+        self.model.train(was_training)
+        return self._completions(tokens, logps)
+
+    def _admit(self, decoder: SlotDecoder, slot: SlotState, prompts, n: int, rows: list[int], free) -> None:
+        """Waiting `rows` into the first len(rows) `free` slots, their prompts prefilled (right-padded) in groups of
+        at most PREFILL_TOKENS padded tokens; consecutive rows of one prompt share its prefill."""
+        owners = [r // n for r in rows]
+        distinct = list(dict.fromkeys(owners))
+        start = 0
+        while start < len(distinct):
+            width, end = len(prompts[distinct[start]]), start + 1  # longest first: the group's width is its first's
+            while end < len(distinct) and (end - start + 1) * width <= PREFILL_TOKENS:
+                end += 1
+            group = distinct[start:end]
+            cache, last = prefill_right_padded(self.model, [prompts[i] for i in group], self.tokenizer.pad_token_id)
+            index = {prompt: k for k, prompt in enumerate(group)}
+            members = [k for k, owner in enumerate(owners) if owner in index]
+            targets = free[members]
+            repeat = torch.tensor([index[owners[k]] for k in members], device=targets.device)
+            lengths = torch.tensor([len(prompts[owners[k]]) for k in members], device=targets.device)
+            decoder.admit(targets, cache, repeat, lengths)
+            slot.take(targets, torch.tensor([rows[k] for k in members], device=targets.device), lengths, last[repeat])
+            start = end
 
     def _completions(self, tokens: torch.Tensor, logps: torch.Tensor) -> list[Completion]:
         """tokens, logps: [B, steps] -> one Completion per row, cut after its first end-of-turn id."""

@@ -10,10 +10,13 @@ reference and MOPD's teachers take their logprobs of the same distribution, so M
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
+
+Progress = Callable[[int, int], None]  # (prompts finished, prompts in the call)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,12 +41,18 @@ class RolloutEngine(Protocol):
     name: str  # "hf" | "vllm"; recorded in stage metrics
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+        progress: Progress | None = None,
     ) -> list[list[Completion]]:
         """n completions for each prompt; result[i][j] is sample j of prompt i. `seeds`: one per prompt, so a
         prompt's draws follow its own seed wherever it sits in the call (an eval can give each held-out item one, to
         compare checkpoints on common random numbers); None derives them from sampling.seed. Each engine's
-        docstring says how it honours them."""
+        docstring says how it honours them. `progress(done, total)`: called as prompts finish (done: prompts
+        whose n completions are all made), so a long call (a benchmark's every prompt) shows its progress."""
         ...
 
     def sync_weights(self, model: torch.nn.Module) -> None:

@@ -42,6 +42,7 @@ from cascade.stages.domains.benchdata import (
     read_rows,
     resolve_benchmarks,
 )
+from cascade.stages.engines.interface import RolloutEngine
 
 SAMPLED_TEMPERATURE = 0.8  # Chen et al. sample at T=0.8 for pass@k with k > 1; greedy for a single sample
 Progress = Callable[[int, int], None]
@@ -115,29 +116,8 @@ def pass_at_1_by_group(items: list[Item], scores: list[list[float]]) -> dict[str
     return {key: sum(v) / len(v) for key, v in sorted(members.items())}
 
 
-def _length_order(prompts: list[list[int]]) -> list[int]:
-    """Indices longest prompt first: batches of similar length waste less padding (and OOM early, if at all)."""
-    return sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-
-
-def generate_all(
-    engine, prompts: list[list[int]], samples: int, sampling, progress: Progress | None
-) -> list[list[Any]]:
-    """Completions for every prompt, in chunks of about one engine batch so progress moves as work is done."""
-    chunk = max(1, getattr(engine, "batch_size", 64) // samples)
-    order = _length_order(prompts)
-    out: list[list[Any] | None] = [None] * len(prompts)
-    for start in range(0, len(order), chunk):
-        idx = order[start : start + chunk]
-        for i, group in zip(idx, engine.generate([prompts[i] for i in idx], samples, sampling)):
-            out[i] = group
-        if progress is not None:
-            progress(min(start + chunk, len(order)), len(order))
-    return out  # type: ignore[return-value]
-
-
 def evaluate_benchmark(
-    engine,
+    engine: RolloutEngine,
     tokenizer,
     name: str,
     limit: int | None = None,
@@ -163,7 +143,8 @@ def evaluate_benchmark(
     temp = temperature if temperature is not None else (0.0 if samples == 1 else SAMPLED_TEMPERATURE)
     sampling = SamplingParams(temperature=temp, max_new_tokens=max_new_tokens, seed=seed)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
-    groups = generate_all(engine, prompts, samples, sampling, progress)
+    # one call: the engine schedules every prompt (a freed row takes a waiting prompt); progress as prompts finish
+    groups = engine.generate(prompts, samples, sampling, progress=progress)
     texts = [[c.text for c in g] for g in groups]
     scores, details = score_items(domain, items, texts)
     rows = []

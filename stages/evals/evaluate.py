@@ -14,6 +14,8 @@ import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.records import EvalRecord
 from cascade.artifacts.report import BENCHMARK_COLUMN, DEV_COLUMN, GREEDY_COLUMN, pass_at_column
@@ -145,18 +147,32 @@ def evaluate_benchmarks(
 
 
 def open_policy(
-    recipe: Recipe, checkpoint: CheckpointRef | None = None, store: Store | None = None, batch_size: int | None = None
+    recipe: Recipe,
+    checkpoint: CheckpointRef | None = None,
+    store: Store | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[Any, RolloutEngine]:
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
-    (any source `stages.train.model_source.resolve_model_dir` takes), with the recipe's engine settings."""
+    (any source `stages.train.model_source.resolve_model_dir` takes): the engine `eval.engine` names (None: the
+    recipe's `engine.kind`) with the recipe's engine settings, decoding in the dtype the recipe's stages train in
+    (`compute.dtype`; auto: this host's choice), so an eval costs what training rollouts cost: bf16 weights and KV
+    cache where bf16 runs faster (a vLLM server left at `engine.dtype: auto` is started in it too). announce: see
+    make_engine."""
     store = store or Store.from_config(recipe.storage)
     from cascade.stages.scale.distributed import resolve_device
+    from cascade.stages.train.precision import resolve_dtype
 
     with owned_tempdir(prefix="cascade-eval-") as download:
         model, tokenizer = load_checkpoint(recipe, store, checkpoint, download)  # in memory: the copy goes
-    model = model.to(resolve_device(recipe.compute.device))  # where the stages train: a GPU's evals run on it
-    engine_cfg = recipe.engine if batch_size is None else recipe.engine.model_copy(update={"batch_size": batch_size})
-    return tokenizer, make_engine(engine_cfg, model, tokenizer, seed=recipe.seed)
+    device = resolve_device(recipe.compute.device)  # where the stages train: a GPU's evals run on it
+    bf16 = resolve_dtype(recipe.compute, device) == "bf16"
+    engine = recipe.engine.model_copy(update={"kind": recipe.eval.engine or recipe.engine.kind})
+    if engine.kind == "vllm" and engine.dtype == "auto":
+        engine = engine.model_copy(update={"dtype": "bfloat16" if bf16 else "float32"})
+    model = model.to(device)
+    if engine.kind == "hf" and bf16:
+        model = model.to(torch.bfloat16)
+    return tokenizer, make_engine(engine, model, tokenizer, seed=recipe.seed, announce=announce)
 
 
 def evaluate_model(
@@ -164,10 +180,11 @@ def evaluate_model(
     checkpoint: CheckpointRef | None = None,
     store: Store | None = None,
     progress: ProgressFactory | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Every recipe domain's scores on its eval split (and dev, see evaluate_domains) of a checkpoint (None: the
     recipe's model source), and every benchmark column of `eval.benchmarks`."""
-    tokenizer, engine = open_policy(recipe, checkpoint, store)
+    tokenizer, engine = open_policy(recipe, checkpoint, store, announce)
     try:
         scores, rows = evaluate_domains(engine, tokenizer, recipe)
         bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe, progress)
@@ -182,6 +199,7 @@ def stored_or_evaluated(
     key: str,
     model: CheckpointRef | None,
     progress: ProgressFactory | None = None,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[EvalRecord, bool]:
     """The eval record at `key` when it scored this checkpoint (the same digest: a re-trained stage is evaluated
     again), else a new eval of `model` (None: the recipe's model source), written there; and whether it is new."""
@@ -189,7 +207,7 @@ def stored_or_evaluated(
     stored = EvalRecord.parse(store.read_bytes(key), store.uri(key)) if store.exists(key) else None
     if stored is not None and stored.digest == digest:
         return stored, False
-    scores, rows = evaluate_model(recipe, model, store, progress)
+    scores, rows = evaluate_model(recipe, model, store, progress, announce)
     record = EvalRecord(model=model.uri if model else None, digest=digest, scores=scores, items=rows)
     store.write_bytes(key, record.to_json())
     return record, True

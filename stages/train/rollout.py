@@ -15,6 +15,7 @@ import torch
 
 from cascade.stages.domains import Item
 from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine, vllm_client
+from cascade.stages.engines.interface import Progress
 from cascade.stages.recipe.config import EngineConfig
 from cascade.stages.recipe.config_base import OnPolicyConfig
 from cascade.stages.recipe.schema import Recipe
@@ -126,9 +127,17 @@ class RankShares:
     world: Any
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+        progress: Progress | None = None,
     ) -> list[list[Completion]]:
-        return self.gather(self.generate_share(prompts, n, sampling, seeds))
+        groups = self.gather(self.generate_share(prompts, n, sampling, seeds))
+        if progress is not None:  # the shares finish together, at the gather
+            progress(len(groups), len(groups))
+        return groups
 
     def generate_share(
         self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None

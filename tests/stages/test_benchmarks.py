@@ -324,9 +324,14 @@ class FakeEngine:
         self.texts_for = texts_for
         self.calls = 0
 
-    def generate(self, prompts, n, sampling):
+    def generate(self, prompts, n, sampling, seeds=None, progress=None):
         self.calls += 1
-        return [[Completion([], [], text, "stop") for text in self.texts_for(p, n)] for p in prompts]
+        groups = []
+        for p in prompts:
+            groups.append([Completion([], [], text, "stop") for text in self.texts_for(p, n)])
+            if progress is not None:
+                progress(len(groups), len(prompts))
+        return groups
 
 
 def test_evaluate_benchmark_reports_pass_at_k_rows_and_progress():
@@ -347,7 +352,7 @@ def test_evaluate_benchmark_reports_pass_at_k_rows_and_progress():
     assert result.metrics["items"] == 6 and len(result.rows) == 24
     assert result.metrics["pass@1"] == pytest.approx(sum(c / 4 for c in expected_c) / 6)
     assert result.metrics["pass@4"] == pytest.approx(5 / 6)
-    assert seen[-1] == (6, 6) and len(seen) == 6  # batch 4 // 4 samples = one prompt per chunk
+    assert seen == [(i, 6) for i in range(1, 7)]  # the engine's progress, one prompt at a time
     row = result.rows[0]
     assert set(row) >= {"prompt", "completion", "verdict", "score", "id", "sample"}
     assert [r["verdict"] for r in result.rows if r["id"] == "gsm8k-2"] == ["pass", "pass", "fail", "fail"]

@@ -91,10 +91,10 @@ def test_stops_at_end_of_turn():
 def test_shared_prefill_matches_repeating_each_prompt():
     """n samples of a prompt prefill it once, yet give the tokens and logprobs of n separate copies of it. Sample j
     of seed s draws splitmix64's stream at s + (j + 1) * GOLDEN, so copy j seeded s + j * GOLDEN draws the same."""
-    eng, tok = engine(batch_size=6)  # 3 prompts x 4 samples: batches split groups across a boundary
+    eng, tok = engine(batch_size=6)  # 3 prompts x 4 samples in 6 slots: a prompt's rows split across admissions
     prompts = [prompt_ids(tok, f"Compute {i}+{i}.") for i in range(3)]
     prefill_rows = []
-    hook = eng.model.register_forward_hook(
+    hook = eng.model.model.register_forward_hook(
         lambda module, args, kwargs, out: (
             prefill_rows.append(kwargs["input_ids"].shape) if kwargs["input_ids"].shape[1] > 1 else None
         ),

@@ -20,7 +20,7 @@ class Answers:
     def __init__(self, text: str):
         self.text = text
 
-    def generate(self, prompts, n, sampling, seeds=None):
+    def generate(self, prompts, n, sampling, seeds=None, progress=None):
         return [[Completion([], [], self.text, "stop") for _ in range(n)] for _ in prompts]
 
 

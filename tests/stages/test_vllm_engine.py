@@ -187,6 +187,34 @@ def test_greedy_matches_hf_reference(engine, tiny, prompts):
         assert first.text == tokenizer.decode(first.token_ids, skip_special_tokens=True)
 
 
+def test_a_benchmark_eval_reads_the_same_greedy_answers_from_both_engines(engine, tiny, monkeypatch):
+    """IFEval's first items, greedy, through evaluate_benchmark on vLLM and on the HF engine (refilling 3 slots)
+    of one fp32 model, both stopping at the chat template's end of turn, as make_engine builds them: the same
+    tokens, so the same completions and grades; both report progress to the end."""
+    from cascade.stages.engines.hf import HFEngine
+    from cascade.stages.evals.benchmarks import evaluate_benchmark
+    from cascade.stages.train.model import end_of_turn_ids
+
+    _, model, tokenizer = tiny
+    monkeypatch.setattr(engine, "stop_token_ids", end_of_turn_ids(tokenizer, None))
+    results, progress = {}, {}
+    for name, eng in (("vllm", engine), ("hf", HFEngine(model, tokenizer, batch_size=3))):
+        seen = progress.setdefault(name, [])
+        results[name] = evaluate_benchmark(
+            eng,
+            tokenizer,
+            "ifeval",
+            limit=8,
+            max_new_tokens=16,
+            progress=lambda done, total, seen=seen: seen.append(done),
+        )
+    vllm_rows, hf_rows = results["vllm"].rows, results["hf"].rows
+    assert [r["completion"] for r in vllm_rows] == [r["completion"] for r in hf_rows]
+    assert [r["score"] for r in vllm_rows] == [r["score"] for r in hf_rows]
+    assert results["vllm"].metrics == results["hf"].metrics
+    assert progress["vllm"][-1] == progress["hf"][-1] == 8
+
+
 def test_sampled_logprobs_are_of_the_sampling_distribution_and_seeded(engine, tiny, prompts):
     model = tiny[1]
     sampling = SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=123)

@@ -43,13 +43,13 @@ import shutil
 import tempfile
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cascade.stages.engines.interface import Completion, SamplingParams
+from cascade.stages.engines.interface import Completion, Progress, SamplingParams
 from cascade.stages.engines.vllm.client import ServerDied, ServerUnavailable, VLLMClient, _to_completion
 from cascade.stages.engines.vllm.probe import PROBE_LENGTH, WeightSyncError, trainer_logprobs
 from cascade.stages.engines.vllm.seeds import request_seeds
@@ -241,17 +241,28 @@ class VLLMEngine:
     # ---- generation ------------------------------------------------------------------------------------
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None = None,
+        progress: Progress | None = None,
     ) -> list[list[Completion]]:
-        """`seeds` (one per prompt) become vLLM per-request seeds; see the module docstring."""
+        """`seeds` (one per prompt) become vLLM per-request seeds; see the module docstring. `progress` moves as
+        requests come back."""
         if not prompts:
             return []
         if self._server is not None and not self._server.ready:  # wait here, not in each worker thread
             self._server.wait_ready()
-        return self._with_restart(lambda: self._generate(prompts, n, sampling, seeds))
+        return self._with_restart(lambda: self._generate(prompts, n, sampling, seeds, progress))
 
     def _generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingParams, seeds: list[int] | None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        seeds: list[int] | None,
+        progress: Progress | None,
     ) -> list[list[Completion]]:
         per_prompt = request_seeds(len(prompts), sampling, seeds)
         if per_prompt is None:
@@ -261,7 +272,13 @@ class VLLMEngine:
             chunks = [([p], seed) for p, seed in zip(prompts, per_prompt)]
         workers = max(1, min(self.max_concurrency, len(chunks)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            parts = list(pool.map(lambda c: self._complete(c[0], n, sampling, c[1]), chunks))
+            futures = [pool.submit(self._complete, chunk, n, sampling, seed) for chunk, seed in chunks]
+            done = 0
+            for future in as_completed(futures):
+                done += len(chunks[futures.index(future)][0])
+                if progress is not None:
+                    progress(done, len(prompts))
+            parts = [future.result() for future in futures]
         flat = [c for part in parts for c in part]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 

