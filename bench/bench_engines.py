@@ -13,8 +13,9 @@ Engines, each in a process of its own (so its peak RSS is its own), on weights i
 - `hf-chunks`: our HF engine called on 128 rows at a time, as evals called it before continuous batching (each call
   a static batch that ends with its longest row);
 - `hf`: our HF engine called once on every row (continuous batching: a stopped row's slot takes a waiting prompt);
-- `vllm`: the managed vLLM server (`.venv-vllm`, both cores for its worker), every row in one call; its start is
-  reported apart from the work's wall time, and its peak RSS is the server's (VmHWM).
+- `vllm`: the managed vLLM server as an eval starts it (`.venv-vllm`; `make_engine` on `engine.kind: vllm`, the
+  server in --dtype), every row in one call; its start is reported apart from the work's wall time, and its peak
+  RSS is the server's (VmHWM).
 
 The table gives wall seconds, generated tokens/s, peak RSS and the ratio of wall time to `generate`'s, with the
 load average after each. Stop other work first: the cores are shared by everything.
@@ -28,7 +29,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
 
     from cascade.stages.engines.hf import HFEngine
     from cascade.stages.recipe.config import ModelConfig
-    from cascade.stages.train.model import end_of_turn_ids, initial_model, save_hf
+    from cascade.stages.train.model import initial_model
 
     model, tokenizer = initial_model(ModelConfig(source="smollm2-135m"), seed=0)
     model = model.eval().to(getattr(torch, dtype))
@@ -108,19 +108,17 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
                 for group in hf.generate(prompts[start : start + per_call], samples, sampling)
                 for c in group
             )
-        else:
-            from cascade.stages.engines.vllm import ServerOptions, VLLMEngine
+        else:  # as an eval starts it: make_engine on the recipe's engine section, the server in --dtype
+            from cascade.stages.engines import make_engine
+            from cascade.stages.recipe.config import EngineConfig
 
-            with tempfile.TemporaryDirectory(prefix="bench-engines-") as model_dir:
-                save_hf(model, tokenizer, model_dir)
-                options = ServerOptions(dtype=dtype, kv_cache_gib=4, extra_env={"OMP_NUM_THREADS": "2"})
-                server = VLLMEngine(model_dir, stop_token_ids=end_of_turn_ids(tokenizer, None), options=options)
-                result["start_s"] = round(server.start_seconds, 1)
-                started = time.perf_counter()
-                tokens = sum(len(c.token_ids) for g in server.generate(prompts, samples, sampling) for c in g)
-                status = Path(f"/proc/{server.server_pid}/status").read_text()
-                result["server_rss_gb"] = int(status.split("VmHWM:")[1].split()[0]) / 1e6
-                server.close()
+            server = make_engine(EngineConfig(kind="vllm", dtype=dtype), model, tokenizer, seed=0)
+            result["start_s"] = round(server.start_seconds, 1)
+            started = time.perf_counter()
+            tokens = sum(len(c.token_ids) for g in server.generate(prompts, samples, sampling) for c in g)
+            status = Path(f"/proc/{server.server_pid}/status").read_text()
+            result["server_rss_gb"] = int(status.split("VmHWM:")[1].split()[0]) / 1e6
+            server.close()
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["tokens"] = tokens
     result["rss_gb"] = result.pop("server_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)

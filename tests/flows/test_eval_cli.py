@@ -50,6 +50,15 @@ def test_eval_tiny_on_gsm8k_writes_scores_and_per_item_rows(tmp_path):
     saved = json.loads((out_dir / "scores.json").read_text())
     assert saved["benchmarks"]["gsm8k"]["items"] == 5 and saved["settings"]["limit"] == 5
 
+    # 2 rows at a time: the engine refills freed rows, says its plan first, and answers as one batch of 5 did
+    slots_dir = tmp_path / "eval-2"
+    args = ("eval", "tiny", "--benchmark", "gsm8k", "--limit", "5", "--max-new-tokens", "8", "--batch-size", "2")
+    slotted = cascade(*args, "--out", str(slots_dir), home=tmp_path / "home")
+    assert slotted.returncode == 0, slotted.stderr
+    assert "engine: 5 prompts x 1: KV cache" in slotted.stderr and ": 2 rows x " in slotted.stderr
+    again = [json.loads(line) for line in (slots_dir / "gsm8k.jsonl").read_text().splitlines()]
+    assert [r["completion"] for r in again] == [r["completion"] for r in rows]
+
 
 def test_unknown_benchmark_is_one_line_exit_2_nothing_written(tmp_path):
     home = tmp_path / "home"
@@ -59,6 +68,7 @@ def test_unknown_benchmark_is_one_line_exit_2_nothing_written(tmp_path):
         ["eval", "tiny", "--benchmark", "gsm8k,nope"],
         ["grade", "--benchmark", "nope", "--data", __file__],
         ["eval", "tiny", "--benchmark", "gsm8k", "--samples", "0"],
+        ["eval", "tiny", "--benchmark", "gsm8k", "--engine", "tgi"],
         ["grade", "--benchmark", "gsm8k", "--data", "/no/such/file.jsonl"],
         ["eval", "tiny", "--benchmark", "mmlu_stem", "--data", str(bad_items)],
     ):

@@ -224,6 +224,9 @@ class ManagedServer:
             VLLM_LOOPBACK_IP="127.0.0.1",
             PYTHONUNBUFFERED="1",
         )
+        # Unset, vLLM's CPU worker drops to one thread "for serving": on 2 idle cores smollm2-135m decoded 284 tok/s
+        # with one and 379 with two (docs/LOG.md). The cores this process may use, unless the caller says otherwise.
+        env.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
         if self.in_process_worker:
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # without it vLLM's CPU platform overrides `uni` with `mp`
         env.update(self.options.extra_env)
