@@ -55,11 +55,15 @@ def work_prompts(work: str, tokenizer, limit: int | None) -> tuple[list[list[int
     return [prompt_ids(tokenizer, it.prompt) for it in items], 8, SamplingParams(max_new_tokens=128, temperature=0.7)
 
 
-def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, sampling) -> int:
-    """`model.generate` over left-padded batches of BATCH rows: the tokens it generated up to each row's end."""
+def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, sampling) -> tuple[int, list[str]]:
+    """`model.generate` over left-padded batches of BATCH rows: the tokens it generated up to each row's end, and
+    each prompt's first answer."""
     import torch
 
-    eos, pad, counted = tokenizer.eos_token_id, tokenizer.pad_token_id, 0
+    from cascade.stages.train.model import end_of_turn_ids
+
+    stops = end_of_turn_ids(tokenizer, model.generation_config)  # where our engines stop too
+    pad, counted, texts = tokenizer.pad_token_id, 0, []
     per_call = max(1, BATCH // samples)
     for start in range(0, len(prompts), per_call):
         chunk = prompts[start : start + per_call]
@@ -74,13 +78,26 @@ def plain_generate(model, tokenizer, prompts: list[list[int]], samples: int, sam
             **({} if greedy else {"temperature": sampling.temperature, "top_k": 0}),
             max_new_tokens=sampling.max_new_tokens,
             num_return_sequences=samples,
-            eos_token_id=eos,
+            eos_token_id=stops,
             pad_token_id=pad,
         )
-        for row in out[:, width:]:
-            ended = (row == eos).nonzero()
-            counted += int(ended[0]) + 1 if len(ended) else len(row)
-    return counted
+        for index, row in enumerate(out[:, width:]):
+            ended = torch.isin(row, torch.tensor(stops)).nonzero()
+            length = int(ended[0]) + 1 if len(ended) else len(row)
+            counted += length
+            if index % samples == 0:
+                texts.append(tokenizer.decode(row[:length], skip_special_tokens=True))
+    return counted, texts
+
+
+def ifeval_grades(texts: list[str], limit: int | None) -> list[float]:
+    from cascade.stages.domains import get_domain
+    from cascade.stages.domains.benchdata import load_items, resolve_benchmarks
+    from cascade.stages.evals.benchmarks import score_items
+
+    spec = resolve_benchmarks(["ifeval"])[0]
+    scores, _ = score_items(get_domain(spec.domain), load_items(spec, limit=limit), [[t] for t in texts])
+    return [s[0] for s in scores]
 
 
 def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
@@ -98,16 +115,16 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
     started = time.perf_counter()
     with torch.no_grad():
         if engine == "generate":
-            tokens = plain_generate(model, tokenizer, prompts, samples, sampling)
+            tokens, texts = plain_generate(model, tokenizer, prompts, samples, sampling)
         elif engine in ("hf", "hf-chunks"):
             hf = HFEngine(model, tokenizer, batch_size=BATCH, seed=0)
             per_call = len(prompts) if engine == "hf" else max(1, BATCH // samples)
-            tokens = sum(
-                len(c.token_ids)
+            groups = [
+                group
                 for start in range(0, len(prompts), per_call)
                 for group in hf.generate(prompts[start : start + per_call], samples, sampling)
-                for c in group
-            )
+            ]
+            tokens, texts = sum(len(c.token_ids) for g in groups for c in g), [g[0].text for g in groups]
         else:  # as an eval starts it: make_engine on the recipe's engine section, the server in --dtype
             from cascade.stages.engines import make_engine
             from cascade.stages.recipe.config import EngineConfig
@@ -115,12 +132,15 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
             server = make_engine(EngineConfig(kind="vllm", dtype=dtype), model, tokenizer, seed=0)
             result["start_s"] = round(server.start_seconds, 1)
             started = time.perf_counter()
-            tokens = sum(len(c.token_ids) for g in server.generate(prompts, samples, sampling) for c in g)
+            groups = server.generate(prompts, samples, sampling)
+            tokens, texts = sum(len(c.token_ids) for g in groups for c in g), [g[0].text for g in groups]
             status = Path(f"/proc/{server.server_pid}/status").read_text()
             result["server_rss_gb"] = int(status.split("VmHWM:")[1].split()[0]) / 1e6
             server.close()
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["tokens"] = tokens
+    if work == "ifeval":  # each item's prompt-level strict grade, by the grader the evals use
+        result["grades"] = ifeval_grades(texts, limit)
     result["rss_gb"] = result.pop("server_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
     result["load"] = round(os.getloadavg()[0], 2)
     return result
@@ -128,18 +148,30 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
 
 def table(results: list[dict]) -> list[str]:
     lines = [
-        "| work | engine | rows | wall s | tokens | tok/s | peak RSS GB | vs generate | load after |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| work | engine | rows | wall s | tokens | tok/s | peak RSS GB | vs generate | IFEval strict (paired vs first)"
+        " | load after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     base = {r["work"]: r["wall_s"] for r in results if r["engine"] == "generate"}
+    first = next((r["grades"] for r in results if "grades" in r), None)
     for r in results:
         ratio = f"{base[r['work']] / r['wall_s']:.2f}x" if r["work"] in base else "-"
         engine = r["engine"] + (f" (+{r['start_s']} s start)" if "start_s" in r else "")
         lines.append(
             f"| {r['work']} | {engine} | {r['rows']} | {r['wall_s']} | {r['tokens']} | {r['tokens'] / r['wall_s']:.0f} "
-            f"| {r['rss_gb']:.2f} | {ratio} | {r['load']} |"
+            f"| {r['rss_gb']:.2f} | {ratio} | {graded(r.get('grades'), first)} | {r['load']} |"
         )
     return lines
+
+
+def graded(grades: list[float] | None, first: list[float]) -> str:
+    """The mean grade, and its paired difference from the first engine's on the same items with its SE."""
+    if grades is None:
+        return "-"
+    diffs = [a - b for a, b in zip(grades, first, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    se = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5 if len(diffs) > 1 else 0.0
+    return f"{sum(grades) / len(grades):.3f} ({mean:+.3f} ± {se:.3f})"
 
 
 def main() -> None:
