@@ -38,24 +38,27 @@ REFILL_SHARE = 8  # admit waiting rows once this share (1/8) of the slots is fre
 MEMORY_SHARE = 0.5  # of the memory still available, what the KV cache may take
 
 
-def available_memory() -> int:
+CGROUP_ROOTS = (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory"))  # v2 (unified) and v1's memory controller
+
+
+def available_memory(meminfo: Path = Path("/proc/meminfo"), cgroup_roots: tuple[Path, ...] = CGROUP_ROOTS) -> int:
     """Bytes this process may still allocate: the least of MemAvailable and the cgroup's limit minus its usage
-    (v2 memory.max / memory.current, or v1 memory.limit_in_bytes / memory.usage_in_bytes)."""
+    (v2 memory.max / memory.current, or v1 memory.limit_in_bytes / memory.usage_in_bytes; "max" or v1's huge
+    "no limit" value is no limit)."""
     candidates = []
-    meminfo = Path("/proc/meminfo")
     if meminfo.exists():
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 candidates.append(int(line.split()[1]) * 1024)
     for limit, usage in (("memory.max", "memory.current"), ("memory.limit_in_bytes", "memory.usage_in_bytes")):
-        for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/memory")):
+        for root in cgroup_roots:
             try:
                 cap, used = (root / limit).read_text().strip(), (root / usage).read_text().strip()
             except OSError:
                 continue
             if cap.isdigit() and used.isdigit() and int(cap) < 1 << 60:
-                candidates.append(int(cap) - int(used))
-    return min(candidates) if candidates else (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+                candidates.append(max(0, int(cap) - int(used)))
+    return min(candidates) if candidates else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cascade.stages.engines import hf as hf_module
-from cascade.stages.engines.continuous import MEMORY_SHARE, SlotDecoder, plan_slots
+from cascade.stages.engines.continuous import MEMORY_SHARE, SlotDecoder, available_memory, plan_slots
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.recipe.config import ModelConfig
@@ -102,3 +102,20 @@ def test_the_slots_are_sized_to_the_memory_available(monkeypatch):
     monkeypatch.setattr(hf_module, "available_memory", lambda: int(0.5 * per_row / MEMORY_SHARE))
     with pytest.raises(MemoryError, match=rf"one row of {width} tokens needs a KV cache of .* MiB are available"):
         slotted.generate(prompts, 1, sampling)
+
+
+def test_available_memory_is_the_least_of_the_host_and_the_cgroup(tmp_path):
+    """MemAvailable, and a cgroup's limit less its usage (v2 or v1), whichever is smaller; "max" and v1's huge
+    no-limit value are no limit."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:    8388608 kB\n")
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir(), v1.mkdir()
+    assert available_memory(meminfo, (v2, v1)) == 8 * 2**30  # no cgroup files: the host's figure
+    (v2 / "memory.max").write_text("max\n"), (v2 / "memory.current").write_text("1000\n")
+    (v1 / "memory.limit_in_bytes").write_text(f"{2**63 - 4096}\n"), (v1 / "memory.usage_in_bytes").write_text("1\n")
+    assert available_memory(meminfo, (v2, v1)) == 8 * 2**30
+    (v2 / "memory.max").write_text(f"{2 * 2**30}\n"), (v2 / "memory.current").write_text(f"{2**29}\n")
+    assert available_memory(meminfo, (v2, v1)) == 3 * 2**29  # 2 GiB limit, 0.5 GiB used
+    (v1 / "memory.limit_in_bytes").write_text(f"{2**30}\n"), (v1 / "memory.usage_in_bytes").write_text(f"{2**31}\n")
+    assert available_memory(meminfo, (v2, v1)) == 0  # over its limit already: nothing left, never negative
