@@ -33,8 +33,13 @@ def test_the_mean_gain_and_its_standard_error_across_seeds_by_hand():
     assert greedy.mean == pytest.approx(0.0, abs=1e-12) and greedy.se == pytest.approx(0.01 / math.sqrt(3))
     assert across_seeds([gains(0.04, 0.0)])[0].se is None  # one seed: no spread to measure
     printed = table(rows, [7, 8, 9]).splitlines()
-    assert printed[0] == "| stage | domain | seed 7 | seed 8 | seed 9 | mean ± SE across seeds | in SE |"
-    assert printed[2] == "| if_rl | instruct | +0.040 | +0.020 | +0.060 | +0.040 ± 0.012 | +3.5 |"
+    head = "| stage | domain | seed 7 | seed 8 | seed 9 | mean ± SE across seeds | in SE | t bar | clears it |"
+    assert printed[0] == head
+    # 3.5 SE is past 2 but short of t(0.975, 2 df) = 4.303: three seeds do not show this gain
+    assert instruct.t_bar == pytest.approx(4.3027, abs=1e-4) and instruct.clears_bar is False
+    assert printed[2] == "| if_rl | instruct | +0.040 | +0.020 | +0.060 | +0.040 ± 0.012 | +3.5 | 4.30 | no |"
+    five = across_seeds([gains(g, 0.0) for g in (0.05, 0.04, 0.06, 0.05, 0.05)])[0]
+    assert five.t_bar == pytest.approx(2.7764, abs=1e-4) and five.clears_bar is True  # 15.8 SE, 4 df
 
 
 def test_entropy_at_each_end_of_an_rl_stage_from_its_step_log(tmp_path):

@@ -35,8 +35,8 @@ engine's seed, continued across unseeded calls so that each draws afresh. The gl
 order use, is never touched.
 
 It samples from the trainer's own module, so weight sync is free and pi_inf differs from pi_train only by
-batch numerics (and bf16 autocast, when training uses it). An eval's engine runs on the model cast to the training
-dtype (stages/evals/evaluate.py: open_policy).
+batch numerics (and bf16 autocast, when training uses it). An eval's engine runs on the model cast to
+`eval.dtype` (stages/evals/evaluate.py: open_policy).
 """
 
 from __future__ import annotations

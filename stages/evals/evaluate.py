@@ -154,10 +154,9 @@ def open_policy(
 ) -> tuple[Any, RolloutEngine]:
     """(tokenizer, engine) on a checkpoint of the recipe's store, or on the recipe's model source for None
     (any source `stages.train.model_source.resolve_model_dir` takes): the engine `eval.engine` names (None: the
-    recipe's `engine.kind`) with the recipe's engine settings, decoding in the dtype the recipe's stages train in
-    (`compute.dtype`; auto: this host's choice), so an eval costs what training rollouts cost: bf16 weights and KV
-    cache where bf16 runs faster (a vLLM server left at `engine.dtype: auto` is started in it too). announce: see
-    make_engine."""
+    recipe's `engine.kind`) with the recipe's engine settings, decoding in `eval.dtype` (compute: the dtype the
+    stages train in; bf16 halves what a decode step reads): the HF engine on the model cast to it, a vLLM server left
+    at `engine.dtype: auto` started in it. announce: see make_engine."""
     store = store or Store.from_config(recipe.storage)
     from cascade.stages.scale.distributed import resolve_device
     from cascade.stages.train.precision import resolve_dtype
@@ -165,7 +164,8 @@ def open_policy(
     with owned_tempdir(prefix="cascade-eval-") as download:
         model, tokenizer = load_checkpoint(recipe, store, checkpoint, download)  # in memory: the copy goes
     device = resolve_device(recipe.compute.device)  # where the stages train: a GPU's evals run on it
-    bf16 = resolve_dtype(recipe.compute, device) == "bf16"
+    wanted = recipe.eval.dtype
+    bf16 = wanted == "bf16" or (wanted == "compute" and resolve_dtype(recipe.compute, device) == "bf16")
     engine = recipe.engine.model_copy(update={"kind": recipe.eval.engine or recipe.engine.kind})
     if engine.kind == "vllm" and engine.dtype == "auto":
         engine = engine.model_copy(update={"dtype": "bfloat16" if bf16 else "float32"})

@@ -149,10 +149,12 @@ class EvalConfig(Strict):
     # stage's gain (a recipe that starts from a pretrained model has no earlier eval to compare with)
     source: bool = False
     data_root: str | None = None  # the benchmark files; None: <repo>/../shared/data; relative: to the repo
-    # the engine evals generate on; None: the recipe's engine.kind. vllm: a managed vLLM server (`make vllm`), in
-    # the dtype the stages train in: on 2 CPU cores it decodes long answers ~1.6x as fast as the HF engine in bf16
-    # (docs/RECIPES.md)
+    # the engine evals generate on; None: the recipe's engine.kind. vllm: a managed vLLM server (`make vllm`); on 2
+    # CPU cores it decodes long answers ~1.6x as fast as the HF engine (docs/RECIPES.md)
     engine: Literal["hf", "vllm"] | None = None
+    # the weights and KV cache evals decode in. fp32: the same numbers on every host; compute: the dtype the stages
+    # train in (compute.dtype; auto: bf16 where this host runs it faster), half the bytes a decode step reads
+    dtype: Literal["fp32", "bf16", "compute"] = "fp32"
 
     def resolved_data_root(self) -> Path:
         return resolve_data_root(self.data_root)

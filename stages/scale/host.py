@@ -13,7 +13,9 @@ from cascade.stages.recipe.schema import Recipe, RecipeError
 
 def check_host(recipe: Recipe) -> None:
     """A stage that puts more torchrun ranks on this host's CPU than it has cores (each rank is a process that
-    trains on its own core at least), and a Ray address where nothing answers."""
+    trains on its own core at least), a Ray address where nothing answers, and a managed vLLM server (engine.kind
+    or eval.engine vllm, no engine.url) where the vLLM venv is missing."""
+    check_vllm_venv(recipe)
     for address in sorted({ray_address(recipe.compute_for(s)) for s in recipe.stages} - {None}):
         refuse_silent_address(address)
     cores = os.cpu_count() or 1
@@ -27,6 +29,18 @@ def check_host(recipe: Recipe) -> None:
                 f"stage {stage.name!r}: {compute.nproc_per_node} ranks per node on this host's {cores} CPU cores: "
                 f"set compute.nproc_per_node to at most {cores}"
             )
+
+
+def check_vllm_venv(recipe: Recipe) -> None:
+    evals = recipe.eval.engine if recipe.eval.enabled else None
+    if recipe.engine.url is None and "vllm" in (recipe.engine.kind, evals):
+        from cascade.stages.engines.vllm.server import venv_python
+
+        try:
+            venv_python()
+        except FileNotFoundError as e:
+            wants = "engine.kind" if recipe.engine.kind == "vllm" else "eval.engine"
+            raise RecipeError(f"{wants} vllm starts a vLLM server, and {e}") from None
 
 
 def ray_address(compute: ComputeConfig) -> str | None:

@@ -105,12 +105,20 @@ def test_micro_cascade_runs_end_to_end(straight):
         json.loads(store.read_bytes("runs/e2e/01-sft/MANIFEST.json"))["config_hash"]
         == json.loads(driven.read_bytes("runs/driver/01-sft/MANIFEST.json"))["config_hash"]
     )
-    # and every checkpoint is bit for bit the one recorded for this kind of host: a change of structure moves none
+
+
+def test_every_micro_checkpoint_is_the_one_recorded_for_this_kind_of_host(straight):
+    """Bit for bit the digests micro_digests.json holds for this torch build and CPU vendor: a change of structure
+    moves none. A kind of host with no recorded digests is a skip that names it and prints the digests to record,
+    never a pass."""
+    _, recipe, report, _ = straight
+    store = Store.from_config(recipe.storage)
     recorded = json.loads(GOLDEN_DIGESTS.read_text())["recorded"]
     digests = {s.name: committed(store, f"runs/e2e/{i:02d}-{s.name}").digest for i, s in enumerate(report.stages)}
     kind = host_kind()
-    if kind in recorded:
-        assert digests == recorded[kind]["digests"], f"{kind}: {json.dumps(digests, indent=1)}"
+    if kind not in recorded:
+        pytest.skip(f"no micro digests recorded for {kind!r} (known: {sorted(recorded)}); this host's: {digests}")
+    assert digests == recorded[kind]["digests"], f"{kind}: {json.dumps(digests, indent=1)}"
 
 
 @pytest.mark.parametrize("results_kept, done_status", [(True, "completed"), (False, "skipped")])

@@ -453,3 +453,15 @@ def test_the_terminal_prints_brackets_in_user_strings_as_they_are(capsys):
 
     console.print("store file:///tmp/mk[/x]home/runs/[draft]", highlight=False)
     assert capsys.readouterr().out == "store file:///tmp/mk[/x]home/runs/[draft]\n"
+
+
+def test_a_recipe_that_starts_vllm_without_its_venv_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """eval.engine vllm (as smollm2-if sets it) with no vLLM venv: one line naming the command that builds it, exit
+    2, nothing written; not a failure at the first eval."""
+    monkeypatch.setenv("CASCADE_VLLM_VENV", str(tmp_path / "no-venv"))
+    home = tmp_path / "home"
+    result = cascade("run", "micro", "eval.engine=vllm", home=home)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "eval.engine vllm starts a vLLM server" in lines[0] and "make vllm" in lines[0]
+    assert files_under(home) == []

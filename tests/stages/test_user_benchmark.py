@@ -21,6 +21,8 @@ class Answers:
         self.text = text
 
     def generate(self, prompts, n, sampling, seeds=None, progress=None):
+        if progress is not None:
+            progress(len(prompts), len(prompts))
         return [[Completion([], [], self.text, "stop") for _ in range(n)] for _ in prompts]
 
 

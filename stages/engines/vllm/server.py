@@ -48,6 +48,16 @@ CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 SCRATCH_DIRS = ("serve-model", "xdg-cache", "tmp", "config", "hf")
 
 
+def venv_python(venv: Path | None = None) -> Path:
+    """The vLLM venv's interpreter: `venv`, else $CASCADE_VLLM_VENV, else <repo>/.venv-vllm; FileNotFoundError
+    naming the command that builds it where there is none."""
+    venv = Path(venv or os.environ.get("CASCADE_VLLM_VENV", DEFAULT_VENV))
+    python = venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"no vLLM venv at {venv}: run `make vllm` (bash infra/vllm-venv.sh) first")
+    return python
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """How a managed server is launched. Fields marked GPU are untested on this CPU-only machine."""
@@ -179,11 +189,7 @@ class ManagedServer:
         self.serve_dir = serve
 
     def python(self) -> Path:
-        venv = self.options.venv or Path(os.environ.get("CASCADE_VLLM_VENV", DEFAULT_VENV))
-        python = Path(venv) / "bin" / "python"
-        if not python.exists():
-            raise FileNotFoundError(f"no vLLM venv at {venv}: run `bash infra/vllm-venv.sh` first")
-        return python
+        return venv_python(self.options.venv)
 
     @property
     def in_process_worker(self) -> bool:
