@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,9 @@ from cascade.stages.domains.benchdata import (
     read_rows,
     resolve_benchmarks,
 )
-from cascade.stages.engines.interface import RolloutEngine
+from cascade.stages.engines.interface import Progress, RolloutEngine
 
 SAMPLED_TEMPERATURE = 0.8  # Chen et al. sample at T=0.8 for pass@k with k > 1; greedy for a single sample
-Progress = Callable[[int, int], None]
 
 
 @dataclass
