@@ -131,7 +131,7 @@ if [ "$REAL" = 1 ]; then  # the real recipes on smollm2-135m at full size (here:
   part reassemble 60 "$PY" bench/gpu/split_file.py join "${GPU_MODEL_PARTS:-.gpu-model}" "$CASCADE_SMOLLM2_GGUF"
   part convert 240 "$PY" -c "from cascade.stages.train.model_source import smollm2_dir; print(smollm2_dir())"
   if [ "$MODE" = dry ]; then
-    IF_SIZE=("stages.if_rl.steps=1" "stages.if_rl.prompts_per_step=2" "stages.if_rl.group_size=2"
+    IF_SIZE=("eval.engine=hf" "stages.if_rl.steps=1" "stages.if_rl.prompts_per_step=2" "stages.if_rl.group_size=2"
       "stages.if_rl.micro_batch_size=4" "domains.instruct.train_size=8" "domains.instruct.heldout_size=2"
       "domains.instruct.max_new_tokens=8" "eval.benchmarks={ifeval: {limit: 2, max_new_tokens: 8}, gsm8k: {limit: 2, max_new_tokens: 8}}")
     GSM8K_SIZE=("stages.sft_data.sources={math: [{kind: shared, file: math/gsm8k_train.jsonl, format: gsm8k, count: 8}]}"
@@ -141,7 +141,8 @@ if [ "$REAL" = 1 ]; then  # the real recipes on smollm2-135m at full size (here:
     REAL_LIMIT=${REAL_LIMIT:-400}
   else
     read -ra extra <<<"${REAL_OVERRIDES:-}"  # e.g. REAL_OVERRIDES=engine.hf_decoder=shared_prefix
-    IF_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}" "${extra[@]}")
+    # smollm2-if evaluates on vLLM on a CPU host; the lent GPU has no vLLM venv, and its HF engine decodes as CUDA graphs
+    IF_SIZE=("compute.device=cuda" "eval.engine=hf" "engine.batch_size=${REAL_BATCH:-256}" "${extra[@]}")
     GSM8K_SIZE=("compute.device=cuda" "engine.batch_size=${REAL_BATCH:-256}" "${extra[@]}")
     REAL_LIMIT=${REAL_LIMIT:-420}
   fi
