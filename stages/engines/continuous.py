@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from cascade.stages.engines.decode import fused, rms_norm, rotate
+from cascade.stages.engines.decode import after_attention, rms_norm, rotate, stacked_weights
 
 PREFILL_TOKENS = 8192  # padded prompt tokens per prefill forward
 REFILL_SHARE = 8  # admit waiting rows once this share (1/8) of the slots is free
@@ -108,11 +108,7 @@ class SlotDecoder:
         self.values = [parameter.new_zeros(shape) for _ in model.model.layers]
         self.lengths = torch.zeros(slots, dtype=torch.long, device=parameter.device)  # filled columns per slot
         self.taken = torch.zeros(slots, dtype=torch.bool, device=parameter.device)
-        self.qkv = [
-            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
-            for layer in model.model.layers
-        ]
-        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
+        self.qkv, self.gate_up = stacked_weights(model)
 
     def admit(self, slots: torch.Tensor, cache: DynamicCache, repeat: torch.Tensor, lengths: torch.Tensor) -> None:
         """Rows into `slots` [k]: row r continues prefilled prompt repeat[r] (right-padded in `cache`, [p, Hkv, W,
@@ -161,10 +157,7 @@ class SlotDecoder:
             out = F.scaled_dot_product_attention(
                 q, keys[:used, :, :span], values[:used, :, :span], attn_mask=bias, scale=attn.scaling
             ).reshape(used, -1)  # [b, Hkv * g * D]
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
-            down = layer.mlp.down_proj
-            x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+            x = after_attention(layer, x, out, gate_up)
         self.lengths[:used] += self.taken[:used]
         return self.model.lm_head(rms_norm(x, body.norm))
 

@@ -81,6 +81,23 @@ def fused(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]
     return torch.cat([lin.weight for lin in linears]), None
 
 
+def stacked_weights(model) -> tuple[list, list]:
+    """Per layer, q|k|v and gate|up stacked as one (weight, bias) each: fewer, larger matmuls per step (a copy of
+    those weights per decoder, as vLLM stacks them at load)."""
+    layers = model.model.layers
+    qkv = [fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in layers]
+    return qkv, [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in layers]
+
+
+def after_attention(layer, x: torch.Tensor, out: torch.Tensor, gate_up) -> torch.Tensor:
+    """The rest of a decoder layer, HF's op for op: x + o_proj(attention out), then x + the SiLU MLP of its norm.
+    x: [B, H]; out: [B, heads * D] -> [B, H]."""
+    attn, down = layer.self_attn, layer.mlp.down_proj
+    x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+    gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+
+
 class LeanDecoder:
     """Static-KV-cache decode over a Llama/Qwen2 HF module's weights, the prompt's keys and values read once per
     prompt however many samples continue it.
@@ -112,12 +129,7 @@ class LeanDecoder:
         self.prefix_bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
             mask == 0, torch.finfo(dtype).min
         )[:, None, None, :]
-        # q|k|v and gate|up as one matmul each: fewer, larger ops per layer (a copy of those weights per batch)
-        self.qkv = [
-            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
-            for layer in model.model.layers
-        ]
-        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
+        self.qkv, self.gate_up = stacked_weights(model)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Continue only `rows` (indices into the current batch); prompts left with no row leave the prefix cache."""
@@ -152,10 +164,7 @@ class LeanDecoder:
             h = rms_norm(x, layer.input_layernorm)
             q = self._new_query(layer.self_attn, h, qkv, keys, values, column, cos, sin)  # [B, Hkv, groups, D]
             out = self._attention(layer.self_attn, q, prefix_keys, prefix_values, bias, keys, values, column)
-            x = x + F.linear(out, layer.self_attn.o_proj.weight, layer.self_attn.o_proj.bias)
-            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
-            down = layer.mlp.down_proj
-            x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+            x = after_attention(layer, x, out, gate_up)
         return self.model.lm_head(rms_norm(x, body.norm))
 
     def _new_query(self, attn, h, qkv, keys, values, column: int, cos, sin) -> torch.Tensor:
@@ -218,11 +227,7 @@ class GraphDecoder:
         self.column = torch.full((1,), mask.shape[1], dtype=torch.long, device=device)  # the next token's column
         self.tokens = torch.zeros(len(repeat), dtype=torch.long, device=device)  # the step's inputs: valid ids
         self.positions = torch.zeros_like(self.tokens)
-        self.qkv = [
-            fused(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
-            for layer in model.model.layers
-        ]
-        self.gate_up = [fused(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in model.model.layers]
+        self.qkv, self.gate_up = stacked_weights(model)
         self.capture = capture and device.type == "cuda"
         self.pool = torch.cuda.graph_pool_handle() if self.capture else None
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # bucket -> (graph, its logits)
@@ -291,10 +296,7 @@ class GraphDecoder:
             scores = torch.matmul(q, keys.transpose(-1, -2)) * attn.scaling + bias  # [b, Hkv, g, W + room]
             weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
             out = torch.matmul(weights, values).reshape(bucket, -1)  # [b, Hkv * g * D]
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(rms_norm(x, layer.post_attention_layernorm), *gate_up).chunk(2, dim=-1)
-            down = layer.mlp.down_proj
-            x = x + F.linear(F.silu(gate) * up, down.weight, down.bias)
+            x = after_attention(layer, x, out, gate_up)
         self.column.add_(1)
         return self.model.lm_head(rms_norm(x, body.norm))
 

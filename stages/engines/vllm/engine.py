@@ -272,13 +272,13 @@ class VLLMEngine:
             chunks = [([p], seed) for p, seed in zip(prompts, per_prompt)]
         workers = max(1, min(self.max_concurrency, len(chunks)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(self._complete, chunk, n, sampling, seed) for chunk, seed in chunks]
+            futures = {pool.submit(self._complete, chunk, n, sampling, seed): len(chunk) for chunk, seed in chunks}
             done = 0
             for future in as_completed(futures):
-                done += len(chunks[futures.index(future)][0])
+                done += futures[future]  # the chunk's prompts
                 if progress is not None:
                     progress(done, len(prompts))
-            parts = [future.result() for future in futures]
+            parts = [future.result() for future in futures]  # in submission order: prompt order
         flat = [c for part in parts for c in part]
         return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
