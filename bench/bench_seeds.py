@@ -1,6 +1,6 @@
 """Each RL stage's gain across seeds: the training variance that one run's paired standard error leaves out.
 
-    .venv/bin/python bench/bench_seeds.py tiny --first-seed S [--seeds 5] [--home DIR] [key=value ...]
+    .venv/bin/python bench/bench_seeds.py tiny [--first-seed S] [--seeds 5] [--home DIR] [key=value ...]
 
 Runs `cascade run RECIPE seed=S --run-id seeds-<recipe>-<S>` for S = first_seed .. first_seed + seeds - 1, one
 after another (a run of that id that already finished is read, not run again; one that stopped is resumed), in
@@ -11,8 +11,9 @@ stage "gains" when the mean exceeds t SE, t the two-sided 95% quantile of Studen
 freedom (4.30 for 3 seeds, 2.78 for 5; 2 only as N grows large); where greedy does not move while the sampled
 metric does, the stage sharpens sampling rather than adding capability, and the policy's entropy at the start and
 end of each RL stage (printed last, from the runs' step logs) shows it. The recorded results use seeds that appear
-nowhere in the repository: --first-seed has no default, so that a recorded table never reads the seeds the
-recipe was tuned on.
+nowhere in the repository: without --first-seed the seeds are drawn at random (from 10^6 to 10^9) until no file
+git tracks names any of them as a word, and the script says which it drew, so that a recorded table never reads
+the seeds the recipe was tuned on.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,20 +138,39 @@ def table(rows: list[AcrossSeeds], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
+def unused_first_seed(count: int, named: Callable[[int], bool], rng: random.Random) -> int:
+    """A first seed S such that no seed of S .. S + count - 1 is `named` (by a file the repository tracks)."""
+    for _ in range(1000):
+        first = rng.randrange(10**6, 10**9)
+        if not any(named(seed) for seed in range(first, first + count)):
+            return first
+    raise RuntimeError("1000 draws in a row named a seed: pass --first-seed")
+
+
+def named_in_repository(seed: int) -> bool:
+    """Whether any file git tracks holds the seed as a word."""
+    found = subprocess.run(["git", "grep", "-q", "-w", str(seed)], cwd=Path(__file__).resolve().parents[1])
+    return found.returncode == 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*", help="key=value recipe overrides, the same for every seed")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument(
-        "--first-seed", type=int, required=True, help="the first seed; pick seeds no file in the repository names"
+        "--first-seed", type=int, default=None, help="the first seed; default: drawn so that no tracked file names any"
     )
     parser.add_argument("--home", type=Path, default=None, help="CASCADE_HOME of the runs")
     args = parser.parse_args()
     env = dict(os.environ)
     if args.home is not None:
         env["CASCADE_HOME"] = os.environ["CASCADE_HOME"] = str(args.home)
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    first = args.first_seed
+    if first is None:
+        first = unused_first_seed(args.seeds, named_in_repository, random.Random())
+        print(f"seeds {first}-{first + args.seeds - 1}: drawn at random; no file the repository tracks names them")
+    seeds = list(range(first, first + args.seeds))
     per_seed, entropies = [], []
     for seed in seeds:
         run_id = ensure_run(args.recipe, seed, args.overrides, env)

@@ -9,6 +9,13 @@ per-prompt differences, SE = sd / sqrt(n). Instruction level: the instructions o
 the SE treats each prompt as a cluster: gain = sum_i d_i / I, SE = sqrt(n) * sd(d_i) / I, with d_i the change in
 prompt i's count of followed instructions and I the number of instructions. Any other benchmark column
 (`bench/<name>`) is printed with its paired gain too.
+
+Two breakdowns of where an IFEval gain comes from follow:
+- per instruction type (`detectable_format:title`, ...): the strict verdicts of that type's instructions before
+  and after, the paired gain over them and its SE (instructions as units);
+- by the token cap: the share of answers that ran to max_new_tokens (finish_reason "length": most are loops)
+  before and after, and the prompt-level strict gain on the prompts whose answers stopped on their own both times
+  (the gain in constraints followed, not in answers that stopped looping) beside the one on the rest.
 """
 
 from __future__ import annotations
@@ -74,6 +81,54 @@ def column_rows(before: dict, after: dict) -> list[tuple[str, float, float, floa
     return out
 
 
+def type_rows(before: dict, after: dict) -> list[tuple[str, int, float, float, float, float]]:
+    """(instruction type, instructions, before, after, gain, SE) of strict verdicts, most instructions first."""
+    old, new = rows_by_id(before, IFEVAL), rows_by_id(after, IFEVAL)
+    pairs: dict[str, tuple[list[float], list[float]]] = {}
+    for i in sorted(set(old) & set(new)):
+        for was, now in zip(old[i]["details"]["instructions"], new[i]["details"]["instructions"], strict=True):
+            kept = pairs.setdefault(was["id"], ([], []))
+            kept[0].append(float(was["strict"]))
+            kept[1].append(float(now["strict"]))
+    out = []
+    for kind, (was, now) in sorted(pairs.items(), key=lambda kv: (-len(kv[1][0]), kv[0])):
+        gain, se = paired(was, now, len(was))
+        out.append((kind, len(was), sum(was) / len(was), sum(now) / len(now), gain, se))
+    return out
+
+
+def cap_rows(before: dict, after: dict) -> list[tuple[str, int, float, float, float, float]] | None:
+    """(prompts, count, strict before, after, gain, SE) on the prompts answered within the cap both times and on
+    the rest, then the capped share (as before/after); None where a record holds no finish reasons."""
+    old, new = rows_by_id(before, IFEVAL), rows_by_id(after, IFEVAL)
+    ids = sorted(set(old) & set(new))
+    if not ids or any("finish_reason" not in r[i] for r in (old, new) for i in ids):
+        return None
+    capped = {i: (old[i]["finish_reason"] == "length", new[i]["finish_reason"] == "length") for i in ids}
+    out = []
+    for label, chosen in (
+        ("stopped both times", [i for i in ids if not any(capped[i])]),
+        ("capped before or after", [i for i in ids if any(capped[i])]),
+    ):
+        if chosen:
+            was = [float(old[i]["details"]["prompt_strict"]) for i in chosen]
+            now = [float(new[i]["details"]["prompt_strict"]) for i in chosen]
+            gain, se = paired(was, now, len(chosen))
+            out.append((label, len(chosen), sum(was) / len(was), sum(now) / len(now), gain, se))
+    was = [float(capped[i][0]) for i in ids]
+    now = [float(capped[i][1]) for i in ids]
+    gain, se = paired(was, now, len(ids))
+    out.append(("share capped (not a score)", len(ids), sum(was) / len(ids), sum(now) / len(ids), gain, se))
+    return out
+
+
+def print_table(header: str, rows: list[tuple]) -> None:
+    print(f"\n| {header} | n | before | after | paired gain | in SE |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, n, old, new, gain, se in rows:
+        print(f"| {name} | {n} | {old:.3f} | {new:.3f} | {gain:+.3f} ± {se:.3f} | {gain / se if se else 0:+.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path, help="a file store's runs/<id> directory")
@@ -86,6 +141,14 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for name, old, new, gain, se in rows:
         print(f"| {name} | {old:.3f} | {new:.3f} | {gain:+.3f} ± {se:.3f} | {gain / se if se else 0:+.1f} |")
+    if not rows_by_id(after, IFEVAL):
+        return
+    print_table("instruction type (strict)", type_rows(before, after))
+    capped = cap_rows(before, after)
+    if capped is None:
+        print("\n(no finish reasons in these records: evals written before they were stored)")
+    else:
+        print_table("IFEval prompts (prompt-level strict)", capped)
 
 
 if __name__ == "__main__":

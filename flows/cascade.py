@@ -25,8 +25,7 @@ from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.stages.kinds import chooses_teachers
-from cascade.stages.recipe.config import SOURCE_EVAL
-from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.config_base import SOURCE_EVAL, StageConfig
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.walk import GateStep, Made, SourceEval, StageStep, walk
 from cascade.tasks.evals import choose_teachers_task, eval_task, gate_task, record_recovery_task

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from bench_seeds import across_seeds, table  # noqa: E402
+from bench_seeds import across_seeds, named_in_repository, table, unused_first_seed  # noqa: E402
 
 from cascade.artifacts.html_report import Gain  # noqa: E402
 
@@ -58,3 +58,16 @@ def test_entropy_at_each_end_of_an_rl_stage_from_its_step_log(tmp_path):
     ends = entropy_ends(store, "r", ["if_rl", "math_rl"])
     assert list(ends) == ["if_rl"] and ends["if_rl"] == (pytest.approx(1.725), pytest.approx(0.975))
     assert entropy_table([ends, {}], [0, 1]).splitlines()[2] == "| if_rl | 1.73 -> 0.97 | - |"
+
+
+def test_default_seeds_are_ones_no_tracked_file_names():
+    import random
+
+    taken = set(range(10**6, 10**9, 7))  # every seventh seed is "named somewhere"
+    first = unused_first_seed(5, taken.__contains__, random.Random(0))
+    assert 10**6 <= first < 10**9 and not taken & set(range(first, first + 5))
+    with pytest.raises(RuntimeError, match="pass --first-seed"):
+        unused_first_seed(5, lambda seed: True, random.Random(0))
+    # the repository's own check: a seed a file names is found, a 9-digit one written nowhere (computed here, so
+    # that this file does not name it) is not
+    assert named_in_repository(2026) and not named_in_repository(10**9 - 4321)

@@ -28,7 +28,7 @@ from cascade.artifacts import layout  # noqa: E402
 from cascade.artifacts.checkpoint import CheckpointRef, adoptable  # noqa: E402
 from cascade.artifacts.store import Store  # noqa: E402
 from cascade.stages.kinds import kind_of  # noqa: E402
-from cascade.stages.recipe.config import SOURCE_EVAL  # noqa: E402
+from cascade.stages.recipe.config_base import SOURCE_EVAL  # noqa: E402
 from cascade.stages.recipe.schema import Recipe, load_recipe  # noqa: E402
 from cascade.stages.run import run_stages  # noqa: E402
 

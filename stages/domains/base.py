@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 Split = Literal["train", "dev", "heldout"]
 EVAL_SPLITS: tuple[Split, ...] = ("heldout", "dev")  # what a recipe evaluates or tunes on: never trained on
+SIZE_KEYS: dict[Split, str] = {"train": "train_size", "dev": "dev_size", "heldout": "heldout_size"}  # a domain's
 SPLIT_BUCKETS = 10  # of the split key's hash: bucket 0 is held out, bucket 1 is dev, the other eight train
 MAX_MISSES_IN_ROW = 100_000  # draws in a row without a new item of the split: the split has run out
 
@@ -33,6 +34,29 @@ class Item:
 def split_of(key: str) -> Split:
     bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % SPLIT_BUCKETS
     return "heldout" if bucket == 0 else "dev" if bucket == 1 else "train"
+
+
+def questions_of_split(
+    domain: str,
+    questions: list[Item],
+    split: Split,
+    n: int,
+    seed: int,
+    split_of_item: Callable[[Item], Split],
+) -> Iterator[Item]:
+    """A question file's items of one split (`split_of_item` decides each), each once, in an order drawn from the
+    seed; fewer than n in the split is a ValueError naming the recipe key to lower. A random draw with
+    replacement, as synthetic items are drawn, would need ~n log n draws to find a split's last question."""
+    unique = list({it.prompt: it for it in questions}.values())  # a repeated question counts once
+    in_split = [it for it in unique if split_of_item(it) == split]
+    if len(in_split) < n:
+        raise ValueError(
+            f"domain {domain!r} has {len(in_split)} questions in its {split} split, fewer than {n}: "
+            f"lower domains.{domain}.{SIZE_KEYS[split]}"
+        )
+    random.Random(f"{domain}:{seed}").shuffle(in_split)
+    for i, item in enumerate(in_split[:n]):
+        yield replace(item, domain=domain, id=f"{domain}-{split}-{i}")
 
 
 class Domain:
@@ -75,7 +99,7 @@ class Domain:
             if attempts > 50 * n + 1000 or misses > MAX_MISSES_IN_ROW:
                 raise ValueError(
                     f"domain {self.name!r} cannot produce {n:,} distinct {split} items (found {len(seen):,}): "
-                    f"lower domains.{self.name}.{'train_size' if split == 'train' else 'heldout_size'}"
+                    f"lower domains.{self.name}.{SIZE_KEYS[split]}"
                 )
             item = self.sample(rng)
             key = item.split_key or item.prompt

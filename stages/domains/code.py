@@ -43,12 +43,12 @@ import random
 import re
 import secrets
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cascade.sandbox import SandboxLimits, run_many
-from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.base import Domain, Item, Split, questions_of_split
 from cascade.stages.domains.benchdata import JsonlBenchmark, read_jsonl
 from cascade.stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
@@ -59,6 +59,7 @@ SYNTHETIC_LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5.0)  # our program
 BENCHMARK_LIMITS = SandboxLimits(cpu_seconds=5, wall_seconds=10.0)
 LIVECODEBENCH_TEST_CPU_S = 6  # RLIMIT_CPU is per process: each test's process gets LiveCodeBench's 6 s
 MBPP_TEST_IDS = range(11, 511)  # the MBPP paper's test split
+MBPP_VALIDATION_IDS = range(511, 601)  # its validation split
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 _CODE_START = re.compile(r"^(def |async def |class |import |from )", re.M)
@@ -244,10 +245,44 @@ def evaluate_chain(steps: list[tuple[str, int]], x: int) -> int:
     return value
 
 
+QUESTION_SOURCES = ("synthetic", "mbpp")  # domains.code.options.questions
+
+
+def mbpp_split(item: Item) -> Split:
+    """MBPP's own splits: task_id 11-510 test (held-out here), 511-600 validation (dev), the rest train."""
+    task_id = item.meta["task_id"]
+    return "heldout" if task_id in MBPP_TEST_IDS else "dev" if task_id in MBPP_VALIDATION_IDS else "train"
+
+
 class CodeDomain(Domain):
+    """questions: "synthetic" (the items above) or "mbpp": MBPP's 974 problems on its own splits (mbpp_split), so
+    an RL stage trains on MBPP's train problems, is tuned on its validation ones and scored on its test split.
+    data_root: where the MBPP file is read (None: the default data root)."""
+
     name = "code"
 
+    def __init__(self, questions: str = "synthetic", data_root: str | None = None):
+        if questions not in QUESTION_SOURCES:
+            raise ValueError(f"unknown code questions {questions!r}; known: {', '.join(QUESTION_SOURCES)}")
+        self.questions, self.data_root = questions, data_root
+        self._rows: list[Item] | None = None
+
+    def _mbpp_rows(self) -> list[Item]:
+        if self._rows is None:
+            from cascade.stages.recipe.config_base import resolve_data_root
+
+            rows = read_jsonl(resolve_data_root(self.data_root) / "code" / "mbpp.jsonl")
+            self._rows = [mbpp_item(row) for row in rows]
+        return self._rows
+
+    def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
+        if self.questions == "synthetic":
+            return super().iter_items(split, n, seed)
+        return questions_of_split(self.name, self._mbpp_rows(), split, n, seed, mbpp_split)
+
     def sample(self, rng: random.Random) -> Item:
+        if self.questions != "synthetic":
+            return rng.choice(self._mbpp_rows())
         n_ops = rng.choices((1, 2, 3), weights=(1, 3, 4))[0]
         steps = [(rng.choice(sorted(OPS)), rng.randint(0, 9)) for _ in range(n_ops)]
         expr = chain_expression(steps)

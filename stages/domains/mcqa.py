@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from cascade.stages.domains.base import Domain, Item
+from cascade.stages.domains.base import Domain, Item, Split, questions_of_split, split_of
 from cascade.stages.domains.benchdata import JsonlBenchmark
 
 LETTERS = "ABCDEFGHIJ"
@@ -134,16 +134,38 @@ def parse_gpqa(row: dict[str, Any], index: int) -> Item:
     return mcq_item("gpqa", key, str(row["Question"]), [answers[i] for i in order], order.index(0), groups)
 
 
+QUESTION_SOURCES = ("digits", "mmlu_stem")  # domains.mcqa.options.questions
+
+
 class MCQADomain(Domain):
+    """questions: "digits" (the synthetic items above) or "mmlu_stem": the shipped MMLU-STEM questions, split into
+    train, dev and held-out by the hash of the question text as every domain splits (~80/10/10 of 3,018), so an RL
+    stage trains on MMLU-STEM questions and is scored on ones it never saw. data_root: where that file is read
+    (None: the default data root)."""
+
     name = "mcqa"
 
-    def __init__(self, num_choices: int = 4, max_value: int = 9):
+    def __init__(
+        self, num_choices: int = 4, max_value: int = 9, questions: str = "digits", data_root: str | None = None
+    ):
         if not 2 <= num_choices <= min(len(LETTERS), max_value + 1):
             raise ValueError(f"num_choices must be in 2..{min(len(LETTERS), max_value + 1)}")
+        if questions not in QUESTION_SOURCES:
+            raise ValueError(f"unknown mcqa questions {questions!r}; known: {', '.join(QUESTION_SOURCES)}")
         self.num_choices = num_choices
         self.max_value = max_value
+        self.questions = questions
+        self.data_root = data_root
+        self._rows: list[Item] | None = None
+
+    def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
+        if self.questions == "digits":
+            return super().iter_items(split, n, seed)
+        return questions_of_split(self.name, self._benchmark_rows(), split, n, seed, lambda it: split_of(it.prompt))
 
     def sample(self, rng: random.Random) -> Item:
+        if self.questions != "digits":
+            return rng.choice(self._benchmark_rows())
         kind = rng.choice(sorted(KINDS))
         values = rng.sample(range(self.max_value + 1), self.num_choices)
         letter = LETTERS[values.index(KINDS[kind](values))]
@@ -151,6 +173,14 @@ class MCQADomain(Domain):
         prompt = f"Which number is the {kind}? {options}"
         key = f"{kind}:{','.join(map(str, values))}"
         return Item(self.name, "", prompt, answer_text(letter), {"answer": letter}, split_key=key)
+
+    def _benchmark_rows(self) -> list[Item]:
+        """The questions file's items (read once); an item's split key is its prompt, the question and options."""
+        if self._rows is None:
+            from cascade.stages.recipe.config_base import resolve_data_root
+
+            self._rows = self.benchmarks()[self.questions](resolve_data_root(self.data_root))
+        return self._rows
 
     def grade(self, item: Item, completion: str) -> float:
         return float(extract_letter(completion) == item.meta["answer"])

@@ -57,7 +57,7 @@ def evaluate_domains(
 
 def eval_items(tokenizer, recipe: Recipe, name: str, split: str) -> tuple[list, list[list[int]], list[int]]:
     """A domain's eval items of one split, their prompt ids, and each item's seed."""
-    items = recipe.domain(name).generate(split, recipe.domains[name].heldout_size, recipe.seed)
+    items = recipe.domain(name).generate(split, recipe.domains[name].split_size(split), recipe.seed)
     prompts = [prompt_ids(tokenizer, item.prompt) for item in items]
     # Each item draws from its own seeded stream: a sampled eval is a function of the checkpoint alone, and two
     # checkpoints answer each item with the same random numbers (common random numbers), whatever the batch,
@@ -140,7 +140,9 @@ def evaluate_benchmarks(
         scores |= {f"{column}:{m}": result.metrics[m] for m in BENCHMARK_SIDE_METRICS if m in result.metrics}
         rows += [
             {"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"], "score": r["score"]}
-            | ({"details": r["details"]} if r.get("details") else {})  # e.g. IFEval's per-instruction verdicts
+            # why the answer ended ("length": it hit max_new_tokens), and e.g. IFEval's per-instruction verdicts
+            | {"finish_reason": r["finish_reason"]}
+            | ({"details": r["details"]} if r.get("details") else {})
             for r in result.rows
         ]
     return scores, rows

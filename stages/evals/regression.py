@@ -160,7 +160,7 @@ def newest_finished_run(store: Store) -> FinishedRun | None:
     """The finished run whose final policy was committed last, or None when the store holds no finished run."""
     from cascade.artifacts.checkpoint import read_manifest
     from cascade.artifacts.report import RunReport
-    from cascade.stages.recipe.config import SOURCE_EVAL
+    from cascade.stages.recipe.config_base import SOURCE_EVAL
 
     found = []
     for run_id in store.list_dirs(layout.RUNS):

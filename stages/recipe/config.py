@@ -97,6 +97,9 @@ class EngineConfig(Strict):
 class DomainSpec(Strict):
     train_size: Count = 4000
     heldout_size: Count = 800  # items in the eval split (held-out or dev); 800 resolve a ~3-point gain (docs/LOG.md)
+    dev_size: Count | None = (
+        None  # items in the dev split, where it holds fewer than the held-out one; None: heldout_size
+    )
     max_new_tokens: Count = 64
     tolerance: Fraction = 0.05  # the gate fires when the score drops more than this below its best
     # The eval's primary metric: each item's mean grade over `eval_samples` answers sampled at `eval_temperature`,
@@ -111,6 +114,10 @@ class DomainSpec(Strict):
     # haystack; every item of the domain (train, held-out, SFT data) is generated with them
     options: dict[str, int | float | str | bool] = {}
 
+    def split_size(self, split: str) -> int:
+        """How many items an eval reads from `split` (dev or held-out)."""
+        return self.dev_size if split == "dev" and self.dev_size is not None else self.heldout_size
+
     @model_validator(mode="after")
     def _samples_need_temperature(self) -> DomainSpec:
         if (self.eval_samples or 1) > 1 and self.eval_temperature == 0:
@@ -119,7 +126,6 @@ class DomainSpec(Strict):
 
 
 DEFAULT_EVAL_SAMPLES = 4  # a sampled eval's answers per item (DomainSpec.eval_samples unset)
-SOURCE_EVAL = "source"  # the eval row of the model source, before the first stage (eval.source)
 
 
 class BenchmarkEval(Strict):
@@ -128,7 +134,11 @@ class BenchmarkEval(Strict):
 
     limit: Count | None = None  # the benchmark's first N items; None: all of them
     max_new_tokens: Count = 256
-    tolerance: Fraction = 0.05  # the gate fires when pass@1 drops more than this below its best
+    # A benchmark is a test column: shown after every stage, and watched by the gate (and by regression evals'
+    # baselines) only where the recipe says so here, since a gate that acts on a test score selects on it. The
+    # domains' dev splits are what gates by default.
+    gates: bool = False
+    tolerance: Fraction = 0.05  # with gates: the gate fires when pass@1 drops more than this below its best
     # a user's file (a local path or an fsspec URL: s3://, hf://datasets/...), read in `format`: a registered
     # benchmark's name (its row format and grader) or a domain's (rows {prompt, meta, reference?, id?})
     file: str | None = None

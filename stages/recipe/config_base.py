@@ -142,6 +142,8 @@ class Read(NamedTuple):
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# the model source's eval row, before the first stage (eval.source); as a MOPD teacher, the model source itself
+SOURCE_EVAL = "source"
 SMOLLM2 = "smollm2-135m"  # a model source name: SmolLM2-135M-Instruct from a PyPI wheel (stages.train.model)
 
 

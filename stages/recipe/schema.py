@@ -25,14 +25,21 @@ from cascade.stages.kinds import KINDS, chooses_teachers, kind_of, recovery_kind
 from cascade.stages.recipe.config import (
     DEFAULT_EVAL_SAMPLES,
     RECOVERY_PREFIX,
-    SOURCE_EVAL,
     DomainSpec,
     EngineConfig,
     EvalConfig,
     GateConfig,
     ModelConfig,
 )
-from cascade.stages.recipe.config_base import STORED, ComputeConfig, RecipeName, Seed, StageConfig, first_error
+from cascade.stages.recipe.config_base import (
+    SOURCE_EVAL,
+    STORED,
+    ComputeConfig,
+    RecipeName,
+    Seed,
+    StageConfig,
+    first_error,
+)
 from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.recipe.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
 
@@ -111,10 +118,11 @@ class Recipe(Strict):
         return get_domain(name, self.domains[name].options)
 
     def tolerances(self) -> dict[str, float]:
-        """Every score column the gate watches -> its tolerance: each domain, and each benchmark ("bench/<name>")."""
+        """Every score column the gate watches -> its tolerance: each domain (on its dev split where the eval scores
+        one), and each benchmark ("bench/<name>") the recipe marks `gates: true`."""
         return {
             **{d: spec.tolerance for d, spec in self.domains.items()},
-            **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items()},
+            **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items() if spec.gates},
         }
 
     def eval_sampling(self, domain: str) -> tuple[float, int]:

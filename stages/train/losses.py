@@ -97,6 +97,17 @@ def grpo_advantages(rewards: Tensor, eps: float) -> Tensor:
     return (rewards - mean) / (std + eps)
 
 
+def shuffled_rewards(rewards: Tensor, generator: torch.Generator) -> Tensor:
+    """A control for a reward's effect: the step's P*G rewards permuted across the whole batch, r'_ij = r_pi(ij).
+
+    rewards: [P, G] -> [P, G]. The batch's reward distribution (its mean, how many groups have signal on
+    average) is kept and its tie to each completion is broken: whatever a stage trained this way gains comes from
+    updating at all (the sampled tokens' own likelihood, the optimizer), not from what the reward prefers.
+    """
+    order = torch.randperm(rewards.numel(), generator=generator)
+    return rewards.flatten()[order].view_as(rewards)
+
+
 def groups_with_signal(rewards: Tensor) -> Tensor:
     """Dynamic filtering: True for groups whose rewards are not all the same. rewards: [P, G] -> [P] bool."""
     return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0

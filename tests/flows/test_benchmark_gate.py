@@ -1,5 +1,6 @@
 """Benchmark evals feed the gate: `eval.benchmarks` runs after every model stage beside the held-out splits, shows
-as a "bench/<name>" column of the forgetting matrix, and the gate fires on it with its own tolerance.
+as a "bench/<name>" column of the forgetting matrix, and where the recipe marks it `gates: true`, the gate fires on
+it with its own tolerance.
 
 Two toy stages make policies with known greedy answers (tests/stages/rigged.py): "A", then "B". On an
 MMLU-format file whose every gold answer is A, pass@1 goes 1.0 -> 0.0, so the gate must fire on bench/mmlu_stem and
@@ -71,7 +72,7 @@ def bench_recipe(tmp_path, **gate):
     for spec in raw["domains"].values():
         spec["tolerance"] = 1.0
     raw["eval"] = {
-        "benchmarks": {"mmlu_stem": {"limit": 4, "max_new_tokens": 8, "tolerance": 0.25}},
+        "benchmarks": {"mmlu_stem": {"limit": 4, "max_new_tokens": 8, "gates": True, "tolerance": 0.25}},
         "data_root": str(mmlu_root(tmp_path)),
     }
     raw["gate"] = {"policy": "warn", **gate}

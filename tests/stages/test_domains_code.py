@@ -137,3 +137,20 @@ def test_mbpp_reference_code_passes_and_mutants_fail():
 def test_benchmarks_are_registered():
     assert set(CODE.benchmarks()) == {"humaneval", "mbpp", "livecodebench"}
     assert run_jobs([]) == []
+
+
+def test_mbpp_questions_keep_mbpp_s_own_splits():
+    from cascade.stages.recipe.schema import load_recipe
+
+    domain = get_domain("code", {"questions": "mbpp"})
+    splits = {split: domain.generate(split, n, 0) for split, n in (("train", 384), ("dev", 90), ("heldout", 500))}
+    ids = {split: {it.meta["task_id"] for it in items} for split, items in splits.items()}
+    assert ids["heldout"] == set(range(11, 511)) and ids["dev"] == set(range(511, 601))  # test and validation
+    assert ids["train"] == set(range(1, 11)) | set(range(601, 975))
+    assert splits["dev"][0].id == "code-dev-0" and splits["dev"][0].domain == "code"
+    assert domain.grade(splits["dev"][0], splits["dev"][0].reference) == 1.0  # MBPP's own solution passes
+    with pytest.raises(ValueError, match="90 questions in its dev split, fewer than 91: lower domains.code.dev_size"):
+        domain.generate("dev", 91, 0)
+    # an eval reads dev_size dev items and heldout_size held-out ones
+    spec = load_recipe("micro", ["domains.math.dev_size=3", "domains.math.heldout_size=5"]).domains["math"]
+    assert (spec.split_size("dev"), spec.split_size("heldout")) == (3, 5)

@@ -93,3 +93,21 @@ def test_mcqa_domain_checks_its_configuration():
     assert MCQADomain(num_choices=3).sample(random.Random(0)).prompt.count("(") == 3
     with pytest.raises(ValueError):
         MCQADomain(num_choices=11)
+    with pytest.raises(ValueError, match="unknown mcqa questions 'mmlu'"):
+        MCQADomain(questions="mmlu")
+
+
+def test_mmlu_stem_questions_split_by_their_text_and_each_is_drawn_once():
+    domain = get_domain("mcqa", {"questions": "mmlu_stem"})
+    dev, heldout = domain.generate("dev", 299, 0), domain.generate("heldout", 300, 0)
+    train = domain.generate("train", 2400, 0)
+    texts = [{it.prompt for it in split} for split in (dev, heldout, train)]
+    assert [len(t) for t in texts] == [299, 300, 2400]  # no question twice within a split
+    assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])
+    assert [it.id for it in dev[:2]] == ["mcqa-dev-0", "mcqa-dev-1"]
+    assert domain.generate("dev", 299, 1) != dev and {it.prompt for it in domain.generate("dev", 299, 1)} == texts[0]
+    # graded by the letter, the reward's grader and the eval's
+    item = dev[0]
+    assert domain.grade(item, item.reference) == 1.0 and item.meta["subject"]
+    with pytest.raises(ValueError, match="299 questions in its dev split, fewer than 300: lower domains.mcqa.dev_size"):
+        domain.generate("dev", 300, 0)

@@ -14,6 +14,7 @@ from cascade.stages.train.losses import (
     length_normalized_rewards,
     mis_weights,
     sft_loss,
+    shuffled_rewards,
     tis_weights,
     token_entropy,
     token_logprobs,
@@ -165,3 +166,15 @@ def test_length_normalized_rewards_hand_computed():
     expected = torch.tensor([[1.25, 2.0, 2.75], [0.5, 0.5, 0.5]])
     assert torch.allclose(length_normalized_rewards(rewards, lengths, 0.5), expected)
     assert torch.equal(length_normalized_rewards(rewards, lengths, 0.0), rewards)
+
+
+def test_shuffled_rewards_permute_the_whole_batch_and_replay_from_their_generator():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.5, 0.25, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # [P=3, G=4]
+    shuffled = shuffled_rewards(rewards, torch.Generator().manual_seed(3))
+    again = shuffled_rewards(rewards, torch.Generator().manual_seed(3))
+    assert shuffled.shape == rewards.shape and torch.equal(shuffled, again)
+    assert sorted(shuffled.flatten().tolist()) == sorted(rewards.flatten().tolist())  # the batch's rewards, moved
+    assert not torch.equal(shuffled, rewards)
+    # across groups, not within them: the flat group [1, 1, 1, 1] takes other groups' rewards
+    draws = [shuffled_rewards(rewards, torch.Generator().manual_seed(s))[2] for s in range(5)]
+    assert any(not torch.equal(row, rewards[2]) for row in draws)

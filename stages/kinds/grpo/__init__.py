@@ -39,6 +39,10 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     # one reward source ({kind: grader}), or a list of {source, weight} whose rewards are summed
     # (stages/scoring/reward_sources.py: the registry of sources)
     reward: RewardSpec = GraderReward()
+    # A control, not a setting to tune: shuffled trains each step on its rewards permuted across the batch
+    # (stages.train.losses.shuffled_rewards): the same prompts, samples' distribution and steps, with the tie
+    # between a completion and its reward broken. A gain that survives it is not the reward's.
+    reward_control: Literal["none", "shuffled"] = "none"
     # KL(pi_theta || pi_ref) in the loss (k3 estimator, stages.train.losses.kl_k3); the paper uses it in RLHF only
     kl_coef: NonNegative = 0.0
     reference: str | None = None  # with kl_coef > 0: an earlier policy stage, frozen; None: this stage's start

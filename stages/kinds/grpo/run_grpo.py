@@ -21,7 +21,9 @@ own, more compute). The paper refills dropped groups by over-sampling prompts; `
 sampling only as many fresh prompts as groups lack signal (a step costs at most 1 + refill_rounds rollout
 phases). Deviation: its default is 0, a smaller step instead, so a step's cost stays bounded on CPU. The sampling
 seed is a function of (recipe seed, stage, step), so a resumed stage replays exactly the rollouts it would have
-drawn (and a step checkpoint carries a batch sampled ahead). `prompts:` picks the pool: the ones an earlier
+drawn (and a step checkpoint carries a batch sampled ahead). A control, off by default: `reward_control: shuffled`
+computes the advantages from the step's rewards permuted across the batch (the logged rewards stay the graded
+ones), to show what an update gains without the reward's preferences. `prompts:` picks the pool: the ones an earlier
 difficulty stage kept (stages/kinds/difficulty/), or real data files per domain (GSM8K train, a user's JSONL or
 Parquet, local or any fsspec URL) read as the SFT data build reads them; by default the synthetic train split.
 
@@ -63,6 +65,7 @@ from cascade.stages.train.losses import (
     grpo_loss,
     kl_k3,
     mis_weights,
+    shuffled_rewards,
     tis_weights,
     token_entropy,
 )
@@ -73,6 +76,7 @@ from cascade.stages.train.rollout import (
     reward_metrics,
     sample_groups,
     step_request,
+    step_seed,
     sync_metrics,
 )
 from cascade.stages.train.rollout_ahead import CARRY_KEY, Rollout, RolloutPipeline
@@ -109,8 +113,11 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
                 rollouts.draw_ahead(run.step + 1)
             rollout_seconds = time.perf_counter() - step_started  # rewards are on the host: the device is done
 
-            # advantages: group-normalized; zero-variance groups dropped
+            # advantages: group-normalized; zero-variance groups dropped (under the shuffled-reward control, from
+            # the batch's rewards permuted: the logged rewards stay the graded ones)
             rewards, groups = batch.rewards, batch.groups
+            if cfg.reward_control == "shuffled":
+                rewards = shuffled_rewards(rewards, control_generator(ctx.recipe.seed, cfg.name, run.step))
             keep = groups_with_signal(rewards) if cfg.drop_flat_groups else torch.ones(len(groups), dtype=torch.bool)
             advantages = grpo_advantages(rewards, cfg.std_eps)
 
@@ -239,6 +246,12 @@ def train_prompts(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> li
     if isinstance(cfg.prompts, str):
         return load_kept_prompts(ctx, inputs.stages[cfg.prompts], cfg.domains)
     return [row.item for row in iter_rows(cfg, ctx.recipe, cfg.domains, oracle_domains=set())]
+
+
+def control_generator(seed: int, stage: str, step: int) -> torch.Generator:
+    """The shuffled-reward control's permutation stream: a function of (recipe seed, stage, step), so a resumed
+    stage shuffles as the straight run did."""
+    return torch.Generator().manual_seed(step_seed(seed, f"shuffle:{stage}", step))
 
 
 def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch.nn.Module:

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field
 
 from cascade.stages.kinds.registry import StageKind, check_domain_weights, kind_of, register_kind
 from cascade.stages.recipe.config_base import (
+    SOURCE_EVAL,
     Count,
     Fraction,
     Name,
@@ -30,8 +31,9 @@ class MOPDConfig(OnPolicyConfig):
     kind: Literal["mopd"] = "mopd"
     name: Name = "mopd"
     domains: list[str] | None = None  # None: every domain that has a teacher
-    # domain -> earlier stage whose checkpoint teaches it; "auto": per domain, the stage with the best held-out score
-    # in the evals before this stage (chosen when the stage starts, as the gate's recovery chooses them)
+    # domain -> earlier stage whose checkpoint teaches it, or "source": the recipe's model source; "auto": per domain,
+    # the stage (or the source, where eval.source scores it) with the best dev score in the evals before this stage
+    # (chosen when the stage starts, as the gate's recovery chooses them)
     teachers: dict[str, str] | Literal["auto"] = {}
     steps: Steps = 40  # the paper converges in ~30-50 steps
     group_size: Count = 4  # token-level teacher signal needs fewer samples per prompt than a group baseline
@@ -42,7 +44,11 @@ class MOPDConfig(OnPolicyConfig):
     def reads(self) -> list[Read]:
         if self.teachers == "auto":
             return []  # not known before the run: the flow chooses them, then hands their checkpoints over
-        return [Read(f"teachers.{domain}", stage, "policy") for domain, stage in self.teachers.items()]
+        return [
+            Read(f"teachers.{domain}", stage, "policy")
+            for domain, stage in self.teachers.items()
+            if stage != SOURCE_EVAL  # the model source: no stage's checkpoint
+        ]
 
 
 # Its registry row, and what the row names: the checks only this kind knows, its plan estimate.

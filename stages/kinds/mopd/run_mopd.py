@@ -24,6 +24,7 @@ import torch
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.mopd import MOPDConfig
+from cascade.stages.recipe.config_base import SOURCE_EVAL
 from cascade.stages.train.completions import CompletionBatch, completion_batch, completion_logprobs
 from cascade.stages.train.context import StageContext, StageResult, load_policy
 from cascade.stages.train.losses import mopd_loss, truncated_fraction
@@ -48,7 +49,9 @@ from cascade.stages.train.training import (
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
     """Distills into inputs.policy; cfg.teachers names, per domain, the stage whose checkpoint teaches it."""
     started = time.time()
-    teachers = {domain: inputs.stages[stage] for domain, stage in cfg.teachers.items()}
+    teachers = {
+        domain: None if stage == SOURCE_EVAL else inputs.stages[stage] for domain, stage in cfg.teachers.items()
+    }
     domains = cfg.domains or sorted(teachers)
     missing = sorted(set(domains) - set(teachers))
     if missing:
@@ -131,17 +134,17 @@ def distill_update(
 
 
 class TeacherPool:
-    """Frozen teachers by domain. Domains sharing a checkpoint share one loaded model."""
+    """Frozen teachers by domain (a checkpoint, or the model source). Domains sharing one share one loaded model."""
 
     def __init__(
         self,
         ctx: StageContext,
-        refs: dict[str, CheckpointRef],
+        refs: dict[str, CheckpointRef | None],  # None: the recipe's model source
         resident: bool,
         device: torch.device = torch.device("cpu"),
     ):
         self.ctx, self.refs, self.resident, self.device = ctx, refs, resident, device
-        self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest
+        self.loaded: dict[str, torch.nn.Module] = {}  # by checkpoint digest (the source: SOURCE_EVAL)
 
     @torch.no_grad()
     def logprobs(self, batch: CompletionBatch, row_domains: list[str], micro_batch_size: int, pad: int) -> torch.Tensor:
@@ -151,7 +154,7 @@ class TeacherPool:
         out = torch.zeros_like(batch.mask)
         by_digest: dict[str, list[int]] = {}
         for row, domain in enumerate(row_domains):
-            by_digest.setdefault(self.refs[domain].digest, []).append(row)
+            by_digest.setdefault(teacher_key(self.refs[domain]), []).append(row)
         for digest, rows in by_digest.items():
             model = self._model(digest)
             taught = batch.select(torch.tensor(rows, device=batch.owner.device))  # a prompt's rows share a domain
@@ -163,10 +166,14 @@ class TeacherPool:
 
     def _model(self, digest: str) -> torch.nn.Module:
         if digest not in self.loaded:
-            ref = next(r for r in self.refs.values() if r.digest == digest)
+            ref = next(r for r in self.refs.values() if teacher_key(r) == digest)
             model, _ = load_policy(self.ctx, ref)
             self.loaded[digest] = model.to(self.device).eval().requires_grad_(False)
         return self.loaded[digest]
+
+
+def teacher_key(ref: CheckpointRef | None) -> str:
+    return ref.digest if ref is not None else SOURCE_EVAL
 
 
 def peak_rss_mb() -> float:
@@ -174,14 +181,14 @@ def peak_rss_mb() -> float:
 
 
 def summarize(
-    history: list[dict[str, float]], engine: str, teachers: dict[str, CheckpointRef], seconds: float
+    history: list[dict[str, float]], engine: str, teachers: dict[str, CheckpointRef | None], seconds: float
 ) -> dict[str, Any]:
     last = history[-1] if history else {}
     return {
         "engine": engine,
         "steps": len(history),
         "seconds": round(seconds, 1),
-        "teachers": {d: r.stage for d, r in sorted(teachers.items())},
+        "teachers": {d: r.stage if r else SOURCE_EVAL for d, r in sorted(teachers.items())},
         "truncated_fraction": last.get("truncated_fraction"),
         "peak_rss_mb": last.get("peak_rss_mb"),
         **{k: round(v, 4) for k, v in last.items() if k.startswith("reverse_kl/")},

@@ -293,7 +293,9 @@ def eval_prompts(cfg: SFTDataConfig, recipe: Recipe) -> Iterable[str]:
 
     for name, spec in recipe.domains.items():
         for split in EVAL_SPLITS:
-            yield from (item.prompt for item in recipe.domain(name).iter_items(split, spec.heldout_size, recipe.seed))
+            yield from (
+                item.prompt for item in recipe.domain(name).iter_items(split, spec.split_size(split), recipe.seed)
+            )
     for bench in cfg.decontamination.benchmarks:
         yield from (item.prompt for item in load_items(resolve_benchmarks([bench])[0], cfg.resolved_data_root()))
 
