@@ -4,7 +4,8 @@ Teachers come from a stored baseline (`<store>/baselines/<name>.json`): per doma
 baseline score, i.e. the best known one. The student is the regressed checkpoint. The recovery stage is the
 recipe's `gate.recovery` MOPD config, run by the same `stage_task` as the cascade's in-run recovery, as stage
 00 `recover` of a new run `recover-<time>` (checkpoint `<store>/runs/<run_id>/00-recover`). The new checkpoint
-is evaluated and compared with the same baseline (table artifact `recover-<baseline>`). Started by hand, or by
+is evaluated and compared with the same baseline (table artifact `recover-<baseline>`, and the same table printed);
+a domain still regressed ends the flow run Failed (NotRecovered), never Completed. Started by hand, or by
 the automation on `cascade.regression.detected` (infra/automations.py) with the event's recipe, baseline and
 checkpoint URI.
 """
@@ -18,6 +19,7 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
+from cascade.stages.evals.regression import NotRecovered, regressions, verdict_lines
 from cascade.stages.recipe.walk import Made
 from cascade.tasks.lifecycle import finish_task, running
 from cascade.tasks.regression import (
@@ -38,7 +40,8 @@ STAGE = "recover"
 def recover_flow(
     student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None
 ) -> dict[str, Any]:
-    """The recovered checkpoint's URI, scores and verdicts against the baseline."""
+    """The recovered checkpoint's URI, scores and verdicts against the baseline; NotRecovered (the flow run ends
+    Failed) when a domain is still below the baseline after the recovery."""
     loaded = load_any_recipe(recipe)  # a name, a path, or the URI of a run's recipe.json (the nightly's default)
     run_id = run_id or f"recover-{new_eval_id()}"
     best = load_baseline_task(loaded, baseline)
@@ -64,6 +67,10 @@ def recover_flow(
         record_recovered_task(loaded, run_id, STAGE, record.scores)
         rows = judge_task(loaded, best, record)
         publish_verdicts_task(loaded, baseline, layout.verdicts_key(run_id), rows, STAGE)
+        print(
+            f"recovery of {student} into {model.uri}, against baseline {baseline!r}:\n" + "\n".join(verdict_lines(rows))
+        )
+        if regressions(rows):  # inside the run: its report ends FAILED, naming what is still below the baseline
+            raise NotRecovered(baseline, rows)
     finish_task(loaded, run_id, "FINISHED")
-    print(f"recovered {student} into {model.uri}: {record.scores}")
     return {"run_id": run_id, "checkpoint": model.uri, "scores": record.scores, "verdicts": rows}

@@ -25,7 +25,7 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.artifacts.model_registry import alias_for, registered_model_name
 from cascade.flows.recipes import load_any_recipe
-from cascade.stages.evals.regression import RegressionFound, regressions
+from cascade.stages.evals.regression import RegressionFound, regressions, verdict_lines
 from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.regression import (
     emit_regression_task,
@@ -78,11 +78,7 @@ def regression_eval_flow(
     publish_verdicts_task(loaded, baseline, layout.regression_verdicts_key(eval_id), rows, "regression")
     if update_baseline or stored is None:
         raise_baseline_task(loaded, baseline, records)
-    for row in rows:
-        print(
-            f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {row['baseline']} "
-            f"(drop {row['drop']}, tolerance {row['tolerance']}): {row['verdict']}"
-        )
+    print("\n".join(verdict_lines(rows)))
     if stored is None:
         print(f"baseline {baseline!r} did not exist: set from this eval")
     if regressions(rows):

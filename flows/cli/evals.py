@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -219,7 +221,8 @@ def _eval_split(loaded, model: str, as_json: bool) -> None:
     metric per domain and `greedy/<domain>` beside it."""
     from cascade.stages.evals.evaluate import evaluate_model  # after the checks: it imports torch and transformers
 
-    scores, _ = evaluate_model(loaded, announce=None if as_json else _announce)
+    with progress_bars(as_json) as bar_for:  # a column of a real model's split takes minutes: each has its bar
+        scores, _ = evaluate_model(loaded, progress=bar_for, announce=None if as_json else _announce)
     if as_json:
         typer.echo(json.dumps({"model": model, "scores": scores}))
         return
@@ -288,14 +291,9 @@ def _announce(line: str) -> None:
     Console(stderr=True).print(f"engine: {line}", highlight=False)
 
 
-def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save) -> list:
-    """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
-
-    `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
-    from cascade.stages.domains.benchdata import BenchmarkError
-    from cascade.stages.evals.benchmarks import evaluate_benchmark
-
-    results = []
+@contextmanager
+def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
+    """A factory of progress bars on stderr (so --json stdout stays clean): name -> its (done, total) callback."""
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -305,12 +303,25 @@ def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save)
         transient=False,
         disable=quiet,
     ) as progress:
+
+        def bar_for(name: str) -> Callable[[int, int], None]:
+            bar = progress.add_task(name, total=None)
+            return lambda done, total: progress.update(bar, completed=done, total=total)
+
+        yield bar_for
+
+
+def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save) -> list:
+    """Each benchmark in turn, with a progress bar per benchmark (on stderr, so --json stdout stays clean).
+
+    `save(results so far)` runs after each benchmark, so a long multi-benchmark run keeps what it finished."""
+    from cascade.stages.domains.benchdata import BenchmarkError
+    from cascade.stages.evals.benchmarks import evaluate_benchmark
+
+    results = []
+    with progress_bars(quiet) as bar_for:
         for spec in specs:
-            bar = progress.add_task(spec.name, total=None)
-
-            def update(done: int, total: int, bar=bar) -> None:
-                progress.update(bar, completed=done, total=total)
-
+            update = bar_for(spec.name)
             try:
                 results.append(
                     evaluate_benchmark(

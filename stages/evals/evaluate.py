@@ -31,11 +31,16 @@ ProgressFactory = Callable[[str], Callable[[int, int], None]]  # a part's name -
 
 
 def evaluate_domains(
-    engine: RolloutEngine, tokenizer, recipe: Recipe, domains: list[str] | None = None
+    engine: RolloutEngine,
+    tokenizer,
+    recipe: Recipe,
+    domains: list[str] | None = None,
+    progress: ProgressFactory | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Scores per column in [0, 1] (each domain's primary metric, and `greedy/<domain>` beside a sampled one) and
     one row per item and column (prompt, first completion, score). Where the eval split is held-out, each domain's
-    primary metric is also scored on its dev split (`dev/<domain>`): that column selects, the held-out one records."""
+    primary metric is also scored on its dev split (`dev/<domain>`): that column selects, the held-out one records.
+    `progress(column)` gives each column's (done, total) callback, items answered so far."""
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
@@ -49,7 +54,9 @@ def evaluate_domains(
         for split, column, t, samples in columns:
             if split not in prepared:
                 prepared[split] = eval_items(tokenizer, recipe, name, split)
-            column_scores, column_rows = score_column(engine, recipe, name, *prepared[split], column, t, samples)
+            column_scores, column_rows = score_column(
+                engine, recipe, name, *prepared[split], column, t, samples, progress(column) if progress else None
+            )
             scores.update(column_scores)
             rows += column_rows
     return scores, rows
@@ -75,12 +82,14 @@ def score_column(
     column: str,
     t: float,
     samples: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """One column of a domain: each item's mean grade over `samples` answers at temperature t, and beside a sampled
     column its pass@k over the same answers."""
     spec, domain = recipe.domains[name], recipe.domain(name)
     sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
-    groups = [[c.text for c in group] for group in engine.generate(prompts, samples, sampling, seeds=seeds)]
+    answers = engine.generate(prompts, samples, sampling, seeds=seeds, progress=progress)
+    groups = [[c.text for c in group] for group in answers]
     grades = answer_grades(domain, items, groups)  # [item][answer]
     per_item = {column: [sum(g) / len(g) for g in grades]}
     if samples > 1 and not column.startswith(DEV_COLUMN):  # the same answers: is any of them fully right
@@ -188,7 +197,7 @@ def evaluate_model(
     recipe's model source), and every benchmark column of `eval.benchmarks`."""
     tokenizer, engine = open_policy(recipe, checkpoint, store, announce)
     try:
-        scores, rows = evaluate_domains(engine, tokenizer, recipe)
+        scores, rows = evaluate_domains(engine, tokenizer, recipe, progress=progress)
         bench_scores, bench_rows = evaluate_benchmarks(engine, tokenizer, recipe, progress)
         return {**scores, **bench_scores}, rows + bench_rows
     finally:

@@ -42,16 +42,36 @@ class Baseline(BaseModel):
 class RegressionFound(RuntimeError):
     """A regression eval found a domain below its baseline: the flow run ends Failed with this, worst drop first."""
 
+    found = "regression(s)"
+
     def __init__(self, baseline: str, rows: list[dict[str, Any]]):
         self.baseline, self.rows = baseline, rows
         worst = sorted(regressions(rows), key=lambda r: -r["drop"])
         drops = "; ".join(
             f"{r['checkpoint']} {r['domain']} {r['score']:.3f} < {r['baseline']:.3f} (drop {r['drop']})" for r in worst
         )
-        super().__init__(f"{len(worst)} regression(s) against baseline {baseline!r}: {drops}")
+        super().__init__(f"{len(worst)} {self.found} against baseline {baseline!r}: {drops}")
 
     def __reduce__(self):  # the flow run's state carries it: pickled with its own arguments, not the message
-        return RegressionFound, (self.baseline, self.rows)
+        return type(self), (self.baseline, self.rows)
+
+
+class NotRecovered(RegressionFound):
+    """The recover flow's checkpoint still regresses against the baseline: that flow run ends Failed with this."""
+
+    found = "domain(s) not recovered"
+
+
+def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row of a checkpoint x domain table, as the flows print it."""
+    lines = []
+    for row in rows:
+        baseline = "none" if row["baseline"] is None else f"{row['baseline']:.3f}"
+        drop = "" if row["drop"] is None else f", drop {row['drop']:+.3f} (tolerance {row['tolerance']})"
+        lines.append(
+            f"{row['checkpoint']} {row['domain']}: {row['score']:.3f} vs baseline {baseline}{drop}: {row['verdict']}"
+        )
+    return lines
 
 
 class BaselineError(ValueError):

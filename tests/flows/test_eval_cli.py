@@ -80,3 +80,11 @@ def test_unknown_benchmark_is_one_line_exit_2_nothing_written(tmp_path):
     assert "unknown benchmark 'nope'; known: " in cascade("eval", "tiny", "--benchmark", "nope", home=home).stderr
     assert f"{bad_items}: row 2: missing field 'answer'" in result.stderr  # the last case: a bad row of --data
     assert files_under(home) == []
+
+
+def test_eval_of_the_splits_shows_a_bar_per_column_and_the_scores(tmp_path):
+    result = cascade("eval", "tiny", "--recipe", "micro", home=tmp_path / "home")
+    assert result.returncode == 0, result.stderr
+    bars = [line.split()[0] for line in result.stderr.splitlines() if "/" in line and "━" in line]
+    assert {"math", "instruct"} <= set(bars), result.stderr  # the held-out columns, each with its bar
+    assert "heldout split: tiny" in result.stdout

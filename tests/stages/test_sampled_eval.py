@@ -21,8 +21,10 @@ class ScriptedEngine:
     def __init__(self, references: list[str], right: list[int]):
         self.references, self.right, self.calls = references, right, []
 
-    def generate(self, prompts, n, sampling: SamplingParams, seeds=None):
+    def generate(self, prompts, n, sampling: SamplingParams, seeds=None, progress=None):
         self.calls.append((len(prompts), n, sampling, seeds))
+        if progress:
+            progress(len(prompts), len(prompts))
         return [
             [Completion([], [], self.references[i] if j < self.right[i] else "no idea", "stop") for j in range(n)]
             for i in range(len(prompts))
@@ -142,3 +144,13 @@ def test_the_eval_samples_where_the_stages_train(device):
         assert next(engine.model.parameters()).device.type == device
     finally:
         engine.close()
+
+
+def test_every_column_of_every_split_reports_its_progress():
+    """A real model's dev split takes minutes: each column says how far it is, as the benchmarks do."""
+    recipe = load_recipe("micro", ["domains.math.heldout_size=3", "domains.math.eval_temperature=0"])
+    recipe = recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
+    engine = ScriptedEngine(["x"] * 3, right=[0, 0, 0])
+    seen = []
+    evaluate_domains(engine, load_tokenizer(), recipe, progress=lambda part: lambda d, t: seen.append((part, d, t)))
+    assert seen == [("math", 3, 3), ("dev/math", 3, 3)]
