@@ -293,8 +293,9 @@ def _announce(line: str) -> None:
 
 @contextmanager
 def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], None]]]:
-    """A factory of progress bars on stderr (so --json stdout stays clean): name -> its (done, total) callback."""
-    with Progress(
+    """A factory of progress bars on stderr (so --json stdout stays clean): name -> its (done, total) callback.
+    The display starts with the first bar, so an error before any (a damaged checkpoint) stays one line."""
+    progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -302,13 +303,19 @@ def progress_bars(quiet: bool) -> Iterator[Callable[[str], Callable[[int, int], 
         console=Console(stderr=True),
         transient=False,
         disable=quiet,
-    ) as progress:
+    )
 
-        def bar_for(name: str) -> Callable[[int, int], None]:
-            bar = progress.add_task(name, total=None)
-            return lambda done, total: progress.update(bar, completed=done, total=total)
+    def bar_for(name: str) -> Callable[[int, int], None]:
+        if not progress.live.is_started:
+            progress.start()
+        bar = progress.add_task(name, total=None)
+        return lambda done, total: progress.update(bar, completed=done, total=total)
 
+    try:
         yield bar_for
+    finally:
+        if progress.live.is_started:
+            progress.stop()
 
 
 def _run_benchmarks(engine, tokenizer, specs, settings: dict, quiet: bool, save) -> list:

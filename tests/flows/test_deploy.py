@@ -177,6 +177,7 @@ def test_cascade_deployment_has_a_typed_form(deployed):
     assert form["recipe"]["enum"] == [
         "micro",
         "nemotron-cascade-2",
+        "smollm2-cascade",
         "smollm2-gsm8k",
         "smollm2-if",
         "tiny",
