@@ -111,6 +111,11 @@ def baseline_set(
     baseline_key(name)
     store = Store.from_config(loaded.storage)
     record = _eval_record(loaded, store, source)
+    if not set(record.scores) & set(loaded.tolerances()):  # a regression eval of this recipe would compare nothing
+        raise CLIError(
+            f"{source} scores none of recipe {loaded.name!r}'s gated columns "
+            f"({', '.join(sorted(loaded.tolerances()))}): a baseline from it could never fail"
+        )
     save_baseline(store, replace(name, record))
     _print_baseline(store, name)
 

@@ -432,6 +432,31 @@ TINY = ["--recipe", "tiny"]
 
 
 @pytest.mark.parametrize(
+    "scores, message",
+    [
+        ({"math": float("nan")}, "score of 'math' is nan; a baseline takes scores in [0, 1]"),
+        ({"math": float("inf")}, "score of 'math' is inf"),
+        ({"math": -1e308}, "score of 'math' is -1e+308"),
+        ({}, "holds no score to compare with"),
+        ({"greedy/math": 0.5}, "holds no score to compare with"),
+        ({"chess": 0.5}, "scores none of recipe 'micro''s gated columns (instruct, math)"),
+    ],
+    ids=["nan", "inf", "out-of-range", "empty", "side-columns-only", "foreign-domain"],
+)
+def test_a_baseline_that_could_never_fail_is_refused_one_line_nothing_written(tmp_path, cascade_home, scores, message):
+    from typer.testing import CliRunner
+
+    from cascade.flows.cli import app
+
+    record = tmp_path / "record.json"
+    record.write_text(json.dumps({"model": "file:///s/runs/r/01-sft", "scores": scores}))  # NaN as JSON allows it
+    result = CliRunner().invoke(app, ["baseline", "set", "nightly", str(record), "--recipe", "micro"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not Path(cascade_home).exists()
+
+
+@pytest.mark.parametrize(
     "args, message",
     [
         (["baseline", "set", "Bad Name!", "x.json"], "bad baseline name 'Bad Name!'"),
