@@ -289,8 +289,8 @@ class LoraConfig(Strict):
     output head)."""
 
     rank: Annotated[int, Field(strict=True, ge=1, le=4096)] = 16
-    alpha: Annotated[float, Field(gt=0, le=1e6)] = 32.0
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    alpha: Annotated[float, BeforeValidator(_no_bool), Field(gt=0, le=1e6)] = 32.0
+    dropout: Annotated[float, BeforeValidator(_no_bool), Field(ge=0, lt=1)] = 0.0
     target_modules: Literal["all-linear"] | Annotated[list[str], Field(min_length=1)] = "all-linear"
 
 

@@ -7,9 +7,9 @@ it names); the row imports `run_grpo.py` only on its first call: validating a re
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, model_validator
 
 from cascade.stages.kinds.registry import StageKind, check_domain_weights, register_kind
 from cascade.stages.recipe.config_base import (
@@ -21,6 +21,7 @@ from cascade.stages.recipe.config_base import (
     Positive,
     Read,
     StageConfig,
+    _no_bool,
     imported_on_call,
 )
 from cascade.stages.recipe.data_sources import DataSource, ReadsDataFiles
@@ -75,7 +76,7 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     # 0: strictly on-policy, the paper's loop. 1: step t+1's batch is sampled from the weights step t starts from,
     # in the background while step t trains, and importance_correction (auto: tis) weights its tokens
     # (stages/train/rollout_ahead.py). It pays where the sampler has cores of its own: a vLLM server, another Ray node.
-    max_staleness: Literal[0, 1] = 0
+    max_staleness: Annotated[Literal[0, 1], BeforeValidator(_no_bool)] = 0
     pack_length: Count | None = None
     not_hashed: ClassVar[frozenset[str]] = (
         OnPolicyConfig.not_hashed | ForwardOptions.FORWARD_OPTIONS | {"update_layout", "pack_length"}
