@@ -88,11 +88,17 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     import torch
 
     from cascade.stages.train.model import build_tiny_model
-    from cascade.stages.train.model_source import resolve_model_dir
+    from cascade.stages.train.model_source import ModelSourceError, resolve_model_dir
     from cascade.stages.train.tokenizer import load_tokenizer
 
     with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:
-        model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
+        try:
+            model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
+        except ModelSourceError as e:
+            raise ModelSourceError(
+                f"{e}; to plan for a model that is not on this machine, give its size: --params N "
+                "(and --active-params N for a mixture of experts)"
+            ) from None
         with torch.device("meta"):
             if model_dir is None:
                 model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)

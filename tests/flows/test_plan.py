@@ -95,6 +95,8 @@ def test_plan_prints_the_walk_and_draws_a_png_loading_no_model(tmp_path):
         (["plan", "tiny", "--devices", "0"], "--devices must be >= 1, got 0"),
         (["plan", "tiny", "stages.sft.steps=0"], "greater than or equal to 1"),
         (["plan", "tiny", "--image", "/no/such/dir/dag.png"], "cannot write /no/such/dir/dag.png"),
+        # a model that is not on this machine: the error names the flags that plan it from its size
+        (["plan", "nemotron-cascade-2"], "give its size: --params N (and --active-params N for a mixture of experts)"),
         (
             [
                 "plan",
