@@ -60,3 +60,15 @@ def test_auto_teachers_bad_input(tmp_path, change, message):
         raw["stages"][-1]["domains"] = change["mopd_domains"]
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         validate_recipe(raw)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_harness")
+def test_the_model_source_can_teach_a_domain(tmp_path):
+    """`source` as a teacher is the model the recipe starts from (what `teachers: auto` picks where the source's
+    own eval holds a domain's best score): no stage's checkpoint, and nothing for the walk to hand over."""
+    recipe = auto_recipe(tmp_path, teachers={"math": "source", "instruct": "sft"})
+    assert [r.stage for r in recipe.stage("mopd").reads()] == ["sft"]
+    report = cascade_flow(recipe, "src")
+    mopd = next(s for s in report.stages if s.name == "mopd")
+    assert mopd.status == "completed" and mopd.metrics["teachers"] == {"instruct": "sft", "math": "source"}
