@@ -36,36 +36,23 @@ def split_of(key: str) -> Split:
     return "heldout" if bucket == 0 else "dev" if bucket == 1 else "train"
 
 
-def questions_of_split(
-    domain: str,
-    questions: list[Item],
-    split: Split,
-    n: int,
-    seed: int,
-    split_of_item: Callable[[Item], Split],
-) -> Iterator[Item]:
-    """A question file's items of one split (`split_of_item` decides each), each once, in an order drawn from the
-    seed; fewer than n in the split is a ValueError naming the recipe key to lower. A random draw with
-    replacement, as synthetic items are drawn, would need ~n log n draws to find a split's last question."""
-    unique = list({it.prompt: it for it in questions}.values())  # a repeated question counts once
-    in_split = [it for it in unique if split_of_item(it) == split]
-    if len(in_split) < n:
-        raise ValueError(
-            f"domain {domain!r} has {len(in_split)} questions in its {split} split, fewer than {n}: "
-            f"lower domains.{domain}.{SIZE_KEYS[split]}"
-        )
-    random.Random(f"{domain}:{seed}").shuffle(in_split)
-    for i, item in enumerate(in_split[:n]):
-        yield replace(item, domain=domain, id=f"{domain}-{split}-{i}")
-
-
 class Domain:
-    """Subclasses implement `sample` (one random item) and `grade`; the split logic lives here once."""
+    """Subclasses implement `sample` (one random item) and `grade`; the split logic lives here once. A domain that
+    can also take a real benchmark's questions as its items returns them from `questions` (and, where the
+    benchmark has splits of its own, says each one's in `question_split`)."""
 
     name: str = ""
 
     def sample(self, rng: random.Random) -> Item:
         raise NotImplementedError
+
+    def questions(self) -> list[Item] | None:
+        """A file's questions to draw the splits from instead of `sample`; None (the default): generated items."""
+        return None
+
+    def question_split(self, item: Item) -> Split:
+        """The split of one of `questions()`: by the hash of its split key, as generated items split."""
+        return split_of(item.split_key or item.prompt)
 
     def grade(self, item: Item, completion: str) -> float:
         """Score in [0, 1]. The same function is the RL reward and the eval metric."""
@@ -89,6 +76,10 @@ class Domain:
 
     def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
         """generate(), one item at a time: the same items in the same order (only the split keys are held)."""
+        questions = self.questions()
+        if questions is not None:
+            yield from self._questions_of_split(questions, split, n, seed)
+            return
         rng = random.Random(f"{self.name}:{seed}")
         seen: set[str] = set()
         attempts = misses = 0
@@ -109,3 +100,18 @@ class Domain:
             misses = 0
             seen.add(key)
             yield replace(item, id=f"{self.name}-{split}-{len(seen) - 1}")
+
+    def _questions_of_split(self, questions: list[Item], split: Split, n: int, seed: int) -> Iterator[Item]:
+        """A file's questions of one split, each once, in an order drawn from the seed; fewer than n is a ValueError
+        naming the recipe key to lower. (Drawn with replacement, as `sample` draws, a split's last questions would
+        take ~n log n draws to find.)"""
+        unique = list({it.prompt: it for it in questions}.values())  # a repeated question counts once
+        in_split = [it for it in unique if self.question_split(it) == split]
+        if len(in_split) < n:
+            raise ValueError(
+                f"domain {self.name!r} has {len(in_split)} questions in its {split} split, fewer than {n}: "
+                f"lower domains.{self.name}.{SIZE_KEYS[split]}"
+            )
+        random.Random(f"{self.name}:{seed}").shuffle(in_split)
+        for i, item in enumerate(in_split[:n]):
+            yield replace(item, domain=self.name, id=f"{self.name}-{split}-{i}")

@@ -43,12 +43,12 @@ import random
 import re
 import secrets
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from cascade.sandbox import SandboxLimits, run_many
-from cascade.stages.domains.base import Domain, Item, Split, questions_of_split
+from cascade.stages.domains.base import Domain, Item, Split
 from cascade.stages.domains.benchdata import JsonlBenchmark, read_jsonl
 from cascade.stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
@@ -264,10 +264,13 @@ class CodeDomain(Domain):
     def __init__(self, questions: str = "synthetic", data_root: str | None = None):
         if questions not in QUESTION_SOURCES:
             raise ValueError(f"unknown code questions {questions!r}; known: {', '.join(QUESTION_SOURCES)}")
-        self.questions, self.data_root = questions, data_root
+        self.source, self.data_root = questions, data_root
         self._rows: list[Item] | None = None
 
-    def _mbpp_rows(self) -> list[Item]:
+    def questions(self) -> list[Item] | None:
+        """MBPP's problems (read once), or None for the synthetic items."""
+        if self.source == "synthetic":
+            return None
         if self._rows is None:
             from cascade.stages.recipe.config_base import resolve_data_root
 
@@ -275,14 +278,10 @@ class CodeDomain(Domain):
             self._rows = [mbpp_item(row) for row in rows]
         return self._rows
 
-    def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
-        if self.questions == "synthetic":
-            return super().iter_items(split, n, seed)
-        return questions_of_split(self.name, self._mbpp_rows(), split, n, seed, mbpp_split)
+    def question_split(self, item: Item) -> Split:
+        return mbpp_split(item)
 
     def sample(self, rng: random.Random) -> Item:
-        if self.questions != "synthetic":
-            return rng.choice(self._mbpp_rows())
         n_ops = rng.choices((1, 2, 3), weights=(1, 3, 4))[0]
         steps = [(rng.choice(sorted(OPS)), rng.randint(0, 9)) for _ in range(n_ops)]
         expr = chain_expression(steps)

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from cascade.stages.domains.base import Domain, Item, Split, questions_of_split, split_of
+from cascade.stages.domains.base import Domain, Item
 from cascade.stages.domains.benchdata import JsonlBenchmark
 
 LETTERS = "ABCDEFGHIJ"
@@ -154,18 +154,11 @@ class MCQADomain(Domain):
             raise ValueError(f"unknown mcqa questions {questions!r}; known: {', '.join(QUESTION_SOURCES)}")
         self.num_choices = num_choices
         self.max_value = max_value
-        self.questions = questions
+        self.source = questions
         self.data_root = data_root
         self._rows: list[Item] | None = None
 
-    def iter_items(self, split: Split, n: int, seed: int) -> Iterator[Item]:
-        if self.questions == "digits":
-            return super().iter_items(split, n, seed)
-        return questions_of_split(self.name, self._benchmark_rows(), split, n, seed, lambda it: split_of(it.prompt))
-
     def sample(self, rng: random.Random) -> Item:
-        if self.questions != "digits":
-            return rng.choice(self._benchmark_rows())
         kind = rng.choice(sorted(KINDS))
         values = rng.sample(range(self.max_value + 1), self.num_choices)
         letter = LETTERS[values.index(KINDS[kind](values))]
@@ -174,12 +167,15 @@ class MCQADomain(Domain):
         key = f"{kind}:{','.join(map(str, values))}"
         return Item(self.name, "", prompt, answer_text(letter), {"answer": letter}, split_key=key)
 
-    def _benchmark_rows(self) -> list[Item]:
-        """The questions file's items (read once); an item's split key is its prompt, the question and options."""
+    def questions(self) -> list[Item] | None:
+        """The questions file's items (read once; split by the hash of the prompt, question and options), or None
+        for the digit items."""
+        if self.source == "digits":
+            return None
         if self._rows is None:
             from cascade.stages.recipe.config_base import resolve_data_root
 
-            self._rows = self.benchmarks()[self.questions](resolve_data_root(self.data_root))
+            self._rows = self.benchmarks()[self.source](resolve_data_root(self.data_root))
         return self._rows
 
     def grade(self, item: Item, completion: str) -> float:

@@ -150,7 +150,7 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
     bad = sorted(d for d, v in scores.items() if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0))  # NaN too
     if bad:
         raise BaselineError(f"{where}: score of {bad[0]!r} is {scores[bad[0]]!r}; a baseline takes scores in [0, 1]")
-    if not any(not is_side_column(d) for d in scores):
+    if all(is_side_column(d) for d in scores):
         raise BaselineError(f"{where} holds no score to compare with: a baseline from it could never fail")
     return {
         d: BaselineEntry(
