@@ -96,14 +96,15 @@ def save_adapter(model: torch.nn.Module, out_dir: Path) -> None:
 
 class MergedCopy:
     """A plain module of the policy's architecture that holds its merged weights: what an engine samples from
-    while the policy trains through adapters. `refresh` copies the current weights in (after each update)."""
+    while the policy trains through adapters (or in another dtype: `dtype`, None for the weights' own).
+    `refresh` copies the current weights in (after each update)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None):
         from transformers import AutoModelForCausalLM
 
         weights = merged_state_dict(model)
         first = next(iter(weights.values()))
-        self.module = AutoModelForCausalLM.from_config(model.config).to(device=first.device, dtype=first.dtype)
+        self.module = AutoModelForCausalLM.from_config(model.config).to(device=first.device, dtype=dtype or first.dtype)
         self.module.load_state_dict(weights)
         self.module.eval().requires_grad_(False)
         self.source = model

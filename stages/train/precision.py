@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from cascade.artifacts.home import cascade_home
+from cascade.stages.recipe.config import EngineConfig
 from cascade.stages.recipe.config_base import ComputeConfig
 
 if TYPE_CHECKING:
@@ -49,6 +50,14 @@ def resolve_dtype(compute: ComputeConfig, device: torch.device) -> Precision:
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
     return cpu_dtype()
+
+
+def sampling_dtype(engine: EngineConfig, dtype: Precision) -> torch.dtype | None:
+    """The dtype the HF engine samples rollouts in where it is not the weights' fp32: bf16 where the recipe asks
+    for the training dtype (engine.rollout_dtype: compute) and that dtype (`dtype`) is bf16."""
+    if engine.kind == "hf" and engine.rollout_dtype == "compute" and dtype == "bf16":
+        return torch.bfloat16
+    return None
 
 
 def cpu_dtype() -> Precision:

@@ -109,13 +109,13 @@ def sync_metrics(engine: Any) -> dict[str, float]:
 
 
 def unsharded_replica(
-    model: torch.nn.Module, weights: dict[str, torch.Tensor], device: torch.device
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
-    """A plain module of the policy's architecture holding its gathered `weights`: what an engine samples from or
-    saves, where the trainer's FSDP2 shards cannot serve."""
+    """A plain module of the policy's architecture holding its gathered `weights` (cast to `dtype`, if given):
+    what an engine samples from or saves, where the trainer's FSDP2 shards cannot serve."""
     from transformers import AutoModelForCausalLM
 
-    replica = AutoModelForCausalLM.from_config(model.config).to(device)
+    replica = AutoModelForCausalLM.from_config(model.config).to(device=device, dtype=dtype)
     replica.load_state_dict(weights)
     return replica
 
@@ -157,7 +157,8 @@ class ShardedRollouts(RankShares):
 
     def __init__(self, cfg: EngineConfig, run: Any, seed: int):
         self.world = run.world
-        self.replica = unsharded_replica(run.model, full_weights_everywhere(run.model, self.world), self.world.device)
+        weights = full_weights_everywhere(run.model, self.world)
+        self.replica = unsharded_replica(run.model, weights, self.world.device, run.sampling_dtype())
         self.engine = make_engine(cfg, self.replica, run.tokenizer, seed=seed + self.world.rank)
         self.name = self.engine.name
 

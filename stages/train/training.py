@@ -45,6 +45,7 @@ from cascade.stages.train.context import (
 )
 from cascade.stages.train.lora import ADAPTER_DIR, MergedCopy, add_lora, merged_state_dict, save_adapter
 from cascade.stages.train.model import load_hf
+from cascade.stages.train.precision import sampling_dtype
 
 Row = TypeVar("Row")
 
@@ -189,15 +190,21 @@ class TrainRun:
 
     def policy_for_sampling(self, separate: bool = False) -> torch.nn.Module:
         """The module an engine samples from, with the current weights: the trained module itself, or a plain copy
-        holding its (with LoRA: merged) weights, refreshed on each call (after each update). `separate`: a copy
-        even without LoRA, for an engine that samples while the trainer steps (stages/train/rollout_ahead.py); in a
-        multi-rank stage the engines' replicas and servers are copies already, and the module is returned."""
-        if self.cfg.lora is None and (not separate or self.world.distributed):
+        holding its (with LoRA: merged) weights in the sampling dtype, refreshed on each call (after each update).
+        `separate`: a copy even without LoRA, for an engine that samples while the trainer steps
+        (stages/train/rollout_ahead.py); in a multi-rank stage the engines' replicas and servers are copies
+        already, and the module is returned."""
+        copied = separate or self.sampling_dtype() is not None
+        if self.cfg.lora is None and (not copied or self.world.distributed):
             return self.model
         if self._merged is None:
-            self._merged = MergedCopy(self.model)
+            self._merged = MergedCopy(self.model, self.sampling_dtype())
             return self._merged.module
         return self._merged.refresh()
+
+    def sampling_dtype(self) -> torch.dtype | None:
+        """The dtype the HF engine samples this stage's rollouts in, where it is not the weights' own."""
+        return sampling_dtype(self.ctx.recipe.engine, self.world.dtype)
 
     def record_step(self, metrics: dict[str, float], carried: Callable[[], dict[str, Any]] | None = None) -> None:
         """After step self.step (count of completed steps): log, show progress, maybe commit a step checkpoint,

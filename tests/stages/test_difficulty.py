@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import cascade.stages.domains
 from cascade.artifacts.checkpoint import materialize
@@ -47,11 +48,12 @@ def reference_dir(tmp_path):
     return tmp_path / "reference"
 
 
-def recipe_for(tmp_path, reference, **difficulty):
+def recipe_for(tmp_path, reference, dtype="fp32", engine=None, **difficulty):
     return validate_recipe(
         {
             "model": SMALL.model_dump(),
-            "compute": {"dtype": "fp32"},
+            "compute": {"dtype": dtype},
+            "engine": engine or {},
             "storage": {"root": f"file://{tmp_path}/store"},
             "tracking": {"enabled": False},
             "domains": {"even": {"train_size": 24, "max_new_tokens": 5}},
@@ -91,6 +93,26 @@ def test_rerun_is_served_entirely_from_the_cache(tmp_path, reference_dir, monkey
     assert {k: v for k, v in again.items() if k not in ("seconds", "rollouts", "cache_hits")} == {
         k: v for k, v in first.items() if k not in ("seconds", "rollouts", "cache_hits")
     }
+
+
+@pytest.mark.usefixtures("even_domain")
+def test_bf16_rollouts_sample_a_bf16_reference_and_are_cached_apart(tmp_path, reference_dir, monkeypatch):
+    """engine.rollout_dtype: compute in a bf16 recipe samples the reference in bf16; the fp32 cache of the same
+    reference does not serve it (other rollouts), and its own cache serves its rerun."""
+    run_filter(tmp_path, reference_dir, "fp32")
+    dtypes, generate = [], HFEngine.generate
+    monkeypatch.setattr(
+        HFEngine, "generate", lambda self, *a, **k: dtypes.append(next(self.model.parameters()).dtype) or generate(
+            self, *a, **k
+        )
+    )
+    bf16 = {"dtype": "bf16", "engine": {"rollout_dtype": "compute"}}
+    first, _, _ = run_filter(tmp_path, reference_dir, "bf16", **bf16)
+    assert first["cache_hits"] == 0 and first["rollouts"] == 24 * 8
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    calls = len(dtypes)
+    again, _, _ = run_filter(tmp_path, reference_dir, "bf16-again", **bf16)
+    assert again["cache_hits"] == 24 and len(dtypes) == calls  # no engine call: its own cache served it
 
 
 @pytest.mark.usefixtures("even_domain")

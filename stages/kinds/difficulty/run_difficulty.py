@@ -48,9 +48,11 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty import DifficultyConfig
 from cascade.stages.products import PROMPTS_FILE
 from cascade.stages.recipe.config_base import reference_kind
+from cascade.stages.scale.distributed import resolve_device
 from cascade.stages.train.context import StageContext, StageResult, load_policy
 from cascade.stages.train.model import end_of_turn_ids, load_hf, prompt_ids
 from cascade.stages.train.model_source import resolve_model_dir
+from cascade.stages.train.precision import resolve_dtype, sampling_dtype
 from cascade.stages.train.rollout import prompt_pool, score_texts, step_seed
 from cascade.stages.train.tokenizer import ASSET_DIR, load_tokenizer
 
@@ -127,6 +129,10 @@ def open_reference(cfg: DifficultyConfig, ctx: StageContext, checkpoint: Checkpo
         model_dir = resolve_model_dir(cfg.reference, ctx.workdir)
         model, tokenizer = load_hf(model_dir)
         digest = f"model:{model_dir_digest(model_dir)}"
+    compute = ctx.recipe.compute_for(cfg)
+    dtype = sampling_dtype(ctx.recipe.engine, resolve_dtype(compute, resolve_device(compute.device)))
+    if dtype is not None:  # its rollouts differ from fp32 ones: they are cached apart
+        model, digest = model.to(dtype), f"{digest}:{str(dtype).removeprefix('torch.')}"
     return Reference(make_engine(ctx.recipe.engine, model, tokenizer, seed=ctx.recipe.seed), tokenizer, digest)
 
 
