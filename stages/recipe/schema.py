@@ -42,6 +42,7 @@ from cascade.stages.recipe.config_base import (
 )
 from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.recipe.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
+from cascade.stages.scoring.reward_sources import make_importable
 
 
 class Recipe(Strict):
@@ -297,6 +298,7 @@ def load_recipe(name_or_path: str = "tiny", overrides: list[str] | None = None) 
     """A shipped recipe by name, or a YAML file, with `a.b.c=value` overrides applied, validated."""
     path = resolve_recipe_path(name_or_path)
     raw = read_recipe_file(path)
+    make_importable(path.parent)  # a reward function's module beside the recipe file
     for item in overrides or []:
         apply_override(raw, item)
     try:

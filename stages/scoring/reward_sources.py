@@ -14,8 +14,10 @@ rollout's reward is the sum of weight x that source's reward. Adding a source is
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -97,8 +99,11 @@ class CallableReward(RewardSourceConfig):
 
 
 def import_function(path: str) -> Callable[..., Any]:
-    """The function named "package.module:function"; a ValueError of one line when it is not one."""
+    """The function named "package.module:function"; a ValueError of one line when it is not one. Its module is
+    found on the import path, which ends with the working directory and the folder of each recipe file loaded
+    (`make_importable`): a rewards module beside the recipe imports without PYTHONPATH."""
     module_name, _, name = path.partition(":")
+    make_importable(Path.cwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # the user's module may fail in any way while it is imported
@@ -110,6 +115,14 @@ def import_function(path: str) -> Callable[..., Any]:
     if not callable(function):
         raise ValueError(f"reward function {path!r}: {module_name} has no callable {name!r}")
     return function
+
+
+def make_importable(folder: Path) -> None:
+    """Put `folder` at the end of the import path (once), as Python puts a script's folder at its start: modules
+    there import, and never shadow an installed package of the same name."""
+    entry = str(folder.resolve())
+    if entry not in sys.path:
+        sys.path.append(entry)
 
 
 # build(cfg, ctx: stages.train.context.StageContext, stages: read stage name -> CheckpointRef)

@@ -174,3 +174,44 @@ def test_every_shipped_reward_still_validates_as_before():
         "length_coef": 0.5,
         "batch_size": 64,
     }
+
+
+REWARDS_MODULE = '''
+def brevity(prompts, completions, **fields):
+    return [-float(len(c)) for c in completions]
+'''
+
+
+@pytest.fixture
+def restored_import_path(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+
+
+@pytest.mark.usefixtures("restored_import_path")
+def test_a_rewards_module_beside_the_recipe_file_imports_from_anywhere(tmp_path, monkeypatch):
+    import yaml
+
+    folder, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    folder.mkdir(), elsewhere.mkdir()
+    (folder / "beside_recipe_rewards.py").write_text(REWARDS_MODULE)
+    raw = rl_recipe({"kind": "callable", "function": "beside_recipe_rewards:brevity"})
+    (folder / "mine.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(RecipeError, match="cannot import beside_recipe_rewards: ModuleNotFoundError"):
+        validate_recipe(raw)  # neither on the import path nor in the working directory
+    recipe = load_recipe(str(folder / "mine.yaml"))
+    items, groups = items_and_groups()
+    rewards = make_reward_source(recipe.stage("rl").reward, SimpleNamespace(recipe=recipe), {}).rewards(items, groups)
+    assert rewards.tolist() == [[-1.0, -4.0], [-1.0, -0.0]]
+
+
+@pytest.mark.usefixtures("restored_import_path")
+def test_a_rewards_module_in_the_working_directory_imports(tmp_path, monkeypatch):
+    """As a resume validates the run's stored recipe, with no file to look beside."""
+    (tmp_path / "cwd_rewards.py").write_text(REWARDS_MODULE)
+    monkeypatch.chdir(tmp_path)
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": "cwd_rewards:brevity"}))
+    assert recipe.stage("rl").reward.function == "cwd_rewards:brevity"
