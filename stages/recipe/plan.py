@@ -13,7 +13,8 @@ estimates, under stated assumptions: what a run really costs depends on how long
 - storage: a policy checkpoint holds fp32 weights; a step checkpoint adds AdamW's two moments; a stage keeps
   `keep_step_checkpoints` of them while it runs.
 
-Evals run after every policy-making stage (greedy, each domain's held-out split); the gate may branch into one
+Evals run after every policy-making stage (each domain's eval split at its own size, and its dev split beside a
+held-out one); the gate may branch into one
 MOPD recovery per fired stage, up to `gate.max_recoveries`, which the plan counts as possible, not certain.
 """
 
@@ -120,11 +121,11 @@ def estimate_stage(cfg: StageConfig, recipe: Recipe, size: ModelSize, prompt_tok
 
 def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     est = StageEstimate(f"eval after {name}", "eval")
-    items = sum(d.heldout_size for d in recipe.domains.values())
-    est.tokens_sampled = sum(
-        spec.heldout_size * answers_per_item(recipe, domain) * spec.max_new_tokens
-        for domain, spec in recipe.domains.items()
-    )
+    items = 0
+    for domain, spec in recipe.domains.items():
+        for split, answers in split_answers(recipe, domain):
+            items += spec.split_size(split)
+            est.tokens_sampled += spec.split_size(split) * answers * spec.max_new_tokens
     for bench, spec in recipe.eval.benchmarks.items():
         count = spec.limit or benchmark_size(bench, recipe)
         if count is None:
@@ -136,11 +137,13 @@ def eval_estimate(name: str, recipe: Recipe) -> StageEstimate:
     return est
 
 
-def answers_per_item(recipe: Recipe, domain: str) -> int:
-    """The eval's answers per item of a domain: its k samples, one greedy beside a sampled metric, and k more on
-    the dev split when the eval split is held-out (the dev/<domain> column that selects)."""
+def split_answers(recipe: Recipe, domain: str) -> list[tuple[str, int]]:
+    """(split, answers per item) of each split an eval scores of a domain: the eval's split with its k samples and
+    one greedy beside a sampled metric, and the dev split's k when the eval split is held-out (the dev/<domain>
+    column that selects)."""
     temperature, k = recipe.eval_sampling(domain)
-    return k + (1 if temperature > 0 else 0) + (k if recipe.eval.split == "heldout" else 0)
+    scored = [(recipe.eval.split, k + (1 if temperature > 0 else 0))]
+    return scored + ([("dev", k)] if recipe.eval.split == "heldout" else [])
 
 
 def benchmark_size(name: str, recipe: Recipe) -> int | None:
@@ -254,7 +257,8 @@ def dag_lines(recipe: Recipe) -> list[str]:
                     lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
         else:
             benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
-            lines.append(f"    |- eval: {', '.join(recipe.domains)} held-out{benches}")
+            splits = "held-out and dev" if recipe.eval.split == "heldout" else recipe.eval.split
+            lines.append(f"    |- eval: {', '.join(recipe.domains)} {splits}{benches}")
             branch = (
                 f"fired -> {recovery_label(gate)} ({gate.recovery.steps} steps, teachers: the best checkpoint per "
                 "domain so far) -> eval -> go on from it"

@@ -39,6 +39,18 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     # 800 items per domain, each 4 samples at the RL temperature and one greedy answer, and 800 dev items at 4
     # samples (the dev/<domain> column that selects), x max_new_tokens
     assert rows["eval after sft"]["tokens_sampled"] == 800 * (4 + 1 + 4) * 24 + 800 * (4 + 1 + 4) * 32
+    # a smaller dev split is counted at its own size; an eval of the dev split alone scores no second split
+    small_dev = ["domains.math.dev_size=100", "stages.sft.steps=100", "--json"]
+    plan = json.loads(cascade("plan", "tiny-regression", *small_dev, home=tmp_path / "home").stdout)
+    dev_rows = {r["stage"]: r for r in plan["rows"]}
+    assert dev_rows["eval after sft"]["tokens_sampled"] == (800 * 5 + 100 * 4) * 24 + 800 * (4 + 1 + 4) * 32
+    plan = json.loads(cascade("plan", "tiny-regression", "eval.split=dev", *small_dev, home=tmp_path / "home").stdout)
+    dev_rows = {r["stage"]: r for r in plan["rows"]}
+    assert dev_rows["eval after sft"]["tokens_sampled"] == 100 * 5 * 24 + 800 * 5 * 32
+    walk = cascade("plan", "tiny-regression", home=tmp_path / "home").stdout
+    assert "|- eval: math, instruct held-out and dev" in walk
+    walk = cascade("plan", "tiny-regression", "eval.split=dev", home=tmp_path / "home").stdout
+    assert "|- eval: math, instruct dev" in walk
     assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
     cpu = PROFILES["cpu"]
     assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)
