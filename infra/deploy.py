@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.infra.deployments import DEPLOYMENTS, DeploymentSpec
-from cascade.infra.prefect_server import configured_api_url, free_port, serving, start_server
+from cascade.infra.prefect_server import configured_api_url, lasting_port, serving, start_server
 
 AUTOMATIONS_HOOK = "cascade.infra.automations:ensure_automations"
 
@@ -32,7 +32,7 @@ def prefect_api(home: Path, port: int | None, say: Callable[[str], None]) -> Ite
         yield configured
         return
     say(f"no PREFECT_API_URL configured: starting a Prefect server (PREFECT_HOME={home})")
-    with serving(*start_server(home, port or free_port(), home / "server.log")) as api_url:
+    with serving(*start_server(home, port or lasting_port(home), home / "server.log")) as api_url:
         yield api_url
 
 

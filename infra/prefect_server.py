@@ -44,6 +44,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DEFAULT_UI_PORT = 4200  # Prefect's own default
+PORT_FILE = "server.port"  # under PREFECT_HOME: the port the last local server listened on
+
+
+def lasting_port(home: Path) -> int:
+    """The port for a local server that links written earlier still reach: the last one's (PORT_FILE), else
+    Prefect's default, else (taken by another process) a free one; remembered for the next start."""
+    remembered = home / PORT_FILE
+    try:
+        candidates = [int(remembered.read_text().strip())]
+    except (OSError, ValueError):
+        candidates = []
+    port = next((p for p in [*candidates, DEFAULT_UI_PORT] if port_is_free(p)), None) or free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    remembered.write_text(f"{port}\n")
+    return port
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _die_with_parent() -> Any:
     """A preexec_fn that makes the child get SIGKILL when this process dies (None off Linux)."""
     if not sys.platform.startswith("linux"):

@@ -15,7 +15,8 @@ def deploy(
     port: int | None = typer.Option(
         None,
         "--port",
-        help="Port of the Prefect server started when no PREFECT_API_URL is configured (default: a free one).",
+        help="Port of the Prefect server started when no PREFECT_API_URL is configured "
+        "(default: the last one's, else 4200, else a free one).",
     ),
     limit: str = typer.Option(
         "",

@@ -407,3 +407,24 @@ def _new_flow_run(deployed: Deployed, known: set[str], give_up) -> str | None:
             return None
         time.sleep(0.5)
     return None
+
+
+def test_a_restarted_local_server_keeps_its_port_so_earlier_links_still_open(tmp_path):
+    """The port of the last local server is remembered under PREFECT_HOME and taken again; Prefect's default
+    first; where another process holds the remembered port, a free one, remembered in its turn."""
+    import socket
+
+    from cascade.infra.prefect_server import DEFAULT_UI_PORT, PORT_FILE, lasting_port, port_is_free
+
+    first = lasting_port(tmp_path)
+    assert first == DEFAULT_UI_PORT or not port_is_free(DEFAULT_UI_PORT)
+    assert lasting_port(tmp_path) == first == int((tmp_path / PORT_FILE).read_text())
+    (tmp_path / PORT_FILE).write_text(f"{free_port()}\n")
+    remembered = int((tmp_path / PORT_FILE).read_text())
+    assert lasting_port(tmp_path) == remembered  # the last one's, not the default
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", remembered))
+        moved = lasting_port(tmp_path)
+    assert moved != remembered and int((tmp_path / PORT_FILE).read_text()) == moved
+    (tmp_path / PORT_FILE).write_text("not a port\n")  # a torn file: as if none were remembered
+    assert lasting_port(tmp_path) == lasting_port(tmp_path / "fresh")

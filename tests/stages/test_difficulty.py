@@ -102,9 +102,9 @@ def test_bf16_rollouts_sample_a_bf16_reference_and_are_cached_apart(tmp_path, re
     run_filter(tmp_path, reference_dir, "fp32")
     dtypes, generate = [], HFEngine.generate
     monkeypatch.setattr(
-        HFEngine, "generate", lambda self, *a, **k: dtypes.append(next(self.model.parameters()).dtype) or generate(
-            self, *a, **k
-        )
+        HFEngine,
+        "generate",
+        lambda self, *a, **k: dtypes.append(next(self.model.parameters()).dtype) or generate(self, *a, **k),
     )
     bf16 = {"dtype": "bf16", "engine": {"rollout_dtype": "compute"}}
     first, _, _ = run_filter(tmp_path, reference_dir, "bf16", **bf16)
