@@ -37,6 +37,7 @@ from cascade.stages.recipe.config_base import (
     Count,
     NonNegative,
     OpenAIEndpoint,
+    Positive,
     Read,
     _no_bool,
     first_error,
@@ -87,10 +88,12 @@ FUNCTION_PATH = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"  # "package.
 class CallableReward(RewardSourceConfig):
     """A Python function with TRL's reward-function signature, f(prompts, completions, **fields) -> list[float]:
     one prompt and one completion per rollout, and each of the item's fields as a list aligned with them
-    (stages/scoring/rewards.py: CallableRewards). Checked when the recipe validates: it must import and be callable."""
+    (stages/scoring/rewards.py: CallableRewards). Checked when the recipe validates: it must import and be callable.
+    Each call runs in a worker thread and fails the stage when it takes longer than `timeout_s`."""
 
     kind: Literal["callable"] = "callable"
     function: str = Field(pattern=FUNCTION_PATH)
+    timeout_s: Positive = 300.0  # seconds per call; a call scores a step's rollouts (or a refill round's)
 
     @model_validator(mode="after")
     def _importable(self) -> CallableReward:
@@ -106,7 +109,9 @@ def import_function(path: str) -> Callable[..., Any]:
     make_importable(Path.cwd())
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # the user's module may fail in any way while it is imported
+    # the user's module may fail in any way while it is imported; a sys.exit() there would end `cascade run` with
+    # exit 0 and no run (KeyboardInterrupt stays the user's)
+    except (Exception, SystemExit) as e:
         first = (str(e).splitlines() or [""])[0]
         raise ValueError(
             f"reward function {path!r}: cannot import {module_name}: {type(e).__name__}: {first}"
@@ -163,7 +168,10 @@ def source_config(raw: Any) -> Any:
         raise ValueError(first_error(e)) from None
 
 
-Weight = Annotated[float, BeforeValidator(_no_bool), Field(ge=-1e6, le=1e6, allow_inf_nan=False)]
+# The most a reward, or a term's weight, may be in magnitude: a weighted sum stays far inside float32 (where 1e39 is
+# already inf), and so do the advantages GRPO computes from it. A callable's rewards are held to it as it returns them.
+MAX_REWARD = 1e6
+Weight = Annotated[float, BeforeValidator(_no_bool), Field(ge=-MAX_REWARD, le=MAX_REWARD, allow_inf_nan=False)]
 
 
 class WeightedReward(Strict):

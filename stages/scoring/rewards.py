@@ -17,6 +17,7 @@ A list of weighted sources is their weighted sum (`WeightedRewards`). Every sour
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,6 +28,7 @@ from cascade.stages.domains import Item
 from cascade.stages.engines import Completion
 from cascade.stages.products import load_reward_model, sequence_scores
 from cascade.stages.scoring.reward_sources import (
+    MAX_REWARD,
     REWARD_SOURCES,
     CallableReward,
     RewardModelReward,
@@ -114,7 +116,7 @@ class CallableRewards:
     `reference`, and each key of its `meta`, e.g. `answer`), each a list aligned with the completions."""
 
     def __init__(self, cfg: CallableReward, ctx: Any, stages: dict[str, CheckpointRef]):
-        self.function, self.path = import_function(cfg.function), cfg.function
+        self.function, self.path, self.timeout_s = import_function(cfg.function), cfg.function, cfg.timeout_s
 
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
         rows = [(item, c.text) for item, group in zip(items, groups) for c in group]
@@ -125,19 +127,62 @@ class CallableRewards:
             "reference": [i.reference for i, _ in rows],
             **{k: [i.meta.get(k) for i, _ in rows] for k in keys},
         }
-        scores = self.function(prompts=[i.prompt for i, _ in rows], completions=[text for _, text in rows], **fields)
-        if len(scores) != len(rows) or any(s is None for s in scores):
-            raise ValueError(
-                f"reward function {self.path!r} returned {len(scores)} rewards for {len(rows)} "
-                "completions (one number each)"
+        scores = self.call(prompts=[i.prompt for i, _ in rows], completions=[text for _, text in rows], **fields)
+        return torch.tensor(checked_rewards(self.path, scores, len(rows))).view(len(groups), -1)
+
+    def call(self, **kwargs: Any) -> Any:
+        """The function's answer, from a worker thread waited on for at most timeout_s. A thread cannot be killed:
+        one past its limit is left running as a daemon, and the stage fails, so the process exits without it."""
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["value"] = self.function(**kwargs)
+            except BaseException as e:  # a SystemExit too, which would end the thread without a word
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name=f"reward {self.path}", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise TimeoutError(
+                f"reward function {self.path!r} did not return within {self.timeout_s:g} s (reward.timeout_s)"
             )
-        return torch.tensor([float(s) for s in scores]).view(len(groups), -1)
+        error = outcome.get("error")
+        if isinstance(error, SystemExit):  # on the stage's thread it ended `cascade run` with exit 0 mid-stage
+            raise RuntimeError(f"reward function {self.path!r} raised SystemExit({error.code!r}) while scoring")
+        if error is not None:
+            raise error
+        return outcome["value"]
 
     def close(self) -> None:
         pass
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+
+def checked_rewards(path: str, scores: Any, count: int) -> list[float]:
+    """The function's answer as `count` floats; a ValueError of one line for a wrong count or a reward that is not a
+    finite number of magnitude at most MAX_REWARD (NaN would make every group flat and train nothing; inf would
+    reach the loss, whose finite guard blames the sampling, stages/train/training.py)."""
+    if len(scores) != count:
+        raise ValueError(
+            f"reward function {path!r} returned {len(scores)} rewards for {count} completions (one number each)"
+        )
+    rewards = []
+    for k, score in enumerate(scores):
+        try:
+            reward = float(score)
+        except (TypeError, ValueError, OverflowError):  # None, a string, an int past float's range
+            reward = None
+        if reward is None or not abs(reward) <= MAX_REWARD:  # `not <=`: NaN compares false with everything
+            raise ValueError(
+                f"reward function {path!r} returned {score if reward is None else reward!r} for rollout {k} of "
+                f"{count} (a reward is a finite number of magnitude at most {MAX_REWARD:g})"
+            )
+        rewards.append(reward)
+    return rewards
 
 
 class WeightedRewards:

@@ -3,6 +3,9 @@ recipe makes of them before any work, and a source registered from outside."""
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
 from types import SimpleNamespace
 from typing import Literal
 
@@ -36,6 +39,25 @@ def one(prompts, completions, **fields):
 
 def too_few(prompts, completions, **fields):
     return [1.0]
+
+
+ODD = {"reward": 1.0}  # what odd_last answers for the last rollout
+
+
+def odd_last(prompts, completions, **fields):
+    return [1.0] * (len(completions) - 1) + [ODD["reward"]]
+
+
+RELEASE = threading.Event()  # set by the test that waits on `hangs`, so its thread ends with the test
+
+
+def hangs(prompts, completions, **fields):
+    RELEASE.wait(5)
+    return [1.0] * len(completions)
+
+
+def exits(prompts, completions, **fields):
+    sys.exit(0)
 
 
 NOT_CALLABLE = 3
@@ -80,7 +102,7 @@ def test_a_weighted_sum_adds_its_sources_rewards():
     recipe = validate_recipe(rl_recipe(reward))
     cfg = recipe.stage("rl")
     assert cfg.model_dump()["reward"][1] == {
-        "source": {"kind": "callable", "function": f"{__name__}:one"},
+        "source": {"kind": "callable", "function": f"{__name__}:one", "timeout_s": 300.0},
         "weight": -2.0,
     }
     items = [get_domain("math").generate("train", 2, 0)[0]]
@@ -104,6 +126,10 @@ def test_a_weighted_sum_adds_its_sources_rewards():
             f"{__name__} has no callable 'NOT_CALLABLE'",
         ),
         ({"kind": "callable", "function": "no colon"}, "stages.2.grpo.reward: function: String should match pattern"),
+        (
+            {"kind": "callable", "function": f"{__name__}:one", "timeout_s": 0},
+            "stages.2.grpo.reward: timeout_s: Input should be greater than 0",
+        ),
         (
             {"kind": "nope"},
             "stages.2.grpo.reward: unknown reward source 'nope'; known: callable, grader, judge, reward_model",
@@ -130,6 +156,60 @@ def test_a_callable_that_answers_the_wrong_count_fails_in_one_line():
     items, groups = items_and_groups()
     with pytest.raises(ValueError, match="returned 1 rewards for 4 completions"):
         make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {}).rewards(items, groups)
+
+
+@pytest.mark.parametrize(
+    "reward, shown",
+    [
+        (float("nan"), "nan"),
+        (float("inf"), "inf"),
+        (float("-inf"), "-inf"),
+        (1e39, "1e+39"),  # inf in float32
+        (-2e6, "-2000000.0"),
+        (None, "None"),
+        ("high", "'high'"),
+    ],
+)
+def test_a_callable_reward_that_is_not_finite_or_past_the_bound_fails_in_one_line(monkeypatch, reward, shown):
+    """NaN trained nothing (every group flat) and the stage ended FINISHED; inf, or 1e39 (inf in float32), reached
+    the loss and was blamed on top_p three steps later."""
+    monkeypatch.setitem(ODD, "reward", reward)
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:odd_last"}))
+    items, groups = items_and_groups()
+    source = make_reward_source(recipe.stage("rl").reward, SimpleNamespace(recipe=recipe), {})
+    with pytest.raises(ValueError) as e:
+        source.rewards(items, groups)
+    assert str(e.value) == (
+        f"reward function '{__name__}:odd_last' returned {shown} for rollout 3 of 4 "
+        "(a reward is a finite number of magnitude at most 1e+06)"
+    )
+    monkeypatch.setitem(ODD, "reward", -1e6)  # the bound itself is a reward
+    assert source.rewards(items, groups).tolist() == [[1.0, 1.0], [1.0, -1e6]]
+
+
+def test_a_callable_that_does_not_return_in_its_time_fails_in_one_line():
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:hangs", "timeout_s": 0.2}))
+    items, groups = items_and_groups()
+    source = make_reward_source(recipe.stage("rl").reward, SimpleNamespace(recipe=recipe), {})
+    RELEASE.clear()
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError) as e:
+            source.rewards(items, groups)
+    finally:
+        RELEASE.set()
+    assert time.monotonic() - started < 2
+    assert str(e.value) == f"reward function '{__name__}:hangs' did not return within 0.2 s (reward.timeout_s)"
+
+
+def test_a_callable_that_exits_while_scoring_fails_in_one_line():
+    """A SystemExit in the call ended `cascade run` with exit 0 mid-stage."""
+    recipe = validate_recipe(rl_recipe({"kind": "callable", "function": f"{__name__}:exits"}))
+    items, groups = items_and_groups()
+    source = make_reward_source(recipe.stage("rl").reward, SimpleNamespace(recipe=recipe), {})
+    with pytest.raises(RuntimeError) as e:
+        source.rewards(items, groups)
+    assert str(e.value) == f"reward function '{__name__}:exits' raised SystemExit(0) while scoring"
 
 
 class ConstantReward(RewardSourceConfig):
@@ -176,16 +256,14 @@ def test_every_shipped_reward_still_validates_as_before():
     }
 
 
-REWARDS_MODULE = '''
+REWARDS_MODULE = """
 def brevity(prompts, completions, **fields):
     return [-float(len(c)) for c in completions]
-'''
+"""
 
 
 @pytest.fixture
 def restored_import_path(monkeypatch):
-    import sys
-
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "modules", dict(sys.modules))
 
@@ -215,3 +293,16 @@ def test_a_rewards_module_in_the_working_directory_imports(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     recipe = validate_recipe(rl_recipe({"kind": "callable", "function": "cwd_rewards:brevity"}))
     assert recipe.stage("rl").reward.function == "cwd_rewards:brevity"
+
+
+@pytest.mark.usefixtures("restored_import_path")
+def test_a_rewards_module_that_exits_at_import_is_refused_in_one_line(tmp_path, monkeypatch):
+    """import_function caught Exception, not SystemExit: `cascade run` ended with exit 0 and no run."""
+    (tmp_path / "exiting_rewards.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RecipeError) as e:
+        validate_recipe(rl_recipe({"kind": "callable", "function": "exiting_rewards:f"}))
+    assert str(e.value) == (
+        "recipe: stages.2.grpo.reward: reward function 'exiting_rewards:f': cannot import exiting_rewards: "
+        "SystemExit: 0"
+    )
