@@ -77,7 +77,7 @@ def _synthetic_rows(domain: Domain, src: SyntheticSource, label: str, n: int, se
 
 def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
     """A shared/data file parsed by its benchmark's own row parser, so the grader finds the meta it expects."""
-    from cascade.stages.domains.benchdata import benchmark_registry, describe, read_jsonl_lines
+    from cascade.stages.domains.benchdata import ROW_ERRORS, benchmark_registry, describe, read_jsonl_lines
 
     spec = benchmark_registry()[src.format]  # the recipe checked the name and its domain
     path = data_root / src.file
@@ -86,7 +86,7 @@ def _shared_items(src: SharedSource, data_root: Path) -> Iterator[Item]:
             if isinstance(row, Exception):
                 raise row
             yield spec.parse_row(row, index)
-        except (KeyError, TypeError, ValueError) as e:
+        except ROW_ERRORS as e:
             raise SourceError(f"{path}:{number}: {describe(e)}") from None
 
 
@@ -106,7 +106,7 @@ def check_file_source(src: FileSource, domain: str, needs_reference: bool, grade
             first = first or row.item
     except SourceError:
         raise
-    except (OSError, ValueError) as e:  # undecodable bytes, not gzip, not Parquet
+    except (OSError, ValueError) as e:  # not gzip, not Parquet
         raise SourceError(f"{src.path}: cannot read it as {_file_format(src)}: {e}") from None
     if first is None:
         raise SourceError(f"{src.path}: holds no rows")
@@ -168,7 +168,8 @@ def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
         return
     from cascade.stages.domains.benchdata import parse_jsonl_lines
 
-    with fsspec.open(src.path, "rt", compression="infer", encoding="utf-8", **options) as f:
+    # binary: a text stream decodes ahead in blocks, so its UnicodeDecodeError could not name the row
+    with fsspec.open(src.path, "rb", compression="infer", **options) as f:
         for number, row in parse_jsonl_lines(f):
             if isinstance(row, Exception):
                 raise SourceError(f"{src.path}:{number}: {row}")

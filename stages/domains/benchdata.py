@@ -34,6 +34,11 @@ class BenchmarkError(ValueError):
     """Bad benchmark input (unknown name, unreadable file): a one-line message for the user."""
 
 
+# What a row parser raises on a bad row: a missing field, a bad value, or a field of another type than its parser
+# reads (an int `answer` where GSM8K's solution text goes, a null `question`: AttributeError)
+ROW_ERRORS = (KeyError, TypeError, ValueError, AttributeError)
+
+
 def is_url(location: str | Path) -> bool:
     return "://" in str(location)
 
@@ -76,15 +81,22 @@ def parse_json_array(text: str) -> Iterator[tuple[int, dict[str, Any] | Exceptio
         yield number, row if isinstance(row, dict) else ValueError("not a JSON object")
 
 
-def parse_jsonl_lines(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
-    """(line number, row or error) for each non-blank line of any open text stream (a local file, an fsspec file)."""
+def parse_jsonl_lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[str, Any] | Exception]]:
+    """(line number, row or error) for each non-blank line of any open stream (a local file, an fsspec file). A
+    binary stream's lines are decoded one at a time, so a bad byte is its row's error, not the file's."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
         except json.JSONDecodeError as e:
             yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        except UnicodeDecodeError as e:
+            yield number, ValueError(f"not UTF-8 text ({e})")
+            continue
+        except ValueError as e:  # an integer of more than 4,300 digits, which Python refuses to convert
+            yield number, ValueError(f"a number too long to read ({str(e).partition(';')[0]})")
             continue
         except RecursionError:  # one row nested thousands deep: its own error, not the whole file's
             yield number, ValueError("nested too deeply to parse")
@@ -142,7 +154,7 @@ class JsonlBenchmark:
         for index, row in enumerate(rows):
             try:
                 items.append(self.parse_row(row, index))
-            except (KeyError, TypeError, ValueError) as e:
+            except ROW_ERRORS as e:
                 raise BenchmarkError(f"{path}: row {index + 1}: {describe(e)}") from e
         return items
 
@@ -167,9 +179,11 @@ class BenchmarkSpec:
 
 
 def describe(error: BaseException) -> str:
-    """A one-line reason: a KeyError says which field is missing."""
+    """A one-line reason: a KeyError says which field is missing, an AttributeError that one has the wrong type."""
     if isinstance(error, KeyError):
         return f"missing field {error.args[0]!r}"
+    if isinstance(error, AttributeError):  # alone, `'int' object has no attribute 'strip'` speaks of our code
+        return f"a field has the wrong type ({error})"
     return str(error) or type(error).__name__
 
 
@@ -235,7 +249,7 @@ def load_items(
         for index, row in enumerate(read_jsonl(data_file)):
             try:
                 items.append(spec.parse_row(row, index))
-            except (KeyError, TypeError, ValueError) as e:
+            except ROW_ERRORS as e:
                 raise BenchmarkError(f"{data_file}: row {index + 1}: {describe(e)}") from e
     elif spec.loader is None:
         raise BenchmarkError(f"{spec.name!r} is a domain, not a benchmark: give its items with --data")

@@ -12,16 +12,21 @@ Two ways to change a baseline: `replace` (all domains from one eval: `cascade ba
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
 from cascade.artifacts.report import is_side_column, selection_column
 from cascade.artifacts.store import Store
+from cascade.stages.recipe.config_base import first_error
+
+log = logging.getLogger("cascade.regression")
 
 Verdict = Literal["regressed", "ok", "no baseline"]
 
@@ -86,8 +91,14 @@ def baseline_key(name: str) -> str:
 
 
 def load_baseline(store: Store, name: str) -> Baseline | None:
+    """The stored baseline, or None where there is none; a torn or foreign file is a BaselineError."""
     key = baseline_key(name)
-    return Baseline.model_validate_json(store.read_bytes(key)) if store.exists(key) else None
+    if not store.exists(key):
+        return None
+    try:
+        return Baseline.model_validate_json(store.read_bytes(key))
+    except ValidationError as e:
+        raise BaselineError(f"{store.uri(key)} is not a valid baseline: {first_error(e)}") from None
 
 
 def save_baseline(store: Store, baseline: Baseline) -> None:
@@ -183,7 +194,6 @@ class FinishedRun:
 
 def newest_finished_run(store: Store) -> FinishedRun | None:
     """The finished run whose final policy was committed last, or None when the store holds no finished run."""
-    from cascade.artifacts.checkpoint import read_manifest
     from cascade.artifacts.report import RunReport
     from cascade.stages.recipe.config_base import SOURCE_EVAL
 
@@ -199,7 +209,27 @@ def newest_finished_run(store: Store) -> FinishedRun | None:
         last = report.stage(evaluated[-1]) if evaluated else None
         uri = last.checkpoint if last else None
         key = store.key_of(uri) if uri else None
-        manifest = read_manifest(store, key) if key else None
-        if manifest is not None:
-            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), uri, manifest["created"]))
+        created = _committed_at(store, run_id, key) if key else None
+        if created is not None:
+            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), uri, created))
     return max(found, key=lambda run: run.created, default=None)
+
+
+def _committed_at(store: Store, run_id: str, key: str) -> float | None:
+    """When the checkpoint at `key` was committed (its manifest's `created`); None where it was not, or, with a
+    warning, where its manifest does not say: one torn or foreign manifest must not stop every scheduled eval."""
+    from cascade.artifacts.checkpoint import CheckpointError, read_manifest
+
+    try:
+        manifest = read_manifest(store, key)
+    except CheckpointError as e:
+        log.warning("run %s passed over: %s", run_id, e)
+        return None
+    if manifest is None:
+        return None
+    created = manifest.get("created")
+    if isinstance(created, bool) or not isinstance(created, (int, float)) or not math.isfinite(created):
+        where = f"{store.uri(key)}/{layout.MANIFEST}"
+        log.warning("run %s passed over: %s has no 'created' time (it holds %r)", run_id, where, created)
+        return None
+    return created

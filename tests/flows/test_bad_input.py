@@ -4,8 +4,10 @@ Runs the CLI in-process (typer's runner) so each case costs milliseconds; tests/
 contract through a real subprocess for the common cases.
 """
 
+import gzip
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,19 @@ def test_recipe_files_that_are_not_recipes(cascade_home, tmp_path, make, message
     assert files_under(cascade_home) == []
 
 
+@pytest.mark.parametrize("command", ["run", "plan"])
+@pytest.mark.parametrize(
+    "content",
+    [bytes(range(128, 256)) * 8, gzip.compress(b"seed: 1\n" * 100), "seed: 1\n".encode("utf-16")],
+    ids=["binary", "gzip", "utf-16"],
+)
+def test_a_recipe_file_that_is_not_utf8_is_one_line_for_run_and_plan(cascade_home, tmp_path, command, content):
+    path = tmp_path / "x.yaml"
+    path.write_bytes(content)
+    assert_one_line(*cascade(command, str(path)), f"recipe {path} is not UTF-8 text")
+    assert files_under(cascade_home) == []
+
+
 @pytest.mark.parametrize("run_id", ["nl\n", "a/../b", "UPPER", ""])
 def test_run_ids_are_matched_whole(cascade_home, run_id):
     assert_one_line(*cascade("run", "micro", "--run-id", run_id), "bad run id")
@@ -151,7 +166,7 @@ def test_hostile_yaml_is_one_line(cascade_home, tmp_path, text, message):
     "content, message",
     [
         (b"question,answer\n1+1,2\n", "data.jsonl:1: not valid JSON"),
-        (bytes(range(256)) * 8, "data.jsonl: cannot read it as jsonl: 'utf-8' codec can't decode byte"),
+        (bytes(range(256)) * 8, "data.jsonl:1: not valid JSON"),
         (b"", "data.jsonl: holds no rows"),
         (b"\n\n", "data.jsonl: holds no rows"),
     ],
@@ -315,4 +330,60 @@ def test_a_bad_row_deep_in_a_data_file_is_found_before_anything_is_written(casca
     data.write_text("\n".join(rows) + "\n")
     source = f"stages.sft_data.sources={{math: [{{kind: file, path: {data}}}]}}"
     assert_one_line(*cascade("run", "micro", source), f"stage 'sft_data': sources.math.0: {data}: row 51: no 'prompt'")
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (b'{"prompt": "caf\xe9?", "reference": "x"}', "3: not UTF-8 text ('utf-8' codec can't decode byte 0xe9"),
+        (
+            b'{"prompt": "Big?", "meta": {"n": ' + b"9" * 5000 + b"}}",
+            "3: a number too long to read (Exceeds the limit (4300 digits) for integer string conversion",
+        ),
+    ],
+    ids=["latin-1", "5000-digits"],
+)
+@pytest.mark.parametrize(
+    "override, where",
+    [
+        ("stages.sft_data.sources={{math: [{{kind: file, path: {}}}]}}", "stage 'sft_data': sources.math.0"),
+        ("stages.if_rl.prompts={{instruct: [{{kind: file, path: {}}}]}}", "stage 'if_rl': prompts.instruct.0"),
+    ],
+    ids=["sft-data", "rl-prompts"],
+)
+def test_a_row_that_cannot_be_decoded_is_named_by_its_number(cascade_home, tmp_path, bad, message, override, where):
+    """Bad bytes were found by a text stream that decodes ahead in blocks, and a 5,000-digit integer by Python's
+    int limit: each was one line naming the file, not the row."""
+    data = tmp_path / "data.jsonl"
+    good = json.dumps({"prompt": "Compute 1+1.", "reference": "\\boxed{2}", "meta": {"answer": "2"}}).encode()
+    data.write_bytes(good + b"\n" + good + b"\n" + bad + b"\n" + good + b"\n")
+    assert_one_line(*cascade("run", "micro", override.format(data)), f"{where}: {data}:{message}")
+    assert files_under(cascade_home) == []
+
+
+@pytest.mark.parametrize(
+    "benchmark, row, message",
+    [
+        ("gsm8k", {"question": "Two plus two?", "answer": 4}, "'int' object has no attribute 'rpartition'"),
+        ("aime25", {"question": None, "answer": "4"}, "'NoneType' object has no attribute 'strip'"),
+    ],
+)
+def test_a_field_of_another_type_in_eval_data_is_one_line(cascade_home, tmp_path, benchmark, row, message):
+    """An int `answer` or a null `question` in `cascade eval --data` was a traceback (AttributeError)."""
+    data = tmp_path / "mine.jsonl"
+    data.write_text(json.dumps({"question": "One plus one?", "answer": "#### 2"}) + "\n" + json.dumps(row) + "\n")
+    code, out, err = cascade("eval", "tiny", "--benchmark", benchmark, "--data", str(data))
+    assert_one_line(code, out, err, f"{data}: row 2: a field has the wrong type ({message})")
+    assert files_under(cascade_home) == []
+
+
+def test_a_rewards_module_that_exits_at_import_is_refused_in_one_line(cascade_home, tmp_path, monkeypatch):
+    """A `sys.exit(0)` at import ended `cascade run` with exit 0 and no run (SystemExit is no Exception)."""
+    (tmp_path / "exit_at_import_rewards.py").write_text("import sys\nsys.exit(0)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the working directory joins it
+    reward = "stages.if_rl.reward={kind: callable, function: 'exit_at_import_rewards:f'}"
+    message = "reward function 'exit_at_import_rewards:f': cannot import exit_at_import_rewards: SystemExit: 0"
+    assert_one_line(*cascade("run", "micro", reward), message)
     assert files_under(cascade_home) == []

@@ -481,3 +481,28 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, cascade_home
     assert result.exit_code == 2, result.output
     assert result.stderr.count("\n") == 1 and message in result.stderr
     assert not Path(cascade_home).exists()
+
+
+@pytest.mark.parametrize(
+    "blob, message",
+    [
+        (b'{"name": "nightly", "domains": {"math": {"score": 0.5, "chec', "Invalid JSON: EOF while parsing a string"),
+        (b"[1, 2]", "Input should be an object"),
+        (b'{"name": "nightly", "domains": {"math": {"score": "high"}}}', "domains.math.score: Input should be a valid"),
+    ],
+    ids=["torn", "foreign", "bad-score"],
+)
+def test_a_torn_baseline_is_one_line_exit_2_nothing_written(cascade_home, blob, message):
+    """`cascade baseline show` of a torn baseline file printed pydantic's traceback."""
+    from typer.testing import CliRunner
+
+    from cascade.flows.cli import app
+
+    baseline = Path(cascade_home) / "baselines" / "nightly.json"
+    baseline.parent.mkdir(parents=True)
+    baseline.write_bytes(blob)
+    result = CliRunner().invoke(app, ["baseline", "show", "nightly", "--recipe", "micro"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output, result.output
+    assert f"cascade: error: file://{baseline} is not a valid baseline: {message}" in result.stderr
+    assert [p for p in Path(cascade_home).rglob("*") if p.is_file()] == [baseline]

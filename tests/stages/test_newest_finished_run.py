@@ -42,3 +42,24 @@ def test_the_newest_finished_runs_final_checkpoint_and_recipe(tmp_path):
     _run(store, "newest", "FINISHED", created=250.0)
     run = newest_finished_run(store)
     assert (run.run_id, run.checkpoint, run.created) == ("newest", store.uri("runs/newest/01-rl"), 251.0)
+
+
+def test_a_run_whose_manifest_has_no_creation_time_is_passed_over_with_one_warning(tmp_path, caplog):
+    """A manifest with `created` a string, or without it, stopped the scheduled eval (TypeError, KeyError 'created')."""
+    store = Store.from_config(StorageConfig(root=f"file://{tmp_path}"))
+    _run(store, "good", "FINISHED", created=100.0)
+    for run_id, manifest in (("text", b'{"files": [], "created": "yesterday"}'), ("none", b'{"files": []}')):
+        _run(store, run_id, "FINISHED", created=None)
+        store.write_bytes(f"runs/{run_id}/01-rl/MANIFEST.json", manifest)
+    _run(store, "torn", "FINISHED", created=None)
+    store.write_bytes("runs/torn/01-rl/MANIFEST.json", b'{"files": [], "crea')
+    with caplog.at_level("WARNING", logger="cascade.regression"):
+        run = newest_finished_run(store)
+    assert run.run_id == "good"
+    lines = sorted(r.getMessage() for r in caplog.records)
+    manifest = store.uri("runs/{}/01-rl/MANIFEST.json")
+    assert lines == [
+        f"run none passed over: {manifest.format('none')} has no 'created' time (it holds None)",
+        f"run text passed over: {manifest.format('text')} has no 'created' time (it holds 'yesterday')",
+        f"run torn passed over: {manifest.format('torn')} is not valid JSON",
+    ]
