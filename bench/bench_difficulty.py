@@ -26,8 +26,8 @@ from cascade.artifacts.store import Store
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import Completion, SamplingParams
 from cascade.stages.kinds.difficulty.run_difficulty import Reference, keep_or_drop, rollouts
-from cascade.stages.recipe.config import ModelConfig
 from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.train.model import initial_model
 from cascade.stages.train.rollout import prompt_pool, score_texts

@@ -105,7 +105,7 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
     import torch
 
     from cascade.stages.engines.hf import HFEngine
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import initial_model
 
     model, tokenizer = initial_model(ModelConfig(source="smollm2-135m"), seed=0)
@@ -127,7 +127,7 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
             tokens, texts = sum(len(c.token_ids) for g in groups for c in g), [g[0].text for g in groups]
         else:  # as an eval starts it: make_engine on the recipe's engine section, the server in --dtype
             from cascade.stages.engines import make_engine
-            from cascade.stages.recipe.config import EngineConfig
+            from cascade.stages.recipe.sections import EngineConfig
 
             server = make_engine(EngineConfig(kind="vllm", dtype=dtype), model, tokenizer, seed=0)
             result["start_s"] = round(server.start_seconds, 1)

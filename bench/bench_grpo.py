@@ -172,7 +172,7 @@ def model_dirs(names: list[str], tmp: Path) -> dict[str, str]:
     """name -> an HF directory both sides load: `tiny` saved here from its default config (seed 0), smollm2-135m's
     converted checkpoint, or a directory given by path. A random-init tiny model never solves a math prompt, so
     "as configured" drops every group; a trained policy (a path) makes that comparison mean something."""
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, save_hf
     from cascade.stages.train.model_source import smollm2_dir
     from cascade.stages.train.tokenizer import load_tokenizer

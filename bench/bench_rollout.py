@@ -38,7 +38,7 @@ from cascade.stages.engines import hf as hf_module  # noqa: E402
 from cascade.stages.engines.hf import HFEngine  # noqa: E402
 from cascade.stages.engines.interface import SamplingParams  # noqa: E402
 from cascade.stages.engines.vllm import ServerOptions, VLLMEngine, trainer_logprobs  # noqa: E402
-from cascade.stages.recipe.config import ModelConfig  # noqa: E402
+from cascade.stages.recipe.sections import ModelConfig  # noqa: E402
 from cascade.stages.train.model import initial_model, prompt_ids, save_hf  # noqa: E402
 
 HF_DECODERS = ("shared_prefix", "per_row", "cuda_graphs", "hf")  # engine hf-<decoder>: EngineConfig.hf_decoder

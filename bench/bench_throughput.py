@@ -23,8 +23,8 @@ import torch
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.kinds.sft.run_sft import model_rows
-from cascade.stages.recipe.config import ModelConfig
 from cascade.stages.recipe.config_base import OptimizerConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.losses import sft_loss, token_logprobs
 from cascade.stages.train.model import build_tiny_model, num_parameters, prompt_ids
 from cascade.stages.train.tokenizer import load_tokenizer

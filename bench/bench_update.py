@@ -21,7 +21,7 @@ import time
 import torch
 
 from cascade.stages.engines.interface import Completion
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.completions import CompletionBatch, completion_batch, full_row_logits, shared_prefix_logits
 from cascade.stages.train.losses import grpo_loss, token_logprobs
 from cascade.stages.train.model import initial_model

@@ -22,7 +22,7 @@ from cascade.flows.regression_eval import new_eval_id
 from cascade.stages.evals.regression import NotRecovered, regressions, verdict_lines
 from cascade.stages.recipe.walk import Made
 from cascade.tasks.lifecycle import finish_task, running
-from cascade.tasks.regression import (
+from cascade.tasks.regression_tasks import (
     evaluate_checkpoint_task,
     judge_task,
     load_baseline_task,

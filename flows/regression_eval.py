@@ -27,7 +27,7 @@ from cascade.artifacts.model_registry import alias_for, registered_model_name
 from cascade.flows.recipes import load_any_recipe
 from cascade.stages.evals.regression import RegressionFound, regressions, verdict_lines
 from cascade.stages.recipe.schema import Recipe
-from cascade.tasks.regression import (
+from cascade.tasks.regression_tasks import (
     emit_regression_task,
     eval_targets_task,
     evaluate_checkpoint_task,

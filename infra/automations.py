@@ -19,7 +19,7 @@ from uuid import UUID
 
 from prefect.automations import AutomationCore, EventTrigger, Posture, RunDeployment
 
-from cascade.tasks.regression import CHECKPOINT_RESOURCE, REGRESSION_EVENT
+from cascade.tasks.regression_tasks import CHECKPOINT_RESOURCE, REGRESSION_EVENT
 
 if TYPE_CHECKING:
     from prefect.client.orchestration import SyncPrefectClient

@@ -58,7 +58,7 @@ def test_phase_seconds_per_step_and_backward_as_the_rest_of_forward_backward():
 
 
 def test_cascade_side_times_the_steps_after_warmup(tmp_path):
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, save_hf
     from cascade.stages.train.tokenizer import load_tokenizer
 

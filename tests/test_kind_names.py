@@ -1,4 +1,5 @@
-"""Nothing outside a stage kind's registry row and its own modules names the kind; the same for reward sources.
+"""Nothing outside a stage kind's registry row and its own modules names the kind; the same for reward sources and
+on-policy losses.
 
 A name is a string literal equal to a registered kind or reward source (`"grpo"`, `"judge"`), anywhere in flows/,
 tasks/, stages/, artifacts/ and infra/ (docstrings and comments are not literals equal to a name), or a word of an
@@ -21,15 +22,16 @@ from typing import Any, get_args
 from cascade.stages import kinds
 from cascade.stages.recipe import config_base
 from cascade.stages.scoring import reward_sources
+from cascade.stages.train import loss_registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "tasks", "stages", "artifacts", "infra")
 # Strings equal to a name that are not that name: (file, string) -> what they are.
 NOT_NAMES = {
     ("stages/domains/livecodebench.py", "difficulty"): "a LiveCodeBench row's field (easy/medium/hard)",
-    ("flows/cli/evals.py", "judge"): "`cascade eval --benchmark arena_hard`: the judge model's default name, "
-    "and its URL's key in scores.json",
-    ("tasks/regression.py", "judge"): "the regression eval's Prefect task that compares scores with a baseline",
+    ("flows/cli/eval_commands.py", "judge"): "`cascade eval --benchmark arena_hard`: the judge model's default name",
+    ("flows/cli/eval_modes.py", "judge"): "`cascade eval --benchmark arena_hard`: the judge URL's key in scores.json",
+    ("tasks/regression_tasks.py", "judge"): "the regression eval's Prefect task that compares scores with a baseline",
     # a kind's default stage name is its kind's name: these defaults name an earlier stage, not a kind
     ("stages/kinds/sft/__init__.py", "sft_data"): "`data`: the stage whose dataset SFT trains on",
     ("stages/kinds/difficulty/__init__.py", "sft"): "`reference`: the model stage that rolls out",
@@ -39,7 +41,8 @@ NOT_NAMES = {
 
 # Words of f-strings equal to a name that are not that name: (file, name) -> what they are.
 NOT_NAMES_IN_PARTS = {
-    ("flows/cli/evals.py", "judge"): "the --judge option, in its error lines",
+    ("flows/cli/eval_commands.py", "judge"): "the --judge option, in its error lines",
+    ("flows/cli/eval_modes.py", "judge"): "the --judge option, in its error lines",
     ("flows/regression_eval.py", "judge"): "the regression eval's judge task, named per domain",
     ("stages/datasets/sources.py", "grader"): "a domain's grader, in an error line",
     ("stages/kinds/sft_data/run_sft_data.py", "grader"): "a domain's grader, in an error line",
@@ -78,6 +81,10 @@ def homes() -> dict[str, set[str]]:
                 module_file(row.config.__module__),
                 module_file(callable_module(row.build)),
             }
+        )
+    for name, row in loss_registry.LOSSES.items():  # a kind's own loss bears the kind's name
+        out.setdefault(name, set()).update(
+            {module_file(loss_registry.__name__), module_file(callable_module(row.build))}
         )
     for product in set(get_args(config_base.Product)) & set(out):
         out[product].add(module_file(config_base.__name__))

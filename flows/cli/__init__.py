@@ -1,4 +1,5 @@
-"""`cascade`: run, resume, inspect and evaluate cascades from the terminal; one module per command group.
+"""`cascade`: run, resume, inspect and evaluate cascades from the terminal; one module per command group (and the
+eval command's modes, flows/cli/eval_modes.py).
 
 Bad input (unknown recipe key, missing file, bad override, unknown run id) is one line on stderr and exit
 code 2, checked before anything is written (flows/cli/common.py).
@@ -8,7 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from cascade.flows.cli import deploy, evals, inspection, plan, regression, runs  # noqa: F401  (each registers its commands on `app`)
+from cascade.flows.cli import (  # noqa: F401  (each registers its commands on `app`)
+    deploy_command,
+    eval_commands,
+    inspection,
+    plan_command,
+    regression_commands,
+    runs,
+)
 from cascade.flows.cli.common import app
 
 

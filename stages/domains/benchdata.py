@@ -2,11 +2,13 @@
 
 Every domain declares its benchmarks (`Domain.benchmarks()`: name -> a loader of the domain's item rows);
 `benchmark_registry()` gathers them, so a recipe checks benchmark names here without importing the eval harness
-(`stages/evals/benchmarks.py`). The shipped files are the copies in `shared/data/`, which sits beside the project
-checkout: `<checkout>/../shared/data`. Loaders take the data root as an argument so a test or a recipe can point
-at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they have no reason to differ: `$CASCADE_DATA_ROOT`
-when set (a machine where the files lie elsewhere, such as a lent GPU), else that sibling. A user's own file is
-a local path or an fsspec URL, in JSON lines (optionally .gz), a JSON array, CSV or Parquet.
+(`stages/evals/benchmarks.py`). A benchmark that a pairwise judge scores instead of a domain (ArenaHard) is a
+`JudgedBenchmark` of `JUDGED_BENCHMARKS`, which `cascade eval --judge` runs. The shipped files are the copies in
+`shared/data/`, which sits beside the project checkout: `<checkout>/../shared/data`. Loaders take the data root as
+an argument so a test or a recipe can point at another copy; `DEFAULT_DATA_ROOT` is what callers pass when they
+have no reason to differ: `$CASCADE_DATA_ROOT` when set (a machine where the files lie elsewhere, such as a lent
+GPU), else that sibling. A user's own file is a local path or an fsspec URL, in JSON lines (optionally .gz), a JSON
+array, CSV or Parquet.
 """
 
 from __future__ import annotations
@@ -203,6 +205,33 @@ def benchmark_registry() -> dict[str, BenchmarkSpec]:
                 raise ValueError(f"benchmark {name!r} is declared by both {specs[name].domain!r} and {domain_name!r}")
             specs[name] = BenchmarkSpec(name, domain_name, loader)
     return specs
+
+
+@dataclass(frozen=True)
+class JudgedBenchmark:
+    """A benchmark no domain grades: a pairwise judge scores a model's answers to its prompts against a baseline
+    model's (`cascade eval --benchmark NAME --judge URL`). Its file, under the data root, holds one request per
+    row in the `prompt` field; `title` names it in errors."""
+
+    name: str
+    relpath: str
+    title: str
+
+    def prompts(self, data_root: Path, limit: int | None = None) -> list[str]:
+        """The first `limit` requests of its file (all of them without a limit)."""
+        path = data_root / self.relpath
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.title} questions not found: {path}")
+        rows = path.read_text(encoding="utf-8").splitlines()
+        prompts = [json.loads(line)["prompt"] for line in rows if line.strip()]
+        return prompts[:limit] if limit is not None else prompts
+
+
+# Benchmarks a judge scores, apart from benchmark_registry()'s, which their domains grade (what a recipe's
+# eval.benchmarks, a decontamination and `cascade grade` take). ArenaHard v0.1: 500 questions.
+JUDGED_BENCHMARKS = {
+    b.name: b for b in [JudgedBenchmark("arena_hard", "chat_prompts/arena_hard_v0.1_questions.jsonl", "ArenaHard")]
+}
 
 
 def missing_data(spec: BenchmarkSpec, data_root: Path) -> str | None:

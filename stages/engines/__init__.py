@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import Completion, RolloutEngine, SamplingParams
-from cascade.stages.recipe.config import EngineConfig
+from cascade.stages.recipe.sections import EngineConfig
 
 
 def make_engine(

@@ -17,7 +17,7 @@ memory), longest first, so a group's padding is small; their keys then sit at th
 The slot count is sized to memory before anything is allocated (`plan_slots`): the cache of `batch_size` rows if
 it fits in half the memory this process may still take, else as many rows as do.
 
-Sampling is the engine's (stages/engines/hf.py): a row's draw at its decode step is a pure function of (its key,
+Sampling is the engine's (stages/engines/sampling.py): a row's draw at its decode step is a pure function of (its key,
 step), so a row samples the same tokens here as in a static batch; tests/stages/test_hf_engine.py holds it.
 """
 

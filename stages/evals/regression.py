@@ -24,7 +24,7 @@ from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
 from cascade.artifacts.report import is_side_column, selection_column
 from cascade.artifacts.store import Store
-from cascade.stages.recipe.config_base import first_error
+from cascade.stages.recipe.validation_errors import first_error
 
 log = logging.getLogger("cascade.regression")
 

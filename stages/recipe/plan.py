@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cascade.stages.kinds import kind_of
-from cascade.stages.recipe.config import EngineConfig, GateConfig
 from cascade.stages.recipe.config_base import SOURCE_EVAL, ComputeConfig, OnPolicyConfig, StageConfig
 from cascade.stages.recipe.estimate import StageEstimate
 from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.sections import EngineConfig, GateConfig
 from cascade.stages.recipe.walk import GateStep, SourceEval, StageStep, walk
 
 

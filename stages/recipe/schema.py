@@ -22,7 +22,17 @@ from cascade.artifacts.report import BENCHMARK_COLUMN
 from cascade.artifacts.urls import credential_error
 from cascade.stages.errors import RecipeError
 from cascade.stages.kinds import KINDS, chooses_teachers, kind_of, recovery_kinds
-from cascade.stages.recipe.config import (
+from cascade.stages.recipe.config_base import (
+    SOURCE_EVAL,
+    STORED,
+    ComputeConfig,
+    RecipeName,
+    Seed,
+    StageConfig,
+)
+from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
+from cascade.stages.recipe.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.sections import (
     DEFAULT_EVAL_SAMPLES,
     RECOVERY_PREFIX,
     DomainSpec,
@@ -31,17 +41,7 @@ from cascade.stages.recipe.config import (
     GateConfig,
     ModelConfig,
 )
-from cascade.stages.recipe.config_base import (
-    SOURCE_EVAL,
-    STORED,
-    ComputeConfig,
-    RecipeName,
-    Seed,
-    StageConfig,
-    first_error,
-)
-from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
-from cascade.stages.recipe.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.validation_errors import first_error
 from cascade.stages.scoring.reward_sources import make_importable
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.kinds import StageInputs, kind_of
-from cascade.stages.recipe.config import RECOVERY_PREFIX, GateConfig
 from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.sections import RECOVERY_PREFIX, GateConfig
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +31,6 @@ from cascade.stages.engines import Completion
 from cascade.stages.scoring.reward_sources import JudgeReward
 from cascade.stages.train.rollout import score_groups
 
-ARENA_HARD_FILE = "chat_prompts/arena_hard_v0.1_questions.jsonl"
 VERDICT = re.compile(r"^\W*([AB])\W*$")
 JUDGE_PROMPT = """Which answer to the request is better? Reply with one letter: A or B.
 
@@ -141,15 +139,6 @@ def probe(url: str, timeout_s: float) -> None:
         return
     except (urllib.error.URLError, OSError) as err:
         raise JudgeError(f"judge {url} does not answer: {getattr(err, 'reason', err)}") from None
-
-
-def arena_hard_prompts(data_root: Path, limit: int | None = None) -> list[str]:
-    """ArenaHard v0.1's 500 questions (the `prompt` field), from <data_root>/chat_prompts/."""
-    path = data_root / ARENA_HARD_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"ArenaHard questions not found: {path}")
-    prompts = [json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return prompts[:limit] if limit is not None else prompts
 
 
 def win_rate(scores: list[float]) -> tuple[float, float | None]:

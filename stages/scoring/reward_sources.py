@@ -40,9 +40,9 @@ from cascade.stages.recipe.config_base import (
     Positive,
     Read,
     _no_bool,
-    first_error,
     imported_on_call,
 )
+from cascade.stages.recipe.validation_errors import first_error
 
 
 class RewardSourceConfig(Strict):

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFa
 from transformers.utils import logging as hf_logging
 
 from cascade.stages.errors import ModelSourceError
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.model_source import resolve_model_dir
 from cascade.stages.train.tokenizer import load_tokenizer
 

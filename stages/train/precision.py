@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from cascade.artifacts.home import cascade_home
-from cascade.stages.recipe.config import EngineConfig
 from cascade.stages.recipe.config_base import ComputeConfig
+from cascade.stages.recipe.sections import EngineConfig
 
 if TYPE_CHECKING:
     from cascade.stages.recipe.schema import Recipe

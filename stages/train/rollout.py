@@ -16,9 +16,9 @@ import torch
 from cascade.stages.domains import Item
 from cascade.stages.engines import Completion, RolloutEngine, SamplingParams, make_engine, vllm_client
 from cascade.stages.engines.interface import Progress
-from cascade.stages.recipe.config import EngineConfig
 from cascade.stages.recipe.config_base import OnPolicyConfig
 from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.sections import EngineConfig
 from cascade.stages.scale.distributed import full_weights_everywhere
 from cascade.stages.train.model import prompt_ids
 

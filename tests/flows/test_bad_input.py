@@ -192,7 +192,7 @@ def test_a_store_that_names_no_place_is_one_line(cascade_home, store, message):
 
 
 def test_a_corrupt_safetensors_file_is_one_line(tmp_path):
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import initial_model, save_hf
 
     model, tok = initial_model(ModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 0)

@@ -93,7 +93,7 @@ def test_flex_attention_gives_the_padded_loss_and_gradients_on_cuda():
     """Our SFT's packed rows under flex_attention (block-sparse, SFTConfig.attention) on cuda, fp32: the loss and
     gradients of the same rows padded under sdpa. (flex has no CPU backward: this runs only here.)"""
     from cascade.stages.kinds.sft.run_sft import model_rows
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.losses import sft_loss, token_logprobs
     from cascade.stages.train.model import Example, build_tiny_model
     from cascade.stages.train.training import backward_micro_batches

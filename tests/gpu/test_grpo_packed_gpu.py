@@ -5,7 +5,7 @@ there (bench/gpu/check.sh's gpu-tests part selects it by name)."""
 import pytest
 import torch
 
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.completions import (
     RowLayout,
     check_head_reads_decoder,

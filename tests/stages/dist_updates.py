@@ -15,12 +15,13 @@ from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import policy_update
 from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.kinds.mopd.run_mopd import distill_update
-from cascade.stages.recipe.config import ModelConfig
 from cascade.stages.recipe.config_base import ComputeConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.scale.distributed import World, full_state_dict, prepare_model, world_for
 from cascade.stages.train.completions import completion_batch, completion_logprobs
 from cascade.stages.train.losses import groups_with_signal, grpo_advantages
 from cascade.stages.train.model import build_tiny_model
+from cascade.stages.train.on_policy_losses import GRPOLoss, MOPDLoss
 from cascade.stages.train.tokenizer import load_tokenizer
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128)
@@ -64,7 +65,7 @@ def updates(world: World) -> dict:
     run = fresh_run(world, tok)
     grpo = GRPOConfig(name="rl", domains=["math"], steps=1, lr=1.0, micro_batch_size=2)
     metrics = policy_update(
-        run, grpo, None, prompts, groups, grpo_advantages(rewards, 1e-6), groups_with_signal(rewards)
+        run, grpo, GRPOLoss(None, 0.0), prompts, groups, grpo_advantages(rewards, 1e-6), groups_with_signal(rewards)
     )
     out["grpo"] = {"metrics": metrics, "weights": trained_weights(run.model, world)}
 
@@ -83,6 +84,7 @@ def updates(world: World) -> dict:
     metrics = distill_update(
         run,
         mopd,
+        MOPDLoss(mopd.eps_low, mopd.eps_high),
         replace(batch, inf_logp=inf_logp),
         teacher_logp,
         domains[mine.start : mine.stop],

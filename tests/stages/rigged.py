@@ -33,7 +33,7 @@ def rig_short_answers(model, tokenizer, answer: str = "7") -> None:
 def rigged_vllm_server(tmp_path_factory, model_cfg: dict, answer: str = "7") -> Iterator[str]:
     """A vLLM server (from .venv-vllm) serving a rigged tiny model; yields its root URL (the API is URL + /v1)."""
     from cascade.stages.engines.vllm import VLLMEngine
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, save_hf
     from cascade.stages.train.tokenizer import load_tokenizer
 

@@ -8,7 +8,7 @@ from cascade.stages.engines import hf as hf_module
 from cascade.stages.engines.continuous import MEMORY_SHARE, SlotDecoder, available_memory, plan_slots
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.model import build_tiny_model, prompt_ids
 from cascade.stages.train.tokenizer import load_tokenizer
 

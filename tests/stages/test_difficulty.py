@@ -14,8 +14,8 @@ from cascade.stages.engines.hf import HFEngine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.difficulty.run_difficulty import PASS_RATES_FILE, keep_or_drop, run_difficulty
 from cascade.stages.products import PROMPTS_FILE
-from cascade.stages.recipe.config import ModelConfig
 from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.train.model import build_tiny_model, save_hf
 from cascade.stages.train.tokenizer import load_tokenizer

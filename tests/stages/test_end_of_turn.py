@@ -7,7 +7,7 @@ import torch
 
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.model import build_tiny_model, completion_ids, end_of_turn_ids, prompt_ids, turn_end_id
 from cascade.stages.train.tokenizer import load_tokenizer
 

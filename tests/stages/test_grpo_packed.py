@@ -17,6 +17,7 @@ from cascade.stages.scale.distributed import World, process_world
 from cascade.stages.train.completions import RowLayout, check_head_reads_decoder, completion_batch, completion_logprobs
 from cascade.stages.train.context import ListSink
 from cascade.stages.train.losses import groups_with_signal, grpo_advantages
+from cascade.stages.train.on_policy_losses import GRPOLoss
 from cascade.stages.train.packing import check_forward_options
 from cascade.stages.train.tokenizer import load_tokenizer
 from tests.stages.test_sft_packing import tiny_qwen2, untied_llama
@@ -92,7 +93,7 @@ def one_update(layout: str, micro_batch_size: int, **grpo):
     )  # fmt: skip
     prompts, groups, rewards = rollouts()
     metrics = policy_update(
-        run, cfg, None, prompts, groups, grpo_advantages(rewards, 1e-6), groups_with_signal(rewards)
+        run, cfg, GRPOLoss(None, 0.0), prompts, groups, grpo_advantages(rewards, 1e-6), groups_with_signal(rewards)
     )
     return metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}, shapes
 

@@ -9,9 +9,10 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from cascade.stages.engines.decode import GraphDecoder, HFDecoder, LeanDecoder, lean_supported
-from cascade.stages.engines.hf import GOLDEN, HFEngine, as_int64, left_padded, row_keys, sample_next, uniform
+from cascade.stages.engines.hf import HFEngine, left_padded
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.engines.sampling import GOLDEN, as_int64, row_keys, sample_next, uniform
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.losses import sampling_logits
 from cascade.stages.train.model import build_tiny_model, prompt_ids
 from cascade.stages.train.tokenizer import load_tokenizer

@@ -3,7 +3,7 @@
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.model import build_tiny_model, completion_ids, load_hf, num_parameters, prompt_ids, save_hf
 from cascade.stages.train.tokenizer import load_tokenizer
 

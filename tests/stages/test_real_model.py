@@ -167,7 +167,7 @@ def test_any_hf_directory_trains_untied_and_without_a_pad_token(tmp_path, monkey
 
 def test_a_model_without_a_chat_template_is_one_line_of_bad_input(tmp_path):
     from cascade.stages.errors import ModelSourceError
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, load_hf
     from cascade.stages.train.tokenizer import load_tokenizer
 

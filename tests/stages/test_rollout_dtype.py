@@ -7,7 +7,7 @@ import torch
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
-from cascade.stages.recipe.config import EngineConfig
+from cascade.stages.recipe.sections import EngineConfig
 from cascade.stages.train.context import ListSink
 from cascade.stages.train.lora import MergedCopy
 from tests.stages.test_training import stage_ctx, vowel_recipe

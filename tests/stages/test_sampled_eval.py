@@ -107,7 +107,7 @@ def test_an_items_samples_do_not_depend_on_the_batch_or_on_the_other_items(monke
     rows, whether the held-out set holds 3 or 6 items, and in whatever order they come, so two checkpoints' paired
     difference is theirs alone."""
     from cascade.stages.engines.hf import HFEngine
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model
 
     tok = load_tokenizer()

@@ -508,7 +508,7 @@ def test_user_files_stream_from_s3(tmp_path, monkeypatch):
 def test_model_teacher_from_a_checkpoint_uri_and_an_hf_dir(tmp_path):
     """A rigged tiny model that always answers "7": the math grader rejects it, unverified rows pass."""
     from cascade.artifacts.checkpoint import write_checkpoint
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, save_hf
     from tests.stages.rigged import rig_short_answers
 

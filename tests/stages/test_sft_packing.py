@@ -9,7 +9,7 @@ from cascade.artifacts.config import config_hash
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft.run_sft import model_rows, pack_batch, pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.context import ListSink
 from cascade.stages.train.losses import sft_loss, token_logprobs
 from cascade.stages.train.model import Example, build_tiny_model

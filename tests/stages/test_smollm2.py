@@ -7,8 +7,8 @@ from transformers import PreTrainedTokenizerFast
 
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.recipe.config import ModelConfig
 from cascade.stages.recipe.config_base import SMOLLM2
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.model import initial_model, load_hf, num_parameters, prompt_ids
 
 pytestmark = [

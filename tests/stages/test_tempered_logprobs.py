@@ -10,7 +10,7 @@ import torch
 
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import SamplingParams
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.completions import completion_batch, completion_logprobs
 from cascade.stages.train.losses import (
     NUCLEUS_FLOOR_NATS,

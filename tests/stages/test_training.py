@@ -17,7 +17,7 @@ from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.kinds.sft.run_sft import pad_batch, run_sft
 from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
-from cascade.stages.recipe.config import ModelConfig
+from cascade.stages.recipe.sections import ModelConfig
 from cascade.stages.train.completions import completion_batch, completion_logprobs
 from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.train.losses import grpo_loss, mis_weights, sft_loss, tis_weights, token_logprobs
@@ -371,7 +371,7 @@ def test_an_on_policy_warmup_ramps_the_learning_rate_then_holds_it(tmp_path, mon
 
 
 def test_importance_correction_auto_is_tis_where_the_mismatch_is_real():
-    from cascade.stages.kinds.grpo.run_grpo import importance_weighting
+    from cascade.stages.train.on_policy_losses import importance_weighting
 
     recipe_stage = {"kind": "grpo", "name": "rl", "domains": ["math"]}
     auto = GRPOConfig(**recipe_stage)

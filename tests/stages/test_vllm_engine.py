@@ -82,7 +82,7 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from cascade.stages.recipe.config import ModelConfig
+    from cascade.stages.recipe.sections import ModelConfig
     from cascade.stages.train.model import build_tiny_model, save_hf
     from cascade.stages.train.tokenizer import load_tokenizer
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from cascade.stages.recipe.config import EngineConfig
+from cascade.stages.recipe.sections import EngineConfig
 
 log = logging.getLogger(__name__)
 # placement (an autoscaler may first bring a rollout node up) plus the server's own start-up limit

@@ -27,10 +27,13 @@ from cascade.stages.recipe.config_base import (
 from cascade.stages.recipe.data_sources import DataSource, ReadsDataFiles
 from cascade.stages.recipe.estimate import StageEstimate, on_policy_estimate
 from cascade.stages.scoring.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms
+from cascade.stages.train.loss_registry import ChoosesLoss, LossReads
 
 
-class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
+class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions, ChoosesLoss):
     kind: Literal["grpo"] = "grpo"
+    default_loss: ClassVar[str] = "grpo"
+    loss_reads: ClassVar[LossReads] = "advantages"
     name: Name
     domains: list[str]
     std_eps: Positive = 1e-6
@@ -81,6 +84,7 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions):
     not_hashed: ClassVar[frozenset[str]] = (
         OnPolicyConfig.not_hashed | ForwardOptions.FORWARD_OPTIONS | {"update_layout", "pack_length"}
     )
+    hashed_when_set: ClassVar[frozenset[str]] = OnPolicyConfig.hashed_when_set | {"loss"}
 
     @model_validator(mode="after")
     def _correction_bounds(self) -> GRPOConfig:

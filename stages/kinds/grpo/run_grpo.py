@@ -34,7 +34,7 @@ Each phase of a step runs in a `torch.profiler.record_function` range named `grp
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -59,16 +59,9 @@ from cascade.stages.train.completions import (
     runs_full_rows,
 )
 from cascade.stages.train.context import StageContext, StageResult, load_policy
-from cascade.stages.train.losses import (
-    groups_with_signal,
-    grpo_advantages,
-    grpo_loss,
-    kl_k3,
-    mis_weights,
-    shuffled_rewards,
-    tis_weights,
-    token_entropy,
-)
+from cascade.stages.train.loss_registry import LossSetting
+from cascade.stages.train.losses import groups_with_signal, grpo_advantages, shuffled_rewards, token_entropy
+from cascade.stages.train.on_policy_losses import OnPolicyLoss, TokenBatch, stage_loss
 from cascade.stages.train.packing import check_forward_options, check_packing_isolates_rows, compile_layers
 from cascade.stages.train.rollout import (
     StepRequest,
@@ -98,8 +91,8 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed, separate=ahead)
     sampling_attention = prepare_update(run, cfg)  # after the engine: a sampling copy keeps the loaded attention
     reward_source = make_reward_source(cfg.reward, ctx, inputs.stages)
-    reference = load_reference(run, cfg, inputs) if cfg.kl_coef > 0 else None
-    weighting = importance_weighting(cfg, ctx.recipe.engine.kind, run.world.dtype)
+    loss = stage_loss(cfg, LossSetting(ctx.recipe.engine.kind, run.world.dtype))
+    reference = load_reference(run, cfg, inputs) if loss.needs_reference else None
     rollouts = rollout_pipeline(engine, run, pool, cfg, reward_source, sampling_attention)
     try:
         while run.step < cfg.steps:
@@ -122,7 +115,7 @@ def run_grpo(cfg: GRPOConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
             advantages = grpo_advantages(rewards, cfg.std_eps)
 
             # update: one step, token-level loss over the kept groups
-            update = policy_update(run, cfg, weighting, batch.prompts, groups, advantages, keep, reference)
+            update = policy_update(run, cfg, loss, batch.prompts, groups, advantages, keep, reference)
             update_seconds = time.perf_counter() - step_started - rollout_seconds  # its grad norm synced the device
             run.step += 1
             with record_function("grpo.weight_sync"):  # a batch in flight finishes first: it is scored here
@@ -264,19 +257,19 @@ def load_reference(run: TrainRun, cfg: GRPOConfig, inputs: StageInputs) -> torch
 def policy_update(
     run: TrainRun,
     cfg: GRPOConfig,
-    weighting: Callable[[Tensor, Tensor], Tensor] | None,
+    loss: OnPolicyLoss,
     prompts,
     groups,
     advantages,
     keep,
     reference: torch.nn.Module | None = None,
 ) -> dict[str, float]:
-    """One optimizer step on the kept groups, each token weighted by `weighting` (importance_weighting; None: 1).
-    Returns loss, grad norm, entropy, and the train/inference logprob mismatch over the kept groups' tokens, read
-    off the update's own forward (by default), or over every sampled token with cfg.mismatch_over_dropped
-    (dropped groups then get a no-grad forward for it). Each rank takes its share of the prompts; counts and sums
-    are all-reduced, so N ranks make the update of one process. Each prompt goes through the model once for its
-    group (stages/train/completions.py)."""
+    """One optimizer step of `loss` on the kept groups (with the frozen `reference`'s logprobs where the loss
+    needs them). Returns loss, grad norm, entropy, the loss's own metrics, and the train/inference logprob
+    mismatch over the kept groups' tokens, read off the update's own forward (by default), or over every sampled
+    token with cfg.mismatch_over_dropped (dropped groups then get a no-grad forward for it). Each rank takes its
+    share of the prompts; counts and sums are all-reduced, so N ranks make the update of one process. Each prompt
+    goes through the model once for its group (stages/train/completions.py)."""
     world, pad, layout = run.world, run.tokenizer.pad_token_id, row_layout(cfg)
     rows = [(p, j) for p in world.shard(len(prompts)) for j in range(len(groups[p]))]
     batch = completion_batch([(prompts[p], groups[p][j]) for p, j in rows], pad, cfg.temperature, cfg.top_p).to(
@@ -286,7 +279,8 @@ def policy_update(
     measured = batch.mask if cfg.mismatch_over_dropped else batch.mask[kept]
     all_tokens = max(world.all_sum(float(measured.sum())), 1.0)
     gap = mismatch_sum(run, cfg, batch.select(~kept)) if cfg.mismatch_over_dropped else 0.0
-    stats = {"entropy": 0.0, "gap": gap, "kl": 0.0, "gap_max": 0.0, "corrected": 0.0}
+    stats = {"entropy": 0.0, "gap": gap, "gap_max": 0.0}
+    terms = dict.fromkeys(loss.metric_names, 0.0)
     if world.all_sum(float(kept.sum())) == 0:
         return {"logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens}
     batch = batch.select(kept)
@@ -297,38 +291,34 @@ def policy_update(
         with record_function("grpo.logprob_forward"), world.autocast():
             logp, logits = completion_logprobs(run.model, batch, part, pad, layout)  # [n, C], [n, C, V]
         m, inf_logp = batch.mask[part], batch.inf_logp[part]
-        weight = None if weighting is None else weighting(logp, inf_logp)  # [n, C]
         with torch.no_grad():
             stats["entropy"] += float((token_entropy(logits) * m).sum()) / num_tokens
             gap = (logp - inf_logp).abs() * m
             stats["gap"] += float(gap.sum())
             stats["gap_max"] = max(stats["gap_max"], float(gap.max()))
-            if weight is not None:  # tokens whose weight is not their ratio: truncated (tis) or masked (mis)
-                stats["corrected"] += float(((weight != torch.exp(logp - inf_logp)) * m).sum())
-        loss = grpo_loss(logp, logp.detach(), adv[part], m, num_tokens, weight)
-        if reference is None:
-            return loss
-        with torch.no_grad(), world.autocast():
-            ref_logp, _ = completion_logprobs(reference, batch, part, pad)
-        kl = kl_k3(logp, ref_logp, m, num_tokens)
-        stats["kl"] += float(kl.detach())
-        return loss + cfg.kl_coef * kl
+        ref_logp = None
+        if reference is not None:
+            with torch.no_grad(), world.autocast():
+                ref_logp, _ = completion_logprobs(reference, batch, part, pad)
+        value, metrics = loss(TokenBatch(logp, inf_logp, m, num_tokens, advantages=adv[part], ref_logp=ref_logp))
+        for name in terms:
+            terms[name] += metrics[name]
+        return value
 
     with record_function("grpo.forward_backward"):  # backward: this range less its logprob_forward ranges
-        loss = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
+        loss_value = backward_micro_batches(len(adv), cfg.micro_batch_size, micro_loss, run)
     with record_function("grpo.optimizer"):
         lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
-        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
+        grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss_value)
     return {
-        "loss": loss,
+        "loss": loss_value,
         "grad_norm": grad_norm,
         "lr": lr,
         "entropy": world.all_sum(stats["entropy"]),
         "logprob_mismatch": world.all_sum(stats["gap"]) / all_tokens,
         "logprob_mismatch_max": max(world.all_gather(stats["gap_max"])),
-        **({"is_corrected": world.all_sum(stats["corrected"]) / num_tokens} if weighting is not None else {}),
+        **{name: world.all_sum(total) for name, total in terms.items()},
         "tokens_trained": float(num_tokens),  # sampled tokens the loss covers
-        **({"kl": world.all_sum(stats["kl"])} if reference is not None else {}),
     }
 
 
@@ -336,20 +326,6 @@ def row_layout(cfg: GRPOConfig) -> RowLayout:
     """How the update's forwards lay out their rows (stages/train/completions.py); the reference keeps the shared
     prefix."""
     return RowLayout(cfg.update_layout, cfg.pack_length, cfg.compile)
-
-
-def importance_weighting(cfg: GRPOConfig, engine: str, dtype: str) -> Callable[[Tensor, Tensor], Tensor] | None:
-    """The stage's correction of the train/inference mismatch, (logp, inf_logp) -> token weights, or None for
-    none. auto: tis where the engine is vLLM, the stage trains in bf16 or samples a step ahead (the mismatch is
-    real there), else none."""
-    choice = cfg.importance_correction
-    if choice == "auto":
-        choice = "tis" if engine == "vllm" or dtype == "bf16" or cfg.max_staleness else "none"
-    if choice == "tis":
-        return partial(tis_weights, cap=cfg.is_cap)
-    if choice == "mis":
-        return partial(mis_weights, low=cfg.mis_band[0], high=cfg.mis_band[1])
-    return None
 
 
 @torch.no_grad()

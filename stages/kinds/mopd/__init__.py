@@ -7,7 +7,7 @@ it names); the row imports `run_mopd.py` only on its first call: validating a re
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field
 
@@ -25,10 +25,14 @@ from cascade.stages.recipe.config_base import (
     imported_on_call,
 )
 from cascade.stages.recipe.estimate import StageEstimate, on_policy_estimate
+from cascade.stages.train.loss_registry import ChoosesLoss, LossReads
 
 
-class MOPDConfig(OnPolicyConfig):
+class MOPDConfig(OnPolicyConfig, ChoosesLoss):
     kind: Literal["mopd"] = "mopd"
+    default_loss: ClassVar[str] = "mopd"
+    loss_reads: ClassVar[LossReads] = "teacher"
+    hashed_when_set: ClassVar[frozenset[str]] = OnPolicyConfig.hashed_when_set | {"loss"}
     name: Name = "mopd"
     domains: list[str] | None = None  # None: every domain that has a teacher
     # domain -> earlier stage whose checkpoint teaches it, or "source": the recipe's model source; "auto": per domain,

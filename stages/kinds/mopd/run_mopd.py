@@ -27,7 +27,9 @@ from cascade.stages.kinds.mopd import MOPDConfig
 from cascade.stages.recipe.config_base import SOURCE_EVAL
 from cascade.stages.train.completions import CompletionBatch, completion_batch, completion_logprobs
 from cascade.stages.train.context import StageContext, StageResult, load_policy
-from cascade.stages.train.losses import mopd_loss, truncated_fraction
+from cascade.stages.train.loss_registry import LossSetting
+from cascade.stages.train.losses import truncated_fraction
+from cascade.stages.train.on_policy_losses import OnPolicyLoss, TokenBatch, stage_loss
 from cascade.stages.train.rollout import (
     make_rollout_engine,
     prompt_pool,
@@ -57,6 +59,9 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     if missing:
         raise ValueError(f"MOPD stage {cfg.name!r} has no teacher for domain(s) {missing}")
     run = TrainRun(ctx, cfg, inputs.policy)
+    loss = stage_loss(cfg, LossSetting(ctx.recipe.engine.kind, run.world.dtype))
+    if loss.needs_reference:
+        raise ValueError(f"MOPD stage {cfg.name!r}: its loss wants a frozen reference, which MOPD does not load")
     engine = make_rollout_engine(ctx.recipe.engine, run, seed=ctx.recipe.seed)
     pool = prompt_pool(ctx.recipe, domains)
     teacher_pool = TeacherPool(ctx, teachers, resident=cfg.teacher_residency == "resident", device=run.world.device)
@@ -79,7 +84,7 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
 
             # update: truncated-importance-weighted reverse-KL policy gradient
             update = distill_update(
-                run, cfg, batch, teacher_logp, row_domains[mine.start : mine.stop], sorted(set(row_domains))
+                run, cfg, loss, batch, teacher_logp, row_domains[mine.start : mine.stop], sorted(set(row_domains))
             )
             run.step += 1
             engine.sync_weights(run.policy_for_sampling())
@@ -96,31 +101,43 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
 
 
 def distill_update(
-    run: TrainRun, cfg: MOPDConfig, batch: CompletionBatch, teacher_logp, row_domains: list[str], domains: list[str]
+    run: TrainRun,
+    cfg: MOPDConfig,
+    loss: OnPolicyLoss,
+    batch: CompletionBatch,
+    teacher_logp,
+    row_domains: list[str],
+    domains: list[str],
 ) -> dict[str, float]:
-    """One optimizer step on the MOPD loss over this rank's rows (row_domains: theirs; domains: every domain of
-    the step, on every rank); returns loss, grad norm, truncation, mismatch and KL per domain, all-reduced.
-    teacher_logp: [n, C], in the batch's completion columns."""
+    """One optimizer step of `loss` (by default the MOPD loss) over this rank's rows (row_domains: theirs;
+    domains: every domain of the step, on every rank); returns loss, grad norm, the loss's own metrics,
+    truncation, mismatch and KL per domain, all-reduced. teacher_logp: [n, C], in the batch's completion columns."""
     world = run.world
     mask, inf_logp = batch.mask, batch.inf_logp  # [n, C]
     local_tokens = float(mask.sum())
     num_tokens = int(world.all_sum(local_tokens))
     student_logp = torch.zeros_like(mask)
+    terms = dict.fromkeys(loss.metric_names, 0.0)
 
     def micro_loss(part: slice) -> torch.Tensor:
         with world.autocast():
             logp, _ = completion_logprobs(run.model, batch, part, run.tokenizer.pad_token_id)
         student_logp[part] = logp.detach()
-        return mopd_loss(logp, teacher_logp[part], inf_logp[part], mask[part], num_tokens, cfg.eps_low, cfg.eps_high)
+        tokens = TokenBatch(logp, inf_logp[part], mask[part], num_tokens, teacher_logp=teacher_logp[part])
+        value, metrics = loss(tokens)
+        for name in terms:
+            terms[name] += metrics[name]
+        return value
 
-    loss = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
+    loss_value = backward_micro_batches(len(row_domains), cfg.micro_batch_size, micro_loss, run)
     lr = cfg.lr * warmup_constant(run.step, cfg.warmup_steps)
-    grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss)
+    grad_norm = clip_and_step(run.model, run.optimizer, lr, cfg.grad_clip, loss_value)
     outside = float(truncated_fraction(student_logp, inf_logp, mask, cfg.eps_low, cfg.eps_high)) * local_tokens
     metrics = {
-        "loss": loss,
+        "loss": loss_value,
         "grad_norm": grad_norm,
         "lr": lr,
+        **{name: world.all_sum(total) for name, total in terms.items()},
         "truncated_fraction": world.all_sum(outside) / max(num_tokens, 1),
         "logprob_mismatch": world.all_sum(float(((student_logp - inf_logp).abs() * mask).sum())) / num_tokens,
         "tokens_sampled": float(num_tokens),

@@ -45,7 +45,7 @@ def regression_eval_cmd(
     from cascade.flows.regression_eval import default_checkpoints, regression_eval_flow
     from cascade.infra.prefect_server import LocalAPI
     from cascade.stages.evals.regression import RegressionFound, baseline_key, regressions
-    from cascade.tasks.regression import eval_targets, resolve_checkpoint
+    from cascade.tasks.regression_tasks import eval_targets, resolve_checkpoint
 
     baseline_key(baseline)
     try:
@@ -138,7 +138,7 @@ def _eval_record(recipe, store, source: str):
     from cascade.artifacts.records import EvalRecord
     from cascade.stages.evals.evaluate import evaluate_model
     from cascade.stages.evals.regression import read_eval_record
-    from cascade.tasks.regression import resolve_checkpoint
+    from cascade.tasks.regression_tasks import resolve_checkpoint
 
     if source.endswith(".json"):
         local = Path(source)
