@@ -34,7 +34,7 @@ def eval_task(recipe: Recipe, run_id: str, stage: str, index: int, model: Checkp
         store,
         key,
         model,
-        lambda part: progress_for(f"eval {stage}: {part}"),
+        lambda part: progress_for(f"eval {stage}: {part}", "items"),
         announce=lambda line: get_run_logger().info(f"eval {stage}: {line}"),
     )
     scores = record.scores

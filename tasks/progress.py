@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-ProgressFactory = Callable[[str], Callable[[int, int], None]]
+ProgressFactory = Callable[[str, str], Callable[[int, int], None]]  # (label, unit) -> (done, total) -> None
 Progress = Callable[[int, int], None]
 _factory: ProgressFactory | None = None
 FAULT_ENV = "CASCADE_TEST_FAIL_STAGE"
@@ -31,15 +31,16 @@ def set_progress_factory(factory: ProgressFactory | None) -> None:
     _factory = factory
 
 
-def progress_for(label: str) -> Progress:
+def progress_for(label: str, unit: str) -> Progress:
+    """The CLI's callback for work labelled `label` that counts `unit`s (steps, items, prompts)."""
     if _factory is None:
         return lambda done, total: None
-    return _factory(label)
+    return _factory(label, unit)
 
 
-def stage_progress(label: str, run_id: str, stage: str) -> Progress:
+def stage_progress(label: str, unit: str, run_id: str, stage: str) -> Progress:
     """One callback: the CLI bar, the stage's Prefect progress artifact, and the fault hook."""
-    parts = (progress_for(label), _artifact_progress(label), _fault_hook(run_id, stage))
+    parts = (progress_for(label, unit), _artifact_progress(label), _fault_hook(run_id, stage))
 
     def update(done: int, total: int) -> None:
         for part in parts:

@@ -97,7 +97,8 @@ def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs
     tracker = Tracker(recipe, run_id) if tracking_on(recipe.tracking) else None
     sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
     steps = StepLog(store, run_id, index, cfg.name)  # the report's curves; exact under resume (restore)
-    progress = stage_progress(f"{index:02d} {cfg.kind}:{cfg.name}", run_id, cfg.name)
+    label = f"{index:02d} {cfg.kind}:{cfg.name}"
+    progress = stage_progress(label, kind_of(cfg.kind).progress_unit, run_id, cfg.name)
     started = time.time()
     memory = PeakMemory()
     try:

@@ -80,6 +80,7 @@ def test_the_runnable_readme_blocks_run_as_written(tmp_path):
     assert "resuming first" in out and "regression eval against baseline 'nightly'" in out
     # no terminal here: each stage's progress is plain lines, its first step and its last among them
     assert re.search(r"^01 sft:sft: 1/6 steps, 0:\d\d$", out, re.M) and re.search(r"^01 sft:sft: 6/6 steps", out, re.M)
+    assert re.search(r"^02 difficulty:difficulty: 8/8 prompts, ", out, re.M)  # a filter counts what it samples
     said = out + result.stderr
     assert "WARNING" not in said and "Warning" not in said, said[-3000:]
     assert "| INFO" not in said and "Error logging to API" not in said, said[-3000:]

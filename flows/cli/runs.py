@@ -63,7 +63,7 @@ def execute(recipe, run_id: str) -> None:
             os.environ[COMPUTE_LIMIT_ENV] = NO_COMPUTE_LIMIT
         bars: dict[str, Any] = {}
 
-        def factory(label: str):
+        def factory(label: str, unit: str):
             def update(done: int, total: int) -> None:
                 if label not in bars:
                     bars[label] = progress.add_task(label, total=total)
@@ -87,13 +87,13 @@ PROGRESS_LINE_EVERY_S = 30.0
 
 
 def progress_lines(console: Any, every: float = PROGRESS_LINE_EVERY_S):
-    """A progress factory that prints `<stage>: <done>/<total> steps, <elapsed>` lines (an eval's benchmark:
-    `eval <stage>: <benchmark>: <done>/<total> items`), for a console that is not a terminal (where rich draws its
-    bars only once, at the end)."""
+    """A progress factory that prints `<stage>: <done>/<total> <unit>, <elapsed>` lines (a training stage's steps,
+    a difficulty filter's prompts; an eval's benchmark: `eval <stage>: <benchmark>: <done>/<total> items`), for a
+    console that is not a terminal (where rich draws its bars only once, at the end)."""
     shown: dict[str, float] = {}
     started: dict[str, float] = {}
 
-    def factory(label: str):
+    def factory(label: str, unit: str):
         def update(done: int, total: int) -> None:
             now = time.monotonic()
             started.setdefault(label, now)
@@ -101,7 +101,6 @@ def progress_lines(console: Any, every: float = PROGRESS_LINE_EVERY_S):
                 return
             shown[label] = now
             elapsed = int(now - started[label])
-            unit = "items" if label.startswith("eval ") else "steps"  # an eval's benchmark answers items
             console.print(f"{label}: {done}/{total} {unit}, {elapsed // 60}:{elapsed % 60:02d}", highlight=False)
 
         return update

@@ -78,6 +78,7 @@ class StageKind:
     # the stage's config chooses its teachers from the evals (MOPD's `teachers: auto`): the flow fills them in
     # before the stage runs, and the recipe needs evals on
     chooses_teachers: Callable[[Any], bool] | None = None
+    progress_unit: str = "steps"  # what its progress counts (`<done>/<total> <unit>` in the CLI's lines)
 
     def __post_init__(self) -> None:
         if self.distributable and not issubclass(self.config, TrainingConfig):

@@ -383,7 +383,7 @@ def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeyp
     clock = [100.0]
     monkeypatch.setattr(runs.time, "monotonic", lambda: clock[0])
     out = io.StringIO()
-    update = runs.progress_lines(Console(file=out, width=200), every=30.0)("01 sft:sft")
+    update = runs.progress_lines(Console(file=out, width=200), every=30.0)("01 sft:sft", "steps")
     for step in range(1, 101):  # a step every 0.7 s: 70 s in all
         clock[0] += 0.7
         update(step, 100)
@@ -393,7 +393,7 @@ def test_without_a_terminal_progress_is_a_line_per_interval_and_the_last(monkeyp
         "01 sft:sft: 87/100 steps, 1:00",
         "01 sft:sft: 100/100 steps, 1:09",
     ]
-    evals = runs.progress_lines(Console(file=out, width=200), every=30.0)("eval sft: ifeval")
+    evals = runs.progress_lines(Console(file=out, width=200), every=30.0)("eval sft: ifeval", "items")
     evals(541, 541)
     assert out.getvalue().splitlines()[-1] == "eval sft: ifeval: 541/541 items, 0:00"
 

@@ -114,5 +114,6 @@ register_kind(
         holds_compute=False,
         estimate=_estimate_difficulty,
         report_card=DIFFICULTY_CARD,
+        progress_unit="prompts",
     )
 )
