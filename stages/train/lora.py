@@ -30,6 +30,7 @@ import torch
 from cascade.stages.recipe.config_base import LoraConfig
 
 ADAPTER_DIR = "adapter"  # beside model/ in a stage checkpoint
+BASE_MODEL_DIR = "base_model"  # beside them: the model an adapter adapts, where no other place holds it
 ADAPTER = "default"  # peft's name for the one adapter a stage trains
 
 
@@ -79,12 +80,14 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return merged
 
 
-def save_adapter(model: torch.nn.Module, out_dir: Path) -> None:
+def save_adapter(model: torch.nn.Module, out_dir: Path, base: str) -> None:
     """The adapter (A, B and the trained heads) in peft's format: adapter_config.json and adapter_model.safetensors
-    under the `base_model.model.` prefix that `PeftModel.from_pretrained` expects."""
+    under the `base_model.model.` prefix that `PeftModel.from_pretrained` expects. base: where the model it adapts
+    is (its config's base_model_name_or_path)."""
     import peft
     from safetensors.torch import save_file
 
+    model.peft_config[ADAPTER].base_model_name_or_path = base
     out_dir.mkdir(parents=True, exist_ok=True)
     state = peft.get_peft_model_state_dict(model, adapter_name=ADAPTER)
     save_file(

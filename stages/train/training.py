@@ -43,8 +43,16 @@ from cascade.stages.train.context import (
     save_model_checkpoint,
     set_rng_state,
 )
-from cascade.stages.train.lora import ADAPTER_DIR, MergedCopy, add_lora, merged_state_dict, save_adapter
-from cascade.stages.train.model import load_hf
+from cascade.stages.train.lora import (
+    ADAPTER_DIR,
+    BASE_MODEL_DIR,
+    MergedCopy,
+    add_lora,
+    merged_state_dict,
+    save_adapter,
+)
+from cascade.stages.train.model import initial_model, load_hf, save_hf
+from cascade.stages.train.model_source import resolve_model_dir
 from cascade.stages.train.precision import sampling_dtype
 
 Row = TypeVar("Row")
@@ -185,6 +193,21 @@ class TrainRun:
         self.model.train()
         self._step_started = time.perf_counter()
 
+    def _adapter_base(self, key: str, local: Path) -> str:
+        """Where the model the adapter adapts can be loaded from: the parent checkpoint's model/, the recipe's
+        model source, or (a model built from its config, which is saved nowhere else) a copy in the checkpoint's
+        own base_model/. A file store's location is its path, which `from_pretrained` reads."""
+        store = self.ctx.store
+        where = store.path if store.protocol == "file" else store.uri
+        if self.start is not None:
+            return where(f"{self.start.key}/model")
+        source = self.ctx.recipe.model.source
+        if source != "tiny":
+            return str(resolve_model_dir(source, self.ctx.workdir) or source)
+        base, tokenizer = initial_model(self.ctx.recipe.model, self.ctx.recipe.seed)
+        save_hf(base, tokenizer, local / BASE_MODEL_DIR)
+        return where(f"{key}/{BASE_MODEL_DIR}")
+
     def _adapted(self, model: torch.nn.Module, heads: tuple[str, ...]) -> torch.nn.Module:
         return model if self.cfg.lora is None else add_lora(model, self.cfg.lora, self.ctx.recipe.seed, heads)
 
@@ -266,7 +289,7 @@ class TrainRun:
         weights = full_state_dict(self.model, self.world)  # a collective; None in one process
         if self.cfg.lora is not None:  # one process (the recipe refuses LoRA on more ranks)
             weights = merged_state_dict(self.model)
-            save_adapter(self.model, local / ADAPTER_DIR)
+            save_adapter(self.model, local / ADAPTER_DIR, self._adapter_base(key, local))
         self.world.barrier()
         ref = None
         if self.world.is_main:

@@ -63,7 +63,7 @@ def test_the_merged_weights_are_w_plus_scaled_ba_and_give_the_adapted_model(tmp_
     adapted_logits = model(input_ids=ids).logits
     assert torch.allclose(plain(input_ids=ids).logits, adapted_logits, atol=1e-5)
 
-    save_adapter(model, tmp_path / "adapter")  # peft's format, on the model the stage started from
+    save_adapter(model, tmp_path / "adapter", str(tmp_path / "base"))  # peft's format, on the stage's start
     start = build_tiny_model(SMALL, len(tok), seed=0)
     loaded = PeftModel.from_pretrained(start, str(tmp_path / "adapter"))
     assert torch.allclose(loaded(input_ids=ids).logits, adapted_logits, atol=1e-5)
@@ -124,3 +124,28 @@ def test_grpo_learns_through_lora_and_commits_a_plain_model_with_its_adapter(tmp
     assert model.model.layers[0].self_attn.q_proj.weight.shape == (SMALL.hidden_size, SMALL.hidden_size)
     adapter = load_file(ctx.store.path(f"{ctx.key}/adapter/adapter_model.safetensors"))
     assert any(k.endswith("lora_B.weight") for k in adapter)
+
+
+def test_an_sft_adapter_names_a_base_it_reloads_on(tmp_path):
+    """micro's SFT through LoRA starts from a model built from its config, saved nowhere else: the checkpoint keeps
+    it in base_model/, the adapter's config names that place, and peft's adapter on it gives the merged model."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from cascade.stages.kinds.sft.run_sft import run_sft
+    from cascade.stages.kinds.sft_data.run_sft_data import run_sft_data
+
+    recipe = micro_recipe(tmp_path, "stages.sft.lora={rank: 4, alpha: 8}", "stages.sft.steps=2")
+    data = run_sft_data(recipe.stage("sft_data"), stage_ctx(recipe, tmp_path, "sft_data"), StageInputs()).checkpoint
+    ctx = stage_ctx(recipe, tmp_path, "sft")
+    run_sft(recipe.stage("sft"), ctx, StageInputs(stages={"sft_data": data}))
+    adapter = ctx.store.path(f"{ctx.key}/adapter")
+    base = json.loads(open(f"{adapter}/adapter_config.json").read())["base_model_name_or_path"]
+    assert base == ctx.store.path(f"{ctx.key}/base_model")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter).eval()
+    merged = AutoModelForCausalLM.from_pretrained(ctx.store.path(f"{ctx.key}/model")).eval()
+    ids = torch.tensor([load_tokenizer().encode("The adapter on its base is the merged model.")])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0)
