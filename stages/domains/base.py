@@ -12,7 +12,10 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:  # a domain that builds preference pairs returns them (stages/domains/chat.py)
+    from cascade.stages.datasets.preferences import PreferencePair
 
 Split = Literal["train", "dev", "heldout"]
 EVAL_SPLITS: tuple[Split, ...] = ("heldout", "dev")  # what a recipe evaluates or tunes on: never trained on
@@ -39,9 +42,12 @@ def split_of(key: str) -> Split:
 class Domain:
     """Subclasses implement `sample` (one random item) and `grade`; the split logic lives here once. A domain that
     can also take a real benchmark's questions as its items returns them from `questions` (and, where the
-    benchmark has splits of its own, says each one's in `question_split`)."""
+    benchmark has splits of its own, says each one's in `question_split`). The optional hooks below default to
+    "none": no per-sample details for the eval (`grade_details`, `summarize_details`), no preference pairs
+    (`builds_pairs`, `pairs`)."""
 
     name: str = ""
+    builds_pairs: ClassVar[bool] = False  # True: `pairs` builds preference pairs, which a reward model trains on
 
     def sample(self, rng: random.Random) -> Item:
         raise NotImplementedError
@@ -65,6 +71,19 @@ class Domain:
 
     def grade_batch(self, items: list[Item], completions: list[str]) -> list[float]:
         return [self.grade(item, c) for item, c in zip(items, completions, strict=True)]
+
+    def grade_details(self, item: Item, completion: str) -> dict[str, Any] | None:
+        """One sample's grade with what the eval reports beside its score: JSON-able, with a "score". None (the
+        default): the domain keeps no details, and the eval grades with one `grade_batch` call."""
+        return None
+
+    def summarize_details(self, details: list[dict[str, Any]]) -> dict[str, float]:
+        """The domain's own eval metrics from every sample's `grade_details`; {} (the default): none."""
+        return {}
+
+    def pairs(self, split: Split, n: int, seed: int) -> list[PreferencePair]:
+        """n preference pairs (chosen, rejected) of one split; only a domain whose `builds_pairs` is True has them."""
+        raise NotImplementedError(f"domain {self.name!r} builds no preference pairs")
 
     def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
         """Real benchmark loaders this domain grades: name -> loader(data_root) -> items."""

@@ -125,6 +125,7 @@ def junk_words(n: int, rng: random.Random) -> list[str]:
 
 class ChatDomain(Domain):
     name = "chat"
+    builds_pairs = True
 
     def sample(self, rng: random.Random) -> Item:
         entity, topic, tone = rng.choice(ENTITIES), rng.choice(list(TOPIC_WORDS)), rng.choice(list(TONES))

@@ -5,9 +5,10 @@ score and a training reward measure one thing. A sample counts as correct when i
 
 - `evaluate_benchmark` generates `samples` completions per item (greedy when samples == 1, else sampled at
   `temperature`) and reports pass@1 and, with samples k > 1, the unbiased pass@k of Chen et al. (2021):
-  1 - C(n-c, k) / C(n, k) per item, averaged over items. Domains may add their own metrics through two optional
-  hooks: `grade_details(item, completion) -> dict` (JSON-able, with a "score") and `summarize_details(details)
-  -> dict[str, float]` (IFEval's prompt- and instruction-level strict/loose accuracy).
+  1 - C(n-c, k) / C(n, k) per item, averaged over items. Domains may add their own metrics through two hooks
+  of `Domain` that default to none: `grade_details(item, completion) -> dict | None` (JSON-able, with a "score")
+  and `summarize_details(details) -> dict[str, float]` (IFEval's prompt- and instruction-level strict/loose
+  accuracy).
   Items whose `meta["groups"]` names axes (MATH's level and subject, MMLU-Pro's category) also get pass@1 per
   group, as `pass@1/<axis>=<value>`.
 - `grade_rows` scores completions made elsewhere: each row is a benchmark item plus a `completion`. A bad row
@@ -70,9 +71,9 @@ def is_correct(score: float) -> bool:
 def score_items(
     domain: Domain, items: list[Item], completions: list[list[str]]
 ) -> tuple[list[list[float]], list[list[dict]]]:
-    """Scores and per-sample details (empty dicts when the domain has no `grade_details`)."""
-    details_fn = getattr(domain, "grade_details", None)
-    if details_fn is None:  # one grade_batch call: a domain may grade in parallel (e.g. code in sandboxes)
+    """Scores and per-sample details (empty dicts when the domain keeps none: its `grade_details` is None)."""
+    details = [[domain.grade_details(item, c) for c in group] for item, group in zip(items, completions, strict=True)]
+    if all(d is None for group in details for d in group):  # one grade_batch call: a domain may grade in parallel
         flat = domain.grade_batch(
             [it for it, g in zip(items, completions, strict=True) for _ in g], [c for g in completions for c in g]
         )
@@ -81,7 +82,6 @@ def score_items(
             scores.append([float(x) for x in flat[start : start + len(group)]])
             start += len(group)
         return scores, [[{} for _ in group] for group in completions]
-    details = [[details_fn(item, c) for c in group] for item, group in zip(items, completions, strict=True)]
     return [[float(d["score"]) for d in group] for group in details], details
 
 
@@ -99,9 +99,7 @@ def summarize(
     flat = [x for s in scores for x in s]
     metrics["mean_score"] = sum(flat) / len(flat)
     metrics.update(pass_at_1_by_group(items, scores))
-    summary_fn = getattr(domain, "summarize_details", None)
-    if summary_fn is not None:
-        metrics.update(summary_fn([d for group in details for d in group]))
+    metrics.update(domain.summarize_details([d for group in details for d in group]))
     return metrics
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cascade.stages.kinds import kind_of
-from cascade.stages.recipe.config_base import SOURCE_EVAL, ComputeConfig, OnPolicyConfig, StageConfig
+from cascade.stages.recipe.config_base import SOURCE_EVAL, ComputeConfig, OnPolicyConfig, StageConfig, TrainingConfig
 from cascade.stages.recipe.estimate import StageEstimate
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.sections import EngineConfig, GateConfig
@@ -255,6 +255,12 @@ def dag_lines(recipe: Recipe) -> list[str]:
                 lines.append(f"    |- ranks: {placement(recipe.compute_for(cfg))}")
                 if isinstance(cfg, OnPolicyConfig):  # it samples from its own policy as it trains
                     lines.append(f"    |- rollouts: {rollout_placement(recipe.engine, recipe.compute_for(cfg))}")
+                if isinstance(cfg, TrainingConfig) and cfg.lora is not None:
+                    lora = cfg.lora
+                    lines.append(
+                        f"    |- lora: rank {lora.rank}, alpha {lora.alpha:g} on {lora.target_modules}; the checkpoint "
+                        "holds the merged model and the adapter"
+                    )
         else:
             benches = "".join(f", {b}" for b in recipe.eval.benchmarks)
             splits = "held-out and dev" if recipe.eval.split == "heldout" else recipe.eval.split

@@ -51,6 +51,11 @@ def test_plan_draws_the_dag_and_estimates_by_the_stated_formulas(tmp_path):
     assert "|- eval: math, instruct held-out and dev" in walk
     walk = cascade("plan", "tiny-regression", "eval.split=dev", home=tmp_path / "home").stdout
     assert "|- eval: math, instruct dev" in walk
+    walk = cascade(
+        "plan", "micro", "stages.sft.lora={rank: 4, alpha: 8, target_modules: [q_proj]}", home=tmp_path
+    ).stdout
+    lora = [line for line in walk.splitlines() if "|- lora" in line]
+    assert lora == ["    |- lora: rank 4, alpha 8 on ['q_proj']; the checkpoint holds the merged model and the adapter"]
     assert rows["MOPD recovery"]["teacher_tokens"] == 40 * 16 * 4 * int(mean_new)
     cpu = PROFILES["cpu"]
     assert rows["sft"]["seconds"] == pytest.approx(6 * real * rows["sft"]["tokens_trained"] / cpu.train_flops)

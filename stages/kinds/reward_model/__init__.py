@@ -128,7 +128,7 @@ def _check_reward_model(cfg: RewardModelConfig, earlier: list[StageConfig], doma
                 raise ValueError(
                     f"stage {cfg.name!r}: on_policy pairs' domain {cfg.pairs.domain!r} is not declared in `domains`"
                 )
-        elif cfg.pairs.domain not in domain_names() or not hasattr(get_domain(cfg.pairs.domain), "pairs"):
+        elif cfg.pairs.domain not in domain_names() or not get_domain(cfg.pairs.domain).builds_pairs:
             raise ValueError(f"stage {cfg.name!r}: domain {cfg.pairs.domain!r} builds no preference pairs")
         return
     from pathlib import Path
