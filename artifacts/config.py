@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -17,16 +18,19 @@ from cascade.artifacts.urls import credential_error
 
 
 class Strict(BaseModel):
-    """Every config model: unknown keys are errors, values are immutable once validated."""
+    """Every config model: unknown keys are errors, values are immutable once validated. What its hash
+    (`config_hash`) leaves out, a config says in `not_hashed` and `hashed_when_set` (a stage config does)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # a value may be a secret
+    not_hashed: ClassVar[frozenset[str]] = frozenset()  # fields irrelevant to its result
+    hashed_when_set: ClassVar[frozenset[str]] = frozenset()  # fields hashed only when not None
 
 
-def config_hash(cfg: BaseModel) -> str:
+def config_hash(cfg: Strict) -> str:
     """Stable short hash of a config: part of every checkpoint's provenance and cache key."""
-    exclude = set(getattr(cfg, "not_hashed", ()))  # fields a config declares irrelevant to its result
-    exclude |= {name for name in getattr(cfg, "hashed_when_set", ()) if getattr(cfg, name) is None}
-    blob = json.dumps(cfg.model_dump(mode="json", exclude=exclude), sort_keys=True).encode()
+    dumped = cfg.model_dump(mode="json", exclude=set(cfg.not_hashed))
+    hashed = {k: v for k, v in dumped.items() if v is not None or k not in cfg.hashed_when_set}
+    blob = json.dumps(hashed, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -161,6 +161,9 @@ class MLflowSink:
         if len(self.buffer) >= FLUSH_EVERY:
             self.flush()
 
+    def restore(self, step: int, history: list[dict[str, float]]) -> None:
+        """Nothing to replace on a resume (a MetricSink's `restore`): MLflow keeps each step's metrics as logged."""
+
     def flush(self) -> None:
         if self.buffer:
             if self._pool is None:

@@ -132,6 +132,9 @@ class TimedSink:
         self.sink.log(step, metrics)
         self.spent.append(time.perf_counter() - start)
 
+    def restore(self, step, history):
+        self.sink.restore(step, history)
+
 
 def bench_tracking(repeats: int, steps: int, recipe_name: str, tmp: Path) -> list[tuple[str, float]]:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -122,8 +122,9 @@ def _override_stages(raw: dict[str, Any], req: RunRequest) -> None:
                 raise RecipeError(f"stages.{name}: a {stage.get('kind')} stage has no steps or lr")
             continue
         per_stage = req.stages.get(name, StageOverride())
-        for field in ("steps", "lr"):
-            value = getattr(per_stage, field) if getattr(per_stage, field) is not None else getattr(req, field)
+        steps = per_stage.steps if per_stage.steps is not None else req.steps
+        lr = per_stage.lr if per_stage.lr is not None else req.lr
+        for field, value in (("steps", steps), ("lr", lr)):
             if value is not None:
                 stage[field] = value
         warmup = row.config.model_fields.get("warmup_steps")

@@ -58,6 +58,10 @@ class DriverSink:
             shown = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float)))
             print(f"[{self.stage}] step {step}: {shown}", file=sys.stderr, flush=True)
 
+    def restore(self, step: int, history: list[dict[str, float]]) -> None:
+        """No history to replace (stages.train.context.MetricSink.restore): its rows are what this process logged;
+        the run's step log (StepLog) holds the stage's whole history."""
+
 
 def run_stages(recipe: Recipe, run_id: str, only: list[str] | None = None, log_every: int = 10) -> dict[str, Any]:
     """The walk's stage steps in order (or through the last of those named in `only`, running only those);

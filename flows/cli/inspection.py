@@ -107,7 +107,7 @@ def stage_positions(store, run_id: str, recipe) -> list[tuple[str, str, int | No
         if committed(store, key) is not None:
             positions.append((cfg.name, "committed, skipped", None))
         elif steps:
-            of = getattr(cfg, "steps", "?")
+            of = cfg.step_count() or "?"
             positions.append((cfg.name, f"continues from its step checkpoint {steps[-1]} of {of}", steps[-1]))
         else:
             positions.append((cfg.name, "starts", None))

@@ -181,6 +181,7 @@ class HFEngine:
         self.unseeded = 0  # prompts drawn so far without a seed: where the engine's own seed stream continues
         self.last_plan: SlotPlan | None = None  # the slots and KV cache of the last continuous call
         self.announce = announce  # told each continuous call's plan before its cache is allocated
+        self.last_sync: dict[str, float] = {}  # a sync copies nothing and checks nothing (RolloutEngine.last_sync)
 
     def generate(
         self,

@@ -39,6 +39,9 @@ class RolloutEngine(Protocol):
     """What a stage needs from an inference engine."""
 
     name: str  # "hf" | "vllm"; recorded in stage metrics
+    # the last weight sync's timings and logprob probe ("total_s", "probe_max_abs_diff", ...): an engine that
+    # checks its weights after a sync (vLLM) fills it; one that samples the trainer's own tensors (HF) keeps it empty
+    last_sync: dict[str, float]
 
     def generate(
         self,

@@ -218,6 +218,19 @@ class StageConfig(Strict):
         """The temperature it samples its policy at; None: it samples none."""
         return None
 
+    def named_domains(self) -> list[str]:
+        """The recipe domains its `domains:` names; [] where it names none (its kind has no such key, or it is
+        unset and the kind takes its default)."""
+        return []
+
+    def step_count(self) -> int | None:
+        """The optimizer steps it takes (its step checkpoints count up to them); None: it trains nothing."""
+        return None
+
+    def compute_override(self) -> ComputeOverride | None:
+        """Its own `compute:` keys over the recipe's; None: it sets none (only a training stage may)."""
+        return None
+
     def check_compute(self, compute: ComputeConfig) -> None:
         """Refuse (ValueError) a placement the stage cannot run in; `compute`: the recipe's with the stage's own
         keys in place."""
@@ -261,6 +274,12 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     # the field existed.
     hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
 
+    def step_count(self) -> int | None:
+        return self.steps
+
+    def compute_override(self) -> ComputeOverride | None:
+        return self.compute
+
     def check_compute(self, compute: ComputeConfig) -> None:
         if self.lora is not None and compute.world_size > 1:
             raise ValueError(f"stage {self.name!r}: lora trains in one process; set its compute to one rank")
@@ -295,18 +314,16 @@ class MicroBatched(Strict):
 
     @model_validator(mode="after")
     def _fits_its_batch_and_steps(self, info: ValidationInfo) -> MicroBatched:
-        if self._changed("micro_batch_size") and self.micro_batch_size > self.batch_size:
+        fields = type(self).model_fields
+        if self.micro_batch_size != fields["micro_batch_size"].default and self.micro_batch_size > self.batch_size:
             raise ValueError(f"micro_batch_size {self.micro_batch_size} is larger than batch_size {self.batch_size}")
         if self.warmup_steps > self.steps and not (info.context or {}).get(STORED):
-            default = "" if self._changed("warmup_steps") else " (the default)"
+            default = "" if self.warmup_steps != fields["warmup_steps"].default else " (the default)"
             raise ValueError(
                 f"warmup_steps {self.warmup_steps}{default} is more than steps {self.steps}: the learning rate would "
                 "never reach its peak; set warmup_steps"
             )
         return self
-
-    def _changed(self, name: str) -> bool:
-        return getattr(self, name) != type(self).model_fields[name].default
 
 
 class OnPolicyConfig(TrainingConfig):
@@ -340,7 +357,7 @@ class OnPolicyConfig(TrainingConfig):
 
     @model_validator(mode="after")
     def _floor_fits(self) -> OnPolicyConfig:
-        domains = getattr(self, "domains", None) or []
+        domains = self.named_domains()
         if self.min_prompts_per_domain * len(domains) > self.prompts_per_step:
             raise ValueError(
                 f"stage {self.name!r}: min_prompts_per_domain {self.min_prompts_per_domain} x "

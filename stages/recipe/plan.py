@@ -84,29 +84,26 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     is not on this machine)."""
     if params is not None:
         return ModelSize(int(params), int(active or params), from_config=False)
-    import tempfile
-
     import torch
 
     from cascade.stages.train.model import build_tiny_model
-    from cascade.stages.train.model_source import ModelSourceError, resolve_model_dir
+    from cascade.stages.train.model_source import ModelSourceError, model_config
     from cascade.stages.train.tokenizer import load_tokenizer
 
-    with tempfile.TemporaryDirectory(prefix="cascade-plan-") as work:
-        try:
-            model_dir = resolve_model_dir(recipe.model.source, Path(work))  # off meta: smollm2's first use converts it
-        except ModelSourceError as e:
-            raise ModelSourceError(
-                f"{e}; to plan for a model that is not on this machine, give its size: --params N "
-                "(and --active-params N for a mixture of experts)"
-            ) from None
-        with torch.device("meta"):
-            if model_dir is None:
-                model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
-            else:
-                from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        config = model_config(recipe.model.source)  # no weights read, none converted
+    except ModelSourceError as e:
+        raise ModelSourceError(
+            f"{e}; to plan for a model that is not on this machine, give its size: --params N "
+            "(and --active-params N for a mixture of experts)"
+        ) from None
+    with torch.device("meta"):
+        if config is None:
+            model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
+        else:
+            from transformers import AutoModelForCausalLM
 
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(model_dir)))
+            model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
     return ModelSize(total, int(active or total), from_config=True)
 
@@ -149,12 +146,13 @@ def split_answers(recipe: Recipe, domain: str) -> list[tuple[str, int]]:
 def benchmark_size(name: str, recipe: Recipe) -> int | None:
     """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
     sets up their checkers); None: it has no file here."""
-    from cascade.stages.domains.benchdata import benchmark_registry, is_url, read_rows
+    from cascade.stages.domains.benchdata import JsonlBenchmark, benchmark_registry, is_url, read_rows
 
     user_file = recipe.eval.benchmarks[name].file
     if user_file is not None:
         return None if is_url(user_file) else len(read_rows(Path(user_file)))
-    relpath = getattr(benchmark_registry()[name].loader, "relpath", None)
+    loader = benchmark_registry()[name].loader
+    relpath = loader.relpath if isinstance(loader, JsonlBenchmark) else None  # another loader: no one file
     path = recipe.eval.resolved_data_root() / relpath if relpath else None
     return len(read_rows(path)) if path is not None and path.is_file() else None
 
@@ -181,8 +179,18 @@ class Plan:
     rows: list[StageEstimate]  # stages and evals, in the order the flow runs them
     recovery: StageEstimate | None  # one MOPD recovery, if the gate may branch into it
 
-    def total(self, attr: str) -> float:
-        return sum(getattr(r, attr) for r in self.rows)
+    def total(self) -> StageEstimate:
+        """Every row's figures summed (a recovery, which may not run, is not a row)."""
+        rows = self.rows
+        return StageEstimate(
+            "total",
+            "",
+            tokens_sampled=sum(r.tokens_sampled for r in rows),
+            tokens_trained=sum(r.tokens_trained for r in rows),
+            teacher_tokens=sum(r.teacher_tokens for r in rows),
+            storage_bytes=sum(r.storage_bytes for r in rows),
+            seconds=sum(r.seconds for r in rows),
+        )
 
 
 def recovery_label(gate: GateConfig) -> str:
@@ -302,9 +310,10 @@ def render_table(plan: Plan) -> str:
         f"{_human(r.storage_bytes, 'B')} | {_duration(r.seconds)} |"
         for r in plan.rows
     ]
+    total = plan.total()
     body.append(
-        f"| **total** | | {_human(plan.total('tokens_sampled'))} | {_human(plan.total('tokens_trained'))} | "
-        f"{_human(plan.total('storage_bytes'), 'B')} | {_duration(plan.total('seconds'))} |"
+        f"| **total** | | {_human(total.tokens_sampled)} | {_human(total.tokens_trained)} | "
+        f"{_human(total.storage_bytes, 'B')} | {_duration(total.seconds)} |"
     )
     if plan.recovery:
         r = plan.recovery

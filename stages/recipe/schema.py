@@ -147,7 +147,7 @@ class Recipe(Strict):
 
     def compute_for(self, stage: StageConfig) -> ComputeConfig:
         """The recipe's compute settings with the stage's own `compute:` keys in place of the recipe's."""
-        override = getattr(stage, "compute", None)
+        override = stage.compute_override()
         return self.compute if override is None else override.over(self.compute)
 
     def model_stages(self) -> list[StageConfig]:
@@ -183,7 +183,7 @@ def _stage_error(message: str) -> PydanticCustomError:
 
 
 def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[str]) -> None:
-    missing = sorted(set(getattr(stage, "domains", None) or []) - domains)
+    missing = sorted(set(stage.named_domains()) - domains)
     if missing:
         raise ValueError(f"stage {stage.name!r} names domain(s) {missing} not declared in `domains`")
     for read in stage.reads():

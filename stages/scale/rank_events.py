@@ -11,7 +11,7 @@ from typing import Any
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.kinds import StageInputs, run_stage
-from cascade.stages.train.context import StageContext, StageResult, stage_workdir
+from cascade.stages.train.context import MetricSink, StageContext, StageResult, stage_workdir
 
 
 def error_line(error: BaseException) -> str:
@@ -65,9 +65,7 @@ def forward_event(ctx: StageContext, event: dict[str, Any]) -> StageResult | Non
         name, level, message = event["note"]
         logging.getLogger(name).log(level, message)
     elif "restore" in event:
-        restore = getattr(ctx.log, "restore", None)
-        if restore is not None:
-            restore(*event["restore"])
+        ctx.log.restore(*event["restore"])
     elif "progress" in event:
         ctx.progress(*event["progress"])
     elif "result" in event:
@@ -88,7 +86,7 @@ class ForwardLogs(logging.Handler):
         self.sink.note(record.name, record.levelno, record.getMessage())
 
 
-class EventSink:
+class EventSink(MetricSink):
     """Rank 0's metric sink and progress callback: one JSON line per event, flushed at once."""
 
     def __init__(self, path: Path):
@@ -122,6 +120,6 @@ class EventSink:
         )
 
 
-class NullSink:
+class NullSink(MetricSink):
     def log(self, step: int, metrics: dict[str, float]) -> None:
         pass

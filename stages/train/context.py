@@ -36,9 +36,14 @@ ModelLoad = Callable[[Path], tuple[torch.nn.Module, PreTrainedTokenizerFast]]
 class MetricSink(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
+    def restore(self, step: int, history: list[dict[str, float]]) -> None:
+        """A resume from the step checkpoint at `step`, whose `history` (one entry per step up to it) is the truth
+        of what was logged: a sink that keeps a history (the run's step log) replaces its own with it; one that
+        keeps none does nothing (this default)."""
+
 
 @dataclass
-class ListSink:
+class ListSink(MetricSink):
     rows: list[tuple[int, dict[str, float]]] = field(default_factory=list)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -48,9 +53,9 @@ class ListSink:
         return [m[name] for _, m in self.rows if name in m]
 
 
-class TeeSink:
+class TeeSink(MetricSink):
     """Every step's metrics to each sink (MLflow or a list, and the run's step log); a resume's restored history
-    to those that keep one."""
+    to each, for those that keep one."""
 
     def __init__(self, *sinks: MetricSink):
         self.sinks = sinks
@@ -61,8 +66,7 @@ class TeeSink:
 
     def restore(self, step: int, history: list[dict[str, float]]) -> None:
         for sink in self.sinks:
-            if hasattr(sink, "restore"):
-                sink.restore(step, history)
+            sink.restore(step, history)
 
 
 def _no_progress(done: int, total: int) -> None:

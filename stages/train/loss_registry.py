@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import field_validator, model_validator
 
@@ -53,11 +53,14 @@ def unregister_loss(name: str) -> None:
 
 class ChoosesLoss(Strict):
     """An on-policy stage's `loss:`, a registered loss's name; None: the kind's own (`default_loss`). A kind
-    takes the losses that read what it gives (`loss_reads`)."""
+    takes the losses that read what it gives (`loss_reads`). A mixin of a stage config (StageConfig)."""
 
     loss: str | None = None
     default_loss: ClassVar[str]
     loss_reads: ClassVar[LossReads]
+    if TYPE_CHECKING:  # the StageConfig it is mixed into has them; not fields of their own (the field order stays)
+        kind: str
+        name: str
 
     @field_validator("loss")
     @classmethod
@@ -71,8 +74,8 @@ class ChoosesLoss(Strict):
         row = self.loss_row()
         if row.reads != self.loss_reads:
             raise ValueError(
-                f"stage {getattr(self, 'name', '?')!r}: loss {row.name!r} reads {row.reads}, which a "
-                f"{getattr(self, 'kind', '?')} stage does not give (it gives {self.loss_reads})"
+                f"stage {self.name!r}: loss {row.name!r} reads {row.reads}, which a "
+                f"{self.kind} stage does not give (it gives {self.loss_reads})"
             )
         return self
 

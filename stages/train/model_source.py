@@ -47,6 +47,28 @@ def resolve_model_dir(source: str | Path, workdir: Path) -> Path | None:
     return copy / "model" if (copy / "model").exists() else copy
 
 
+def model_config(source: str | Path) -> object | None:
+    """The transformers config of a source, read without its weights (None for "tiny", built from the recipe):
+    smollm2-135m's from its converted directory, or from the GGUF's metadata before its first conversion; a
+    checkpoint's from its model/config.json alone."""
+    from transformers import AutoConfig
+
+    text = str(source)
+    if text == "tiny":
+        return None
+    if text == SMOLLM2 and not (cascade_home() / "models" / SMOLLM2 / "config.json").exists():
+        gguf = smollm2_gguf()
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    found = _locate_model(source)
+    if not isinstance(found, tuple):
+        return AutoConfig.from_pretrained(str(found))
+    store, ref = found
+    with tempfile.TemporaryDirectory(prefix="cascade-config-") as work:
+        inner = "model/" if store.exists(f"{ref.key}/model/config.json") else ""
+        (Path(work) / "config.json").write_bytes(store.read_bytes(f"{ref.key}/{inner}config.json".lstrip("/")))
+        return AutoConfig.from_pretrained(work)
+
+
 def check_model_source(source: str | Path) -> None:
     """ModelSourceError for a source that resolve_model_dir would refuse; a checkpoint's manifest is read, its
     files are not downloaded."""

@@ -89,7 +89,7 @@ def pin_run_dtype(recipe: Recipe) -> Recipe:
     node: a GPU decides by its own flag, and a Ray or multi-node stage on hosts that this one is not."""
     stages = []
     for stage in recipe.stages:
-        override = getattr(stage, "compute", None)
+        override = stage.compute_override()
         if override is not None and override.dtype == "auto" and trains_on_this_cpu(override.over(recipe.compute)):
             stage = stage.model_copy(update={"compute": override.model_copy(update={"dtype": cpu_dtype()})})
         stages.append(stage)

@@ -98,9 +98,9 @@ def make_rollout_engine(cfg: EngineConfig, run: Any, seed: int, separate: bool =
     return ShardedRollouts(cfg, run, seed)
 
 
-def sync_metrics(engine: Any) -> dict[str, float]:
+def sync_metrics(engine: RolloutEngine) -> dict[str, float]:
     """The last weight sync's seconds and probe difference, for engines that check their weights (vLLM)."""
-    last = getattr(engine, "last_sync", None)
+    last = engine.last_sync
     return (
         {"weight_sync_seconds": last["total_s"], "weight_probe_max_abs_diff": last["probe_max_abs_diff"]}
         if last
@@ -179,6 +179,10 @@ class ShardedRollouts(RankShares):
     def sync_weights(self, model: torch.nn.Module) -> None:
         self.replica.load_state_dict(full_weights_everywhere(model, self.world))
         self.engine.sync_weights(self.replica)
+
+    @property
+    def last_sync(self) -> dict[str, float]:
+        return self.engine.last_sync
 
     def close(self) -> None:
         self.engine.close()

@@ -186,9 +186,7 @@ class TrainRun:
             self.step, self.history = state["step"], state["history"]
             self.carried = state.get("carried", {})
             set_rng_state(state["rng"])
-            restore = getattr(ctx.log, "restore", None)  # a step log in the store: the history is its truth
-            if restore is not None:
-                restore(self.step, self.history)
+            ctx.log.restore(self.step, self.history)  # a step log in the store: the history is its truth
         self.resumed_from = resume
         self.model.train()
         self._step_started = time.perf_counter()

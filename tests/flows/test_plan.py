@@ -215,3 +215,14 @@ def test_the_sft_data_note_counts_what_the_sources_read(recipe, overrides, note)
     rows, said = source_rows(cfg, loaded, cfg.domains or list(loaded.domains))
     assert said == note
     assert sum(rows.values()) == {"128 synthetic rows": 128, "100 counted file rows": 100}.get(note, 0)
+
+
+def test_plan_of_a_gguf_source_reads_its_metadata_and_converts_nothing(tmp_path):
+    """smollm2-135m before its first use: the plan counts its parameters from the GGUF's metadata (the converted
+    model's count) and leaves no converted model behind."""
+    home = tmp_path / "home"
+    done = cascade("plan", "smollm2-if", "--json", home=home)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["params"] == plan["active_params"] == 134_515_008  # SmolLM2-135M, its head tied to the embedding
+    assert not (home / "models").exists() and "Converting" not in done.stderr

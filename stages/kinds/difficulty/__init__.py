@@ -64,6 +64,9 @@ class DifficultyConfig(StageConfig):
     def solved_threshold(self) -> int:
         return self.k if self.drop_solved_at is None else self.drop_solved_at
 
+    def named_domains(self) -> list[str]:
+        return list(self.domains)
+
     def reads(self) -> list[Read]:
         if reference_kind(self.reference) != "stage":
             return []

@@ -124,6 +124,9 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions, ChoosesLoss):
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.prompts) if isinstance(self.prompts, dict) else {}
 
+    def named_domains(self) -> list[str]:
+        return list(self.domains)
+
 
 # Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
 

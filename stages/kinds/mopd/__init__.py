@@ -45,6 +45,9 @@ class MOPDConfig(OnPolicyConfig, ChoosesLoss):
     eps_high: Annotated[float, BeforeValidator(_no_bool), Field(ge=1.0, le=1e3)] = 2.0
     teacher_residency: Literal["resident", "one_at_a_time"] = "resident"
 
+    def named_domains(self) -> list[str]:
+        return list(self.domains or [])
+
     def reads(self) -> list[Read]:
         if self.teachers == "auto":
             return []  # not known before the run: the flow chooses them, then hands their checkpoints over

@@ -52,7 +52,10 @@ class SFTDataConfig(StageConfig, ReadsDataFiles):
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.sources)
 
-    def domain_teacher(self, domain: str) -> BaseModel:
+    def named_domains(self) -> list[str]:
+        return list(self.domains or [])
+
+    def domain_teacher(self, domain: str) -> TeacherConfig:
         return self.teachers.get(domain, self.teacher)
 
     def reads_rows(self, domain: str) -> tuple[bool, bool]:

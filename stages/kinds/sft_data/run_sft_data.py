@@ -45,7 +45,7 @@ from cascade.stages.domains import get_domain
 from cascade.stages.domains.base import EVAL_SPLITS, Domain
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.sft_data import SFTDataConfig
-from cascade.stages.recipe.data_sources import OracleTeacher
+from cascade.stages.recipe.data_sources import GenerationTeacher, OracleTeacher
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.train.context import StageContext, StageResult
 
@@ -247,10 +247,9 @@ class ShardBuilder:
         return self.teachers[key]
 
     def _max_new_tokens(self, domain: str) -> int:
-        return (
-            getattr(self.cfg.domain_teacher(domain), "max_new_tokens", None)
-            or self.ctx.recipe.domains[domain].max_new_tokens
-        )
+        teacher = self.cfg.domain_teacher(domain)
+        budget = teacher.max_new_tokens if isinstance(teacher, GenerationTeacher) else None  # the oracle: none
+        return budget or self.ctx.recipe.domains[domain].max_new_tokens
 
     def _verifies(self, domain: str) -> bool:
         """Rejection sampling: on, for a generating teacher, where the domain has a grader."""
