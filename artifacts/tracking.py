@@ -208,12 +208,37 @@ def _open_experiment(uri: str, experiment: str) -> tuple[Any, str]:
 
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
-    if found is not None:
-        return client, found.experiment_id
     location = None
     if uri.startswith("sqlite:"):  # keep artifacts beside the db, not in cwd
         location = (cascade_home() / "mlartifacts").as_uri()
+    if found is not None:
+        if location is not None and found.artifact_location != location:
+            follow_moved_home(Path(uri[len("sqlite:///") :]), found.artifact_location, location)
+        return client, found.experiment_id
     return client, client.create_experiment(experiment, artifact_location=location)
+
+
+def follow_moved_home(db: Path, old: str, new: str) -> None:
+    """Point a home's MLflow db at its artifacts where the home now is. Experiments and runs hold absolute artifact
+    locations, so after the home moved (the db and mlartifacts/ with it) MLflow would write a resumed run's
+    artifacts at the old path, making the old home again. Only a db inside the current home whose recorded
+    location is gone is rewritten."""
+    import sqlite3
+
+    gone = old.startswith("file://") and not Path(old.removeprefix("file://")).exists()
+    if not (gone and db.resolve().is_relative_to(cascade_home().resolve())):
+        return
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE experiments SET artifact_location = ? WHERE artifact_location = ?", (new, old))
+        con.execute(
+            "UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?) WHERE substr(artifact_uri, 1, ?) = ?",
+            (new, len(old) + 1, len(old) + 1, f"{old}/"),
+        )
+    # MLflow keeps each run's artifact repository for the life of the process: a process that logged to a run
+    # before the move (a served deploy) would still write to the old path
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    tracking_utils._artifact_repos_cache.clear()
 
 
 class TrackedRecipe(Protocol):

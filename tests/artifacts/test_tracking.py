@@ -138,3 +138,25 @@ def test_a_score_column_becomes_a_metric_name_mlflow_takes():
     assert metric_name("eval/greedy/math") == "eval/greedy/math"
     for name in ("eval/pass@8/math", "reward/tool", "a b:c-d.e"):
         _validate_metric_name(metric_name(name))  # raises on a name MLflow refuses
+
+
+def test_a_moved_home_logs_a_resumed_runs_artifacts_where_it_is_now(tmp_path, monkeypatch):
+    """The home (its MLflow db and artifacts) moves; the run resumes there: MLflow follows, and nothing is written
+    at the old path."""
+    import shutil
+
+    old, new = tmp_path / "home", tmp_path / "moved"
+    monkeypatch.setenv("CASCADE_HOME", str(old))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    recipe = micro_recipe(tmp_path / "recipe", "tracking.uri=null")  # the default: the home's db
+    note = tmp_path / "note.txt"
+    note.write_text("before the move")
+    Tracker(recipe, "run-1").log_artifact(note)
+    shutil.move(old, new)
+    monkeypatch.setenv("CASCADE_HOME", str(new))
+    tracker = Tracker(recipe, "run-1")
+    note.write_text("after the move")
+    tracker.log_artifact(note, "again")
+    assert not old.exists()
+    assert {a.path for a in tracker.client.list_artifacts(tracker.parent_id)} == {"note.txt", "again"}
+    assert tracker.client.get_run(tracker.parent_id).info.artifact_uri.startswith((new / "mlartifacts").as_uri())
