@@ -162,6 +162,19 @@ class JsonlBenchmark:
 
 
 @dataclass(frozen=True)
+class NativeBenchmark:
+    """Loader of a benchmark that is not one file whose every row parses alike (a subset of a file's rows,
+    several files): `loader(data_root)` runs its own `load`; `parse_row(row, index) -> Item` parses one row of
+    its native format, so a user's own file in that format loads the same way (as a JsonlBenchmark's does)."""
+
+    load: Callable[[Path], list[Item]]
+    parse_row: Callable[[dict[str, Any], int], Item]
+
+    def __call__(self, data_root: Path) -> list[Item]:
+        return self.load(data_root)
+
+
+@dataclass(frozen=True)
 class BenchmarkSpec:
     name: str
     domain: str
@@ -174,10 +187,9 @@ class BenchmarkSpec:
                 raise ValueError("item rows need 'prompt' (a string) and 'meta' (an object)")
             item_id = str(row.get("id", f"{self.name}-{index}"))
             return Item(self.domain, item_id, row["prompt"], str(row.get("reference", "")), row["meta"])
-        native = getattr(self.loader, "parse_row", None)
-        if native is None:
+        if not isinstance(self.loader, (JsonlBenchmark, NativeBenchmark)):  # a loader of no native row format
             raise ValueError(f'{self.name!r} reads only item rows: {{"prompt": ..., "meta": {{...}}}}')
-        return native(row, index)
+        return self.loader.parse_row(row, index)
 
 
 def describe(error: BaseException) -> str:

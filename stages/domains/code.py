@@ -49,7 +49,7 @@ from pathlib import Path
 
 from cascade.sandbox import SandboxLimits, run_many
 from cascade.stages.domains.base import Domain, Item, Split
-from cascade.stages.domains.benchdata import JsonlBenchmark, read_jsonl
+from cascade.stages.domains.benchdata import JsonlBenchmark, NativeBenchmark, read_jsonl
 from cascade.stages.domains.livecodebench import livecodebench_item, livecodebench_program, livecodebench_wall_seconds
 
 OPS = {"plus": "+", "minus": "-", "times": "*"}
@@ -301,8 +301,8 @@ class CodeDomain(Domain):
 
     def benchmarks(self) -> dict[str, Callable[[Path], list[Item]]]:
         return {
-            "humaneval": load_humaneval,
-            "mbpp": load_mbpp,
+            "humaneval": NativeBenchmark(load_humaneval, humaneval_item),
+            "mbpp": NativeBenchmark(load_mbpp, mbpp_item),
             "livecodebench": JsonlBenchmark("livecodebench", None, livecodebench_item),
         }
 
@@ -368,8 +368,3 @@ def load_humaneval(data_root: Path) -> list[Item]:
 def load_mbpp(data_root: Path) -> list[Item]:
     rows = read_jsonl(data_root / "code" / "mbpp.jsonl")
     return [mbpp_item(row) for row in rows if row["task_id"] in MBPP_TEST_IDS]
-
-
-# A user's own file in a benchmark's native row format loads through these (see stages/evals/benchmarks.py).
-load_humaneval.parse_row = humaneval_item  # type: ignore[attr-defined]
-load_mbpp.parse_row = mbpp_item  # type: ignore[attr-defined]

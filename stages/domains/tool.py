@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.stages.domains.base import Domain, Item
-from cascade.stages.domains.benchdata import read_jsonl
+from cascade.stages.domains.benchdata import NativeBenchmark, read_jsonl
 from cascade.stages.domains.tool_calls import check_calls, decode_calls
 
 BFCL_FILES = {
@@ -190,7 +190,7 @@ def tool_exchange(tool: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]
 # --------------------------------------------------------------------------- real BFCL files
 
 
-def _bfcl_loader(stem: str) -> Callable[[Path], list[Item]]:
+def _bfcl_loader(stem: str) -> NativeBenchmark:
     def load(data_root: Path) -> list[Item]:
         return load_bfcl(data_root, stem)
 
@@ -199,8 +199,7 @@ def _bfcl_loader(stem: str) -> Callable[[Path], list[Item]]:
         return bfcl_item(row, _category(stem), row.get("ground_truth", []))
 
     load.__name__ = f"load_bfcl_{stem}"
-    load.parse_row = parse_row  # type: ignore[attr-defined]  # used by stages/evals/benchmarks.py for user files
-    return load
+    return NativeBenchmark(load, parse_row)
 
 
 def _category(stem: str) -> str:

@@ -72,7 +72,8 @@ def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
 def yaml_error_position(e: yaml.YAMLError) -> str:
     """` at line L, column C: <problem> (<context>)` of a YAML syntax error (1-based, as editors count), or its
     first line where it has no position."""
-    mark, problem, context = (getattr(e, name, None) for name in ("problem_mark", "problem", "context"))
+    # a MarkedYAMLError's; a plain YAMLError has none
+    mark, problem, context = getattr(e, "problem_mark", None), getattr(e, "problem", None), getattr(e, "context", None)
     if mark is None:
         return f": {str(e).splitlines()[0]}"
     return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
