@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from cascade.artifacts.checkpoint import CheckpointRef, prune_step_checkpoints
 from cascade.artifacts.layout import step_key
 from cascade.stages.errors import NonFiniteSteps
-from cascade.stages.recipe.config_base import OptimizerConfig, TrainingConfig
+from cascade.stages.recipe.config_base import SMOLLM2, OptimizerConfig, TrainingConfig
 from cascade.stages.scale.distributed import (
     World,
     full_state_dict,
@@ -52,7 +52,7 @@ from cascade.stages.train.lora import (
     save_adapter,
 )
 from cascade.stages.train.model import initial_model, load_hf, save_hf
-from cascade.stages.train.model_source import resolve_model_dir
+from cascade.stages.train.model_source import smollm2_dir
 from cascade.stages.train.precision import sampling_dtype
 
 Row = TypeVar("Row")
@@ -200,8 +200,10 @@ class TrainRun:
         if self.start is not None:
             return where(f"{self.start.key}/model")
         source = self.ctx.recipe.model.source
-        if source != "tiny":
-            return str(resolve_model_dir(source, self.ctx.workdir) or source)
+        if source == SMOLLM2:  # its converted copy, which loading the stage's start already made
+            return str(smollm2_dir())
+        if source != "tiny":  # an HF directory or a checkpoint: named as the recipe names it, nothing downloaded
+            return source
         base, tokenizer = initial_model(self.ctx.recipe.model, self.ctx.recipe.seed)
         save_hf(base, tokenizer, local / BASE_MODEL_DIR)
         return where(f"{key}/{BASE_MODEL_DIR}")
