@@ -205,10 +205,14 @@ def prune_step_checkpoints(store: Store, stage_key: str, keep: int) -> list[int]
     deleted. Resume needs only the newest valid one; a long run must not fill the store with the rest."""
     valid = committed_steps(store, stage_key)
     doomed = valid[:-keep] if keep > 0 else valid
-    for step in doomed:
+    discard_step_checkpoints(store, stage_key, doomed)
+    return doomed
+
+
+def discard_step_checkpoints(store: Store, stage_key: str, steps: list[int]) -> None:
+    for step in steps:
         store.delete(f"{step_key(stage_key, step)}/{MANIFEST}")  # uncommit first: a crash leaves an orphan
         store.delete(step_key(stage_key, step))
-    return doomed
 
 
 def verify(store: Store, key: str, hashes: bool = True) -> list[str]:

@@ -9,7 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -26,11 +26,15 @@ class Strict(BaseModel):
     hashed_when_set: ClassVar[frozenset[str]] = frozenset()  # fields hashed only when not None
 
 
+def hashed_fields(cfg: Strict) -> dict[str, Any]:
+    """The fields of a config that its hash covers, as JSON values."""
+    dumped = cfg.model_dump(mode="json", exclude=set(cfg.not_hashed))
+    return {k: v for k, v in dumped.items() if v is not None or k not in cfg.hashed_when_set}
+
+
 def config_hash(cfg: Strict) -> str:
     """Stable short hash of a config: part of every checkpoint's provenance and cache key."""
-    dumped = cfg.model_dump(mode="json", exclude=set(cfg.not_hashed))
-    hashed = {k: v for k, v in dumped.items() if v is not None or k not in cfg.hashed_when_set}
-    blob = json.dumps(hashed, sort_keys=True).encode()
+    blob = json.dumps(hashed_fields(cfg), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

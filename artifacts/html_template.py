@@ -7,6 +7,8 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from cascade.artifacts.tracking import ui_of
+
 
 def template_env():
     """The report's jinja2 templates, from this package's templates/ (installed or in a checkout)."""
@@ -21,16 +23,18 @@ def template_env():
     return env
 
 
-def _link(url: str) -> Any:
-    """A link cell that works: an http(s) URL as a link; a local MLflow store as the command that serves it,
-    with the run's page; anything else (a `javascript:` URL included) as plain text, never a link."""
+def _link(url: str, serve: str | None = None) -> Any:
+    """A link cell that works: an http(s) URL as a link; a page of a local MLflow store as `serve`, the command
+    that serves it, then the page; anything else (a `javascript:` URL included) as plain text, never a link."""
     scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":  # a record written before it named the page and its command: the store, then the page
+        store, _, page = url.partition("#")
+        base, serve = ui_of(store)
+        url = f"{base}#{page}"
+    if serve:
+        return Markup(f"<code>{escape(serve)}</code>, then open <code>{escape(url)}</code>")
     if scheme in ("http", "https"):
         return Markup(f'<a href="{escape(url)}">{escape(url)}</a>')
-    if scheme == "sqlite":
-        store, _, page = url.partition("#")
-        command = f"mlflow ui --backend-store-uri {store}"
-        return Markup(f"<code>{escape(command)}</code>, then open <code>http://127.0.0.1:5000/#{escape(page)}</code>")
     return Markup(f"<code>{escape(url)}</code>")
 
 

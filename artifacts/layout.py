@@ -44,6 +44,20 @@ def recipe_key(run_id: str) -> str:
     return f"{run_dir(run_id)}/recipe.json"
 
 
+def run_store_root(uri: str) -> str | None:
+    """The root of the store that holds a run, from the URI of the run's recipe.json (`<root>/runs/<id>/recipe.json`):
+    where the run is now, which its recipe does not say once the store has moved; None for another file."""
+    found = re.fullmatch(rf"(.+)/{RUNS}/([^/]+)/recipe\.json", uri)
+    return found.group(1) if found and valid_run_id(found.group(2)) else None
+
+
+def run_relative_key(uri: str, run_id: str) -> str | None:
+    """The key of a URI a run recorded (a checkpoint's) in whichever store holds the run now: its part from
+    `runs/<run_id>/` on, so a store that moved since still finds it; None where the URI holds no such part."""
+    _, found, rest = uri.rstrip("/").rpartition(f"/{run_dir(run_id)}/")
+    return f"{run_dir(run_id)}/{rest}" if found and rest else None
+
+
 def lease_key(run_id: str) -> str:
     return f"{run_dir(run_id)}/{LEASE}"
 

@@ -113,6 +113,8 @@ def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> byte
     if not panels:
         return None
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     cols = min(4, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(3.2 * cols, 2.4 * nrows), squeeze=False)
@@ -131,6 +133,7 @@ def curves_png(stage: str, runs: list[tuple[str, list[dict[str, Any]]]]) -> byte
                 on.plot(xs, ys, styles[k % 2], color=f"C{n}", marker="." if len(xs) < 30 else None, label=tag or None)
         ax.set_title(title, fontsize=8)
         ax.set_xlabel("step", fontsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a run of few steps got ticks at fractions of a step
         ax.tick_params(labelsize=7)
         handles, labels = ax.get_legend_handles_labels()
         if right is not None:  # one legend for both axes

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import tempfile
 import time
 import urllib.error
@@ -43,6 +44,7 @@ CHECKPOINT_TAG = "cascade.checkpoint"  # on a model version: the store URI of th
 SECRET_KEY = re.compile(r"(secret|password|passwd|token|credential|api_?key|access_?key)", re.I)
 URL_USERINFO = USERINFO_AFTER_SCHEME  # a password with a "/" included
 FLUSH_EVERY = 50
+LOCAL_UI = "http://127.0.0.1:5000/"  # where `mlflow ui` serves a local tracking store by default
 # A tracking server's first answer (per process). MLflow's own client retries a dead server for minutes.
 PROBE_TIMEOUT_S = 10
 _ANSWERED: dict[str, bool] = {}  # tracking URI -> whether its server answered this process's check
@@ -317,10 +319,19 @@ class Tracker:
         self.client.log_text(run_id or self.parent_id, redact(text), artifact_file)
 
     def log_table(self, columns: dict[str, list[Any]], artifact_file: str) -> None:
-        """A table artifact (MLflow's table JSON, shown as a table in the UI) on the parent run; string cells are
-        redacted like every other text."""
+        """A table artifact (MLflow's table JSON, shown as a table in the UI) on the parent run, replacing one
+        logged before. Not MLflow's log_table: it appends to a table already there (a resumed run's matrix held
+        each row twice), downloading it first with a progress bar on the terminal. String cells are redacted like
+        every other text."""
+        from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+
         clean = {k: [redact(v) if isinstance(v, str) else v for v in col] for k, col in columns.items()}
-        self.client.log_table(self.parent_id, data=clean, artifact_file=artifact_file)
+        table = {"columns": list(clean), "data": [list(row) for row in zip(*clean.values())]}
+        self.client.log_text(self.parent_id, json.dumps(table), artifact_file)
+        logged = json.loads(self.client.get_run(self.parent_id).data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+        entry = {"path": artifact_file, "type": "table"}
+        if entry not in logged:
+            self.client.set_tag(self.parent_id, MLFLOW_LOGGED_ARTIFACTS, json.dumps(logged + [entry]))
 
     def log_eval(self, stage: str, index: int, scores: dict[str, float], rows: list[dict[str, Any]]) -> None:
         """The eval after a stage, on the parent run: scores (evals/NN-stage.json) and one table row per item
@@ -354,14 +365,26 @@ class Tracker:
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.parent_id, status=status)
 
-    def run_url(self) -> str:
-        base = URL_USERINFO.sub("", self.recipe.tracking.resolved_uri())
-        return f"{base}#/experiments/{self.experiment_id}/runs/{self.parent_id}"
+    def run_links(self) -> dict[str, str]:
+        """Where a browser shows the run (the run record's links): `mlflow`, its page; for a local store,
+        `mlflow_ui`, the command that serves that page."""
+        base, serve = ui_of(self.recipe.tracking.resolved_uri())
+        links = {"mlflow": f"{base}#/experiments/{self.experiment_id}/runs/{self.parent_id}"}
+        return links if serve is None else {**links, "mlflow_ui": serve}
 
     def stage_run_id(self, stage: str) -> str | None:
         query = f"tags.`{RUN_TAG}` = '{self.run_id}' and tags.`{STAGE_TAG}` = '{stage}'"
         found = self.client.search_runs([self.experiment_id], query, max_results=1)
         return found[0].info.run_id if found else None
+
+
+def ui_of(tracking_uri: str) -> tuple[str, str | None]:
+    """(the base URL of the UI that shows a tracking store's runs, the command that serves it). A server shows its
+    own (the command: None); a local store (sqlite, a directory) is no page a browser opens: `mlflow ui` serves it,
+    by default at LOCAL_UI."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return URL_USERINFO.sub("", tracking_uri), None
+    return LOCAL_UI, f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)}"
 
 
 def metric_name(key: str) -> str:

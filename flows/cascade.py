@@ -24,6 +24,7 @@ from prefect.runtime import flow_run
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.report import RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
+from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
 from cascade.stages.kinds import chooses_teachers
 from cascade.stages.recipe.config_base import SOURCE_EVAL, StageConfig
 from cascade.stages.recipe.schema import Recipe
@@ -51,7 +52,9 @@ def _form_run_name() -> str:
 
 @flow(name="cascade", flow_run_name=_form_run_name, log_prints=True)
 def cascade_from_form(request: RunRequest = RunRequest()) -> RunReport:
-    """Run a recipe from the deployment's run form; with the run_id of an earlier run, continue that run."""
+    """Run a recipe from the deployment's run form; with the run_id of an earlier run, continue that run. A form the
+    recipe refuses ends the flow run Failed in one line."""
+    expected_outcomes_in_one_line()
     recipe = request_recipe(request, read_uri=read_store_uri)
     return run_cascade(recipe, _form_run_id(request, recipe.name))
 

@@ -16,11 +16,18 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from cascade.artifacts.config import Strict
-from cascade.artifacts.layout import RUN_ID_PATTERN
+from cascade.artifacts.layout import RUN_ID_PATTERN, run_store_root
 from cascade.stages.domains import DOMAIN_CLASSES
 from cascade.stages.kinds import KINDS
 from cascade.stages.recipe.config_base import LearningRate, Steps
-from cascade.stages.recipe.recipe_file import RECIPES_DIR, parse_recipe_text, read_recipe_file, resolve_recipe_path
+from cascade.stages.recipe.recipe_file import (
+    MAX_RECIPE_BYTES,
+    RECIPES_DIR,
+    parse_recipe_text,
+    read_recipe_bytes,
+    read_recipe_file,
+    resolve_recipe_path,
+)
 from cascade.stages.recipe.schema import (  # load_recipe: re-exported, the name every flow and CLI command uses
     Recipe,
     RecipeError,
@@ -73,18 +80,25 @@ class RunRequest(Strict):
 
 
 def read_store_uri(uri: str) -> bytes:
-    """The bytes of one file at a store URI (file://, s3://)."""
+    """The bytes of one recipe file at a store URI (file://, s3://), at most MAX_RECIPE_BYTES: a file:// URI naming
+    a FIFO or a device is refused without being read, and an S3 object by its size before it is fetched."""
     from cascade.artifacts.config import StorageConfig
     from cascade.artifacts.store import Store
 
+    if uri.startswith("file://"):
+        return read_recipe_bytes(uri)
     parent, name = uri.rstrip("/").rsplit("/", 1)
-    return Store.from_config(StorageConfig(root=parent)).read_bytes(name)
+    store = Store.from_config(StorageConfig(root=parent))
+    if store.size(name) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe {uri} is larger than {MAX_RECIPE_BYTES} bytes")
+    return store.read_bytes(name)
 
 
 def load_any_recipe(source: str) -> Recipe:
     """A shipped recipe name, a YAML path, or a recipe file at a store URI (a run's `runs/<id>/recipe.json`)."""
-    if "://" in source:  # a run's own recipe, read as that run stored it
-        return request_recipe(RunRequest(recipe_uri=source), read_uri=read_store_uri, stored=True)
+    if "://" in source:  # a run's own recipe, read as that run stored it, in the store that holds the run now
+        request = RunRequest(recipe_uri=source, storage_root=run_store_root(source))
+        return request_recipe(request, read_uri=read_store_uri, stored=True)
     return load_recipe(source)
 
 
@@ -97,7 +111,7 @@ def request_recipe(req: RunRequest, read_uri: Callable[[str], bytes] | None = No
     if req.recipe_uri and "://" in req.recipe_uri:
         if read_uri is None:
             raise RecipeError(f"cannot read recipe URI {req.recipe_uri!r} here")
-        raw = parse_recipe_text(read_uri(req.recipe_uri).decode(), req.recipe_uri)
+        raw = parse_recipe_text(read_uri(req.recipe_uri), req.recipe_uri)
         raw.setdefault("name", Path(req.recipe_uri).stem)
     else:
         raw = read_recipe_file(resolve_recipe_path(source))

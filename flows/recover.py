@@ -19,6 +19,7 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
+from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
 from cascade.stages.evals.regression import NotRecovered, regressions, verdict_lines
 from cascade.stages.recipe.walk import Made
 from cascade.tasks.lifecycle import finish_task, running
@@ -41,7 +42,8 @@ def recover_flow(
     student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None
 ) -> dict[str, Any]:
     """The recovered checkpoint's URI, scores and verdicts against the baseline; NotRecovered (the flow run ends
-    Failed) when a domain is still below the baseline after the recovery."""
+    Failed, in one line) when a domain is still below the baseline after the recovery."""
+    expected_outcomes_in_one_line()
     loaded = load_any_recipe(recipe)  # a name, a path, or the URI of a run's recipe.json (the nightly's default)
     run_id = run_id or f"recover-{new_eval_id()}"
     best = load_baseline_task(loaded, baseline)

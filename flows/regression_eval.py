@@ -25,6 +25,7 @@ from prefect import flow
 from cascade.artifacts import layout
 from cascade.artifacts.model_registry import alias_for, registered_model_name
 from cascade.flows.recipes import load_any_recipe
+from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
 from cascade.stages.evals.regression import RegressionFound, regressions, verdict_lines
 from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.regression_tasks import (
@@ -56,7 +57,8 @@ def regression_eval_flow(
     update_baseline: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows of the checkpoint x domain table: score, baseline, drop, tolerance, verdict; RegressionFound (the run
-    ends Failed) when a domain regressed."""
+    ends Failed, in one line) when a domain regressed."""
+    expected_outcomes_in_one_line()
     recipe, checkpoints = eval_targets_task(recipe, checkpoints)
     loaded = load_any_recipe(recipe)
     names = checkpoints or default_checkpoints(loaded)

@@ -3,12 +3,12 @@
     python -m cascade.stages.run RECIPE [key=value ...] [--stage NAME ...] [--run-id ID] [--metrics-json FILE]
         [--profile FILE]
 
-The same code path as the flow's stage task under a thinner caller: each stage runs through
-`run_stage_where_configured` (in this process, or torchrun ranks per `compute:`), in the order and with the
-inputs of the cascade's walk (stages/recipe/walk.py), and writes the same checkpoint, step checkpoints and step log to
-the recipe's store. A stage whose committed checkpoint verifies and has the same config hash is adopted, as the
-flow adopts it. With `--stage`, only the named stages run; every earlier stage must already be committed in the
-run.
+The same code path as the flow's stage task under a thinner caller: each stage goes through the stage-execution
+core (stages/execution.py), in the order and with the inputs of the cascade's walk (stages/recipe/walk.py), and
+writes the same checkpoint, step checkpoints and step log to the recipe's store. The core adopts a stage whose
+committed checkpoint verifies, has the same config hash and was made from the checkpoint its input has now, as the
+flow adopts it; otherwise the stage runs (in this process, or torchrun ranks per `compute:`). With `--stage`, only
+the named stages run; every earlier stage must already be done in the run.
 
 What it leaves out is the flow's: evals, the regression gate, recoveries, the run report, MLflow and the Prefect
 UI (`cascade run` does all of that). It is for a machine with torch and transformers alone (a lent GPU) and for
@@ -24,19 +24,19 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from cascade.artifacts import layout
-from cascade.artifacts.checkpoint import CheckpointError, CheckpointRef, adoptable
-from cascade.artifacts.config import SettingError, config_hash
+from cascade.artifacts.checkpoint import CheckpointError
+from cascade.artifacts.config import SettingError
 from cascade.artifacts.lease import LeaseHeld, hold_run
-from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store, StoreError
 from cascade.stages.errors import DistributedStageError, ModelSourceError, NonFiniteSteps
+from cascade.stages.execution import StageHooks, StageOfRun, StageOutcome, Standing, execute_stage, standings
+from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe, RecipeError, load_recipe
 from cascade.stages.recipe.walk import Made, StageStep, stage_steps
 from cascade.stages.scale.host import check_host
@@ -63,67 +63,64 @@ class DriverSink:
         the run's step log (StepLog) holds the stage's whole history."""
 
 
+class DriverHooks(StageHooks):
+    """What the driver adds around a stage that runs: its steps on stderr and in the metrics JSON, a line when it
+    starts (saying why, when it rebuilds a committed checkpoint)."""
+
+    def __init__(self, cfg: StageConfig, log_every: int):
+        self.cfg, self.shown = cfg, DriverSink(cfg.name, log_every)
+
+    def sink(self) -> DriverSink:
+        return self.shown
+
+    def starts(self, found: Standing) -> None:
+        doing = f"rebuilding ({found.rebuilt})" if found.rebuilt else "running"
+        print(f"[{self.cfg.name}] {self.cfg.kind}: {doing}", file=sys.stderr, flush=True)
+
+    def notice(self, text: str) -> None:
+        print(f"[{self.cfg.name}] {text}", file=sys.stderr, flush=True)
+
+
 def run_stages(recipe: Recipe, run_id: str, only: list[str] | None = None, log_every: int = 10) -> dict[str, Any]:
     """The walk's stage steps in order (or through the last of those named in `only`, running only those);
-    stage name -> {checkpoint, adopted | seconds, metrics and each step's metrics}."""
+    stage name -> {checkpoint, adopted | seconds, metrics, each step's metrics and, for a rebuilt stage, why}."""
     store = Store.from_config(recipe.storage)
     with hold_run(store, run_id):
-        steps = committed_stages(recipe, store, run_id, only)
         made, summary = Made(), {}
-        for step, committed in steps:
-            if committed is not None:
-                ref, outcome = committed, {"checkpoint": committed.uri, "adopted": True}
-            else:
-                ref, outcome = run_one(recipe, store, run_id, step, made.inputs(step.stage), log_every)
-            made.add(step.stage, ref)
-            summary[step.stage.name] = outcome
+        for step in steps_to_take(recipe, store, run_id, only):
+            hooks = DriverHooks(step.stage, log_every)
+            of = StageOfRun(recipe, store, run_id, step.index, step.stage)
+            outcome = execute_stage(of, made.inputs(step.stage), hooks)
+            made.add(step.stage, outcome.checkpoint)
+            summary[step.stage.name] = outcome_summary(outcome, hooks.shown)
     return summary
 
 
-def committed_stages(
-    recipe: Recipe, store: Store, run_id: str, only: list[str] | None
-) -> list[tuple[StageStep, CheckpointRef | None]]:
-    """Each stage step through the last one to run, with its checkpoint when it is committed with this config
-    (adopted), else None (it runs). With `only`, a stage not named must be committed: refused before anything runs."""
+def steps_to_take(recipe: Recipe, store: Store, run_id: str, only: list[str] | None) -> list[StageStep]:
+    """Each stage step through the last one to run. With `only`, a stage not named must be done as the store stands
+    (stages/execution.py decides): refused before anything runs."""
     steps = stage_steps(recipe)
     last = max(i for i, step in enumerate(steps) if only is None or step.stage.name in only)
-    found = []
-    for step in steps[: last + 1]:
-        done, _ = adoptable(store, layout.stage_key(run_id, step.index, step.stage.name), config_hash(step.stage))
-        if done is None and only is not None and step.stage.name not in only:
+    if only is None:
+        return steps[: last + 1]
+    for step, found in standings(recipe, store, run_id)[: last + 1]:
+        if found.done is None and step.stage.name not in only:
+            why = found.rebuilt or (f"it follows {found.follows}, which runs first" if found.follows else None)
             raise RecipeError(
-                f"stage {step.stage.name!r} of run {run_id!r} is not committed in {store.uri('')}: "
-                "run it first (name it with --stage, or drop --stage)"
+                f"stage {step.stage.name!r} of run {run_id!r} is not committed in {store.uri('')}"
+                f"{f' as it stands ({why})' if why else ''}: run it first (name it with --stage, or drop --stage)"
             )
-        found.append((step, done))
-    return found
+    return steps[: last + 1]
 
 
-def run_one(
-    recipe: Recipe, store: Store, run_id: str, step: StageStep, inputs, log_every: int
-) -> tuple[CheckpointRef, dict[str, Any]]:
-    # here, not at the top: they import torch and transformers, and bad input is answered before that (in ~1 s)
-    from cascade.stages.scale.launch import run_stage_where_configured
-    from cascade.stages.train.context import StageContext, TeeSink, stage_workdir
-
-    cfg, index = step.stage, step.index
-    print(f"[{cfg.name}] {cfg.kind}: running", file=sys.stderr, flush=True)
-    steps, shown = StepLog(store, run_id, index, cfg.name), DriverSink(cfg.name, log_every)
-    started = time.time()
-    with stage_workdir() as workdir:
-        ctx = StageContext(
-            recipe, store, run_id, layout.stage_key(run_id, index, cfg.name), TeeSink(shown, steps), workdir=workdir
-        )
-        result = run_stage_where_configured(cfg, ctx, inputs)
-    steps.close()
-    seconds = round(time.time() - started, 2)
-    print(f"[{cfg.name}] committed {result.checkpoint.uri} in {seconds} s", file=sys.stderr, flush=True)
-    return result.checkpoint, {
-        "checkpoint": result.checkpoint.uri,
-        "seconds": seconds,
-        "metrics": result.metrics,
-        "steps": shown.rows,
-    }
+def outcome_summary(outcome: StageOutcome, shown: DriverSink) -> dict[str, Any]:
+    """A stage's entry in the metrics JSON, and a line on stderr for a stage that ran."""
+    if outcome.adopted:
+        return {"checkpoint": outcome.checkpoint.uri, "adopted": True}
+    seconds = round(outcome.seconds, 2)
+    print(f"[{shown.stage}] committed {outcome.checkpoint.uri} in {seconds} s", file=sys.stderr, flush=True)
+    ran = {"checkpoint": outcome.checkpoint.uri, "seconds": seconds, "metrics": outcome.metrics, "steps": shown.rows}
+    return {**ran, "rebuilt": outcome.rebuilt} if outcome.rebuilt else ran
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

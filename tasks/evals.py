@@ -13,11 +13,11 @@ from prefect.cache_policies import NO_CACHE
 from cascade.artifacts import layout
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.model_registry import register_stage
-from cascade.artifacts.report import GateDecision
+from cascade.artifacts.report import EvalScores, GateDecision
 from cascade.artifacts.tracking import Tracker, tracking_on
 from cascade.stages.errors import GateFailed
 from cascade.stages.evals.evaluate import stored_or_evaluated
-from cascade.stages.evals.gate import best_stages, decide
+from cascade.stages.evals.gate import best_stages, decide, with_teachers
 from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe
 from cascade.tasks.lifecycle import artifact_key, open_report
@@ -61,12 +61,15 @@ def gate_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float],
     decisions = decide(stage, earlier, scores, recipe.tolerances(), policy)
     report.record_gate(stage, decisions)
     report.save(store)
+    description = f"Regression gate after stage {stage}"
     if decisions:
-        ui_artifacts.create_table_artifact(
-            _table(decisions), key=artifact_key(run_id, "gate"), description=f"Regression gate after stage {stage}"
-        )
+        ui_artifacts.create_table_artifact(_table(decisions), key=artifact_key(run_id, "gate"), description=description)
         if tracking_on(recipe.tracking):
             Tracker(recipe, run_id).set_tags({f"gate.{stage}.{d.domain}": d.action for d in decisions})
+    else:  # each time the gate is evaluated its artifact says so, not only when it fires
+        ui_artifacts.create_markdown_artifact(
+            gate_passed(stage, earlier), key=artifact_key(run_id, "gate"), description=description
+        )
     if decisions and policy == "fail":
         worst = max(decisions, key=lambda d: d.drop)
         raise GateFailed(
@@ -81,11 +84,10 @@ def choose_teachers_task(recipe: Recipe, run_id: str, cfg: StageConfig, through:
     (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best dev score
     in the evals up to the one after `through`."""
     _, report = open_report(recipe, run_id)
-    evals = report.evals_through(through) if through else []
-    teachers = best_stages(evals, cfg.domains or list(recipe.domains))
-    if not teachers:
+    chosen = with_teachers(cfg, recipe, report.evals_through(through) if through else [])
+    if chosen is None:
         raise ValueError(f"stage {cfg.name!r}: teachers: auto, but no domain has been evaluated before it")
-    return cfg.model_copy(update={"teachers": teachers})
+    return chosen
 
 
 @task(name="record-recovery", cache_policy=NO_CACHE)
@@ -101,6 +103,18 @@ def record_recovery_task(recipe: Recipe, run_id: str, stage: str, scores: dict[s
     if tracking_on(recipe.tracking):
         Tracker(recipe, run_id).set_tags({f"gate.{stage}.{g.domain}.after_recovery": g.after_recovery for g in fired})
     return fired
+
+
+def gate_passed(stage: str, earlier: list[EvalScores]) -> str:
+    """The gate's artifact when nothing fired after `stage`: passed, against the evals before it, or nothing to
+    compare with yet."""
+    if not earlier:
+        return f"Regression gate after `{stage}`: passed, nothing to compare with (no eval before this stage)"
+    before = ", ".join(f"`{e.after_stage}`" for e in earlier)
+    return (
+        f"Regression gate after `{stage}`: passed, no gated domain fell more than its tolerance below its best "
+        f"score so far (after {before})"
+    )
 
 
 def _table(decisions: list[GateDecision]) -> list[dict[str, Any]]:

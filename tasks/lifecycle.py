@@ -47,8 +47,8 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     lines = [f"# {recipe.name}: run `{run_id}`", "", "| what | where |", "| --- | --- |"]
     links = {}
     if tracking_on(recipe.tracking):
-        links["mlflow"] = Tracker(recipe, run_id).run_url()
-        lines.append(f"| MLflow run | {links['mlflow']} |")
+        links.update(Tracker(recipe, run_id).run_links())
+        lines.append(f"| MLflow run | {mlflow_page(links)} |")
     if flow_run.ui_url and not os.environ.get(EPHEMERAL_API_ENV):
         links["prefect"] = flow_run.ui_url
     if links:  # the HTML report links them
@@ -69,6 +69,14 @@ def links_task(recipe: Recipe, run_id: str) -> str:
         text, key=artifact_key(run_id, "links"), description=f"MLflow run and store URIs of {run_id}"
     )
     return text
+
+
+def mlflow_page(links: dict[str, str]) -> str:
+    """The MLflow run's page (`Tracker.run_links`) in markdown: a link to a server's; for a local store, which no
+    browser opens, the command that serves it, then the page."""
+    if "mlflow_ui" in links:
+        return f"`{links['mlflow_ui']}`, then open {links['mlflow']}"
+    return f"[{links['mlflow']}]({links['mlflow']})"
 
 
 @contextlib.contextmanager
@@ -148,15 +156,15 @@ def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | N
     lines = [
         f"# Run report of `{run_id}`",
         "",
-        f"The forgetting heatmap, training curves, data, gate timeline, cost and links in one page: "
-        f"[report.html]({uri})",
+        "The forgetting heatmap, training curves, data, gate timeline, cost and links in one page, report.html:",
         "",
         f"- in the store: `{uri}`",
     ]
     if tracker:
         try:
             tracker.log_html_report(rendered.html, rendered.images)
-            lines.append(f"- in MLflow: artifact `report.html` (plots under `plots/`) of the run {tracker.run_url()}")
+            page = mlflow_page(tracker.run_links())
+            lines.append(f"- in MLflow: artifact `report.html` (plots under `plots/`) of the run: {page}")
         except Exception as e:
             logger.warning(f"MLflow: run report of {run_id} not logged ({e})")
     lines.append(f"- from the terminal: `cascade report {run_id} --html report.html`")

@@ -1,10 +1,12 @@
-"""The stage task: skip what is committed, run the stage where its compute says, track, record. No ML logic here.
+"""The stage task: the stage-execution core (stages/execution.py: adopt what is done, else run the stage where its
+compute says) under Prefect, with the compute slot, MLflow and the run report's record. No ML logic here.
 
 Stage results are cached and persisted under the run (`runs/<run_id>/prefect-results` in the run's store), with
 a cache key of run id + stage + stage config hash + input checkpoint digests: Prefect's Retry of a failed flow
 run returns the completed stages as `Cached` and re-runs only from the failed one, which continues from its last
 step checkpoint. A stage whose checkpoint is committed but whose result record is missing (a kill between the
-two) is skipped by its manifest, as `cascade resume` always did.
+two) is adopted by the core, as `cascade resume` always did; a cached result is handed on only where the core would
+adopt the stage.
 
 Training stages hold one slot of a global concurrency limit (`$CASCADE_COMPUTE_LIMIT`, default `compute`), so
 two training stages never share the machine. `cascade deploy` creates it with one slot. `cascade run` on its own
@@ -19,24 +21,24 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.concurrency.sync import concurrency
 
 from cascade.artifacts import layout
-from cascade.artifacts.checkpoint import CheckpointRef, adoptable
+from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.config import config_hash
 from cascade.artifacts.report import RunReport, StageRecord
-from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
 from cascade.artifacts.tracking import Tracker, tracking_on
+from cascade.stages.execution import StageHooks, StageOfRun, StageOutcome, Standing, execute_stage, standing
 from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.walk import recovered
-from cascade.stages.scale.launch import run_stage_where_configured
-from cascade.stages.train.context import ListSink, StageContext, TeeSink, stage_workdir
+from cascade.stages.train.context import ListSink, MetricSink
 from cascade.tasks.lifecycle import artifact_key, open_report
 from cascade.tasks.progress import stage_progress
 
@@ -65,9 +67,10 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
     key = artifact_key(run_id, f"{parameters['index']:02d}-{cfg.name}-{digest}")
     store = Store.from_config(recipe.storage)
-    if adoptable(store, layout.stage_key(run_id, parameters["index"], cfg.name))[1]:
-        # The checkpoint this cached result names no longer verifies: forget the result (its file is named by
-        # the key), so Prefect runs the stage, which rebuilds it, instead of handing the broken one on.
+    if standing(StageOfRun(recipe, store, run_id, parameters["index"], cfg), inputs).done is None:
+        # A cached result may be handed on only where the stage would be adopted: forget it (its file is named by
+        # the key), so Prefect runs the stage, which rebuilds it, instead of handing on a checkpoint that no
+        # longer verifies.
         store.delete(f"{layout.results_key(run_id)}/{key}")
     return key
 
@@ -83,83 +86,86 @@ def compute_slot(kind: str) -> contextlib.AbstractContextManager:
 def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs: StageInputs) -> CheckpointRef:
     """Run one stage (a recipe stage, or a gate's recovery stage at the index of the stage it recovers)."""
     store, report = open_report(recipe, run_id)
-    key = layout.stage_key(run_id, index, cfg.name)
-    done, problems = adoptable(store, key, config_hash(cfg))
-    if done is not None:
-        skipped = {**_kind_facts(cfg), "status": "skipped", "checkpoint": done.uri}
+    hooks = TaskHooks(recipe, store, run_id, cfg, index)
+    started, memory = time.time(), PeakMemory()
+    try:
+        outcome = execute_stage(StageOfRun(recipe, store, run_id, index, cfg), inputs, hooks)
+    except BaseException:
+        _record(store, report, cfg, memory, status="failed", seconds=round(time.time() - started, 1))
+        hooks.end(None)
+        raise
+    if outcome.adopted:
+        skipped = {**_kind_facts(cfg), "status": "skipped", "checkpoint": outcome.checkpoint.uri}
         earlier = report.stage(cfg.name)  # keeps the figures of the run that made the checkpoint
         report.record_stage(earlier.model_copy(update=skipped) if earlier else StageRecord(**skipped))
         report.save(store)
-        return done
-    rebuilt = f"its checkpoint did not verify: {'; '.join(problems)}" if problems else None
-    if rebuilt:
-        get_run_logger().warning(f"stage {cfg.name}: {rebuilt}; rebuilding it from its last valid step checkpoint")
-    tracker = Tracker(recipe, run_id) if tracking_on(recipe.tracking) else None
-    sink = tracker.stage_sink(cfg.name) if tracker else ListSink()
-    steps = StepLog(store, run_id, index, cfg.name)  # the report's curves; exact under resume (restore)
-    label = f"{index:02d} {cfg.kind}:{cfg.name}"
-    progress = stage_progress(label, kind_of(cfg.kind).progress_unit, run_id, cfg.name)
-    started = time.time()
-    memory = PeakMemory()
-    try:
-        with compute_slot(cfg.kind), stage_workdir() as workdir:
-            ctx = StageContext(recipe, store, run_id, key, TeeSink(sink, steps), progress=progress, workdir=workdir)
-            result = run_stage_where_configured(cfg, ctx, inputs)  # in-process, or torchrun per `compute`
-    except BaseException:
-        _close_quietly(steps)
-        _record(store, report, cfg, "failed", None, time.time() - started, {}, peak_rss_mb=memory.peak_mb())
-        if tracker:
-            tracker.end_stage(sink, {}, "FAILED")
-        raise
-    steps.close()
-    plots = {name: f"{result.checkpoint.uri}/{path}" for name, path in result.plots.items()}
+        return outcome.checkpoint
+    uri = outcome.checkpoint.uri
     _record(
         store,
         report,
         cfg,
-        "completed",
-        result.checkpoint.uri,
-        time.time() - started,
-        result.metrics,
-        plots,
-        rebuilt,
-        peak_rss_mb=memory.peak_mb(),
+        memory,
+        status="completed",
+        checkpoint=uri,
+        seconds=round(outcome.seconds, 1),
+        metrics=outcome.metrics,
+        plots={name: f"{uri}/{path}" for name, path in outcome.plots.items()},
+        rebuilt=outcome.rebuilt,
     )
-    if tracker:
+    hooks.end(outcome)
+    return outcome.checkpoint
+
+
+class TaskHooks(StageHooks):
+    """What the flow adds around a stage that runs: MLflow's nested run of it (or a list), the CLI's bar and the
+    Prefect progress artifact, the compute slot, and Prefect's run log."""
+
+    def __init__(self, recipe: Recipe, store: Store, run_id: str, cfg: StageConfig, index: int):
+        self.recipe, self.store, self.run_id, self.cfg, self.index = recipe, store, run_id, cfg, index
+        self.tracker: Tracker | None = None
+        self.metrics: MetricSink = ListSink()
+
+    def sink(self) -> MetricSink:
+        if tracking_on(self.recipe.tracking):
+            self.tracker = Tracker(self.recipe, self.run_id)
+            self.metrics = self.tracker.stage_sink(self.cfg.name)
+        return self.metrics
+
+    def progress(self) -> Callable[[int, int], None]:
+        label = f"{self.index:02d} {self.cfg.kind}:{self.cfg.name}"
+        return stage_progress(label, kind_of(self.cfg.kind).progress_unit, self.run_id, self.cfg.name)
+
+    def hold(self) -> contextlib.AbstractContextManager:
+        return compute_slot(self.cfg.kind)
+
+    def starts(self, found: Standing) -> None:
+        if found.rebuilt:
+            get_run_logger().warning(f"stage {self.cfg.name}: {found.rebuilt}; rebuilding it")
+
+    def notice(self, text: str) -> None:
+        get_run_logger().warning(text)
+
+    def end(self, outcome: StageOutcome | None) -> None:
+        """MLflow's run of a stage that ran: its plots and FINISHED, or FAILED (None)."""
+        if self.tracker is None:
+            return
+        if outcome is None:
+            self.tracker.end_stage(self.metrics, {}, "FAILED")
+            return
         try:
-            tracker.log_checkpoint_files(sink, store, result.checkpoint.key, list(result.plots.values()))
+            plots = list(outcome.plots.values())
+            self.tracker.log_checkpoint_files(self.metrics, self.store, outcome.checkpoint.key, plots)
         except Exception as e:  # the checkpoint is committed; a lost plot must not fail the stage
-            get_run_logger().warning(f"MLflow: plots of {cfg.name} not logged ({e})")
-        tracker.end_stage(sink, result.metrics, "FINISHED")
-    return result.checkpoint
+            get_run_logger().warning(f"MLflow: plots of {self.cfg.name} not logged ({e})")
+        self.tracker.end_stage(self.metrics, outcome.metrics, "FINISHED")
 
 
-def _record(
-    store: Store,
-    report: RunReport,
-    cfg,
-    status: str,
-    uri: str | None,
-    seconds: float,
-    metrics: dict,
-    plots: dict[str, str] | None = None,
-    rebuilt: str | None = None,
-    peak_rss_mb: float | None = None,
-) -> None:
-    """plots: name -> store URI of an image in the stage's checkpoint; rebuilt: why a committed one was redone;
-    peak_rss_mb: the process's peak resident memory while the stage ran."""
-    report.record_stage(
-        StageRecord(
-            **_kind_facts(cfg),
-            status=status,
-            checkpoint=uri,
-            seconds=round(seconds, 1),
-            metrics=metrics,
-            plots=plots or {},
-            rebuilt=rebuilt,
-            peak_rss_mb=round(peak_rss_mb, 1) if peak_rss_mb else None,
-        )
-    )
+def _record(store: Store, report: RunReport, cfg: StageConfig, memory: PeakMemory, **outcome: Any) -> None:
+    """The stage's row of the report: its kind's facts, `outcome` (StageRecord's fields: status, checkpoint, seconds,
+    metrics, plots, rebuilt) and the process's peak resident memory while the stage ran."""
+    peak = memory.peak_mb()
+    report.record_stage(StageRecord(**_kind_facts(cfg), **outcome, peak_rss_mb=round(peak, 1) if peak else None))
     report.save(store)
 
 
@@ -167,13 +173,6 @@ def _kind_facts(cfg: StageConfig) -> dict[str, Any]:
     """What a stage's record says of it beside its outcome: its name, its kind, its kind's report card (the page
     draws it from the record, knowing no kind), and for a gate's recovery the stage it recovers."""
     return {"name": cfg.name, "kind": cfg.kind, "card": kind_of(cfg.kind).report_card, "recovers": recovered(cfg.name)}
-
-
-def _close_quietly(steps: StepLog) -> None:
-    try:
-        steps.close()
-    except Exception as e:  # the stage's own error is the one to raise
-        get_run_logger().warning(f"step log {steps.key} not written ({e})")
 
 
 class PeakMemory:

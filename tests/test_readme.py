@@ -84,6 +84,10 @@ def test_the_runnable_readme_blocks_run_as_written(tmp_path):
     said = out + result.stderr
     assert "WARNING" not in said and "Warning" not in said, said[-3000:]
     assert "| INFO" not in said and "Error logging to API" not in said, said[-3000:]
+    assert "Downloading artifacts" not in said, said[-3000:]  # MLflow's bars, as the resume logged its tables again
+    assert re.search(r"^│ first +│ finished +│ sft_data:completed, sft:completed, ", out, re.M), out[-3000:]
     links = json.loads((home / "runs" / "first" / "report.json").read_text())["links"]
     assert "prefect" not in links  # the command's own server is gone once it ends: no dead link
-    assert links["mlflow"].startswith(f"sqlite:///{home}/mlflow.db#/experiments/")
+    # a local MLflow store: the page `mlflow ui` serves, and that command (a sqlite: URI is no page a browser opens)
+    assert links["mlflow"].startswith("http://127.0.0.1:5000/#/experiments/")
+    assert links["mlflow_ui"] == f"mlflow ui --backend-store-uri sqlite:///{home}/mlflow.db"

@@ -27,6 +27,9 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     from cascade.artifacts.report import GREEDY_COLUMN
 
     domains, rows = report.forgetting_matrix()
+    if not rows:  # no eval, so no gate decision or gain either
+        console.print(f"forgetting matrix ({report.run_id}): no evals yet", highlight=False)
+        return
     items = item_scores(store, report.run_id) if store is not None else {}
 
     def cell(stage: str, domain: str, score: float | None) -> str:
@@ -39,7 +42,8 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     stage_width = max([len("after stage")] + [len(stage) for stage, _ in rows]) + 4
     widths = [max([len(d)] + [len(r[i]) for r in cells]) + 3 for i, d in enumerate(domains)]
     for part in column_groups(widths, console.width - stage_width):
-        table = Table(title=f"Forgetting matrix: eval score after each stage ({report.run_id})")
+        title = f"Forgetting matrix: eval score after each stage ({report.run_id})"
+        table = Table(title=title, min_width=len(title))  # a table of few columns would wrap its title
         table.add_column("after stage", no_wrap=True)
         for i in part:
             table.add_column(domains[i], justify="right", no_wrap=True)
@@ -59,25 +63,30 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
         )
     gains = stage_gains([stage for stage, _ in rows], items, targets or {})
     if gains:
-        table = Table(
-            "stage",
-            "domain",
-            "before",
-            "after",
-            "paired gain",
-            "in SE",
-            title="Gains of each RL stage on its own domains",
+        console.print(gains_table(gains))
+
+
+def gains_table(gains) -> Table:
+    """Each RL stage's paired gain on its own domains (`html_report.stage_gains`), a row per stage and column."""
+    table = Table(
+        "stage",
+        "domain",
+        "before",
+        "after",
+        "paired gain",
+        "in SE",
+        title="Gains of each RL stage on its own domains",
+    )
+    for g in gains:
+        table.add_row(
+            g.stage,
+            g.domain,
+            f"{g.before:.3f}",
+            f"{g.after:.3f}",
+            f"{g.gain:+.3f} ± {g.se:.3f}" if g.se else f"{g.gain:+.3f}",
+            f"{g.in_se:+.1f}" if g.in_se is not None else "-",
         )
-        for g in gains:
-            table.add_row(
-                g.stage,
-                g.domain,
-                f"{g.before:.3f}",
-                f"{g.after:.3f}",
-                f"{g.gain:+.3f} ± {g.se:.3f}" if g.se else f"{g.gain:+.3f}",
-                f"{g.in_se:+.1f}" if g.in_se is not None else "-",
-            )
-        console.print(table)
+    return table
 
 
 def column_groups(widths: list[int], room: int) -> list[list[int]]:
@@ -94,24 +103,13 @@ def column_groups(widths: list[int], room: int) -> list[list[int]]:
 
 
 def stage_positions(store, run_id: str, recipe) -> list[tuple[str, str, int | None]]:
-    """Where each stage of a run stands, as a resume takes it up: (name, what a resume does, the step it continues
-    from): committed (skipped), continuing from its newest step checkpoint under its config, or starting."""
-    from cascade.artifacts.checkpoint import committed, committed_steps
-    from cascade.artifacts.config import config_hash
-    from cascade.artifacts.layout import stage_key
+    """Where each stage of a run stands, as a resume takes it up (the stage-execution core decides, in
+    stages/execution.py): (name, what a resume does, the step it continues from): committed (skipped), rebuilt and
+    why, continuing from its newest step checkpoint, or starting."""
+    from cascade.stages.execution import describe, standings
 
-    positions = []
-    for index, cfg in enumerate(recipe.stages):
-        key = stage_key(run_id, index, cfg.name)
-        steps = committed_steps(store, key, config_hash(cfg))
-        if committed(store, key) is not None:
-            positions.append((cfg.name, "committed, skipped", None))
-        elif steps:
-            of = cfg.step_count() or "?"
-            positions.append((cfg.name, f"continues from its step checkpoint {steps[-1]} of {of}", steps[-1]))
-        else:
-            positions.append((cfg.name, "starts", None))
-    return positions
+    found = standings(recipe, store, run_id)
+    return [(step.stage.name, describe(here, step.stage), here.resumes_from) for step, here in found]
 
 
 def _load_report(st, run_id: str):
@@ -146,15 +144,17 @@ def status(
             try:
                 rep = _load_report(st, r)
                 stages = [[s.name, s.status] for s in rep.stages] if rep else []
+                state = run_state(st, r, rep)
             except CLIError as e:
-                stages = [["report", f"unreadable ({e})"]]
-            summary.append({"run_id": r, "stages": stages})
+                stages, state = [["report", f"unreadable ({e})"]], "unknown"
+            summary.append({"run_id": r, "state": state, "stages": stages})
         if as_json:
             typer.echo(json.dumps(summary))
             return
-        table = Table("run id", "stages")
+        table = Table("run id", "state", "stages")
         for row in summary:
-            table.add_row(row["run_id"], ", ".join(f"{n}:{s}" for n, s in row["stages"]) or "(not started)")
+            stages = ", ".join(f"{n}:{s}" for n, s in row["stages"]) or "(none recorded)"
+            table.add_row(row["run_id"], row["state"], stages)
         console.print(table)
         return
     recipe = stored_recipe(st, run_id)
@@ -189,6 +189,19 @@ def run_process(store, run_id: str, report) -> str:
     if report.status is None or report.status == "FAILED":
         return f"not running; `cascade resume {run_id}` continues it"
     return f"not running: {report.status.lower()}"
+
+
+def run_state(store, run_id: str, report) -> str:
+    """A run in one word: `running` (a live lease), `finished` or `failed` (how its record's last finish ended),
+    else `killed`: its process ended without recording a finish (a kill leaves its lease behind, expired or
+    owned by a process that is gone)."""
+    from cascade.artifacts.lease import is_live, read_lease
+
+    if is_live(read_lease(store, run_id)):
+        return "running"
+    if report is not None and report.status in ("FINISHED", "FAILED"):
+        return report.status.lower()
+    return "killed"
 
 
 def stage_status(store, run_id: str, index: int, name: str, recorded: str) -> str:

@@ -67,27 +67,34 @@ def regression_eval_cmd(
     if as_json:
         typer.echo(json.dumps(rows))
     else:
-        table = Table(
-            "checkpoint",
-            "domain",
-            "score",
-            "baseline",
-            "drop",
-            "tolerance",
-            "verdict",
-            title=f"regression eval against baseline {baseline!r}",
-        )
-        for r in rows:
-            table.add_row(
-                r["checkpoint"],
-                r["domain"],
-                f"{r['score']:.3f}",
-                *("-" if r[k] is None else str(r[k]) for k in ("baseline", "drop", "tolerance")),
-                r["verdict"],
-            )
-        console.print(table)
+        console.print(verdicts_table(rows, baseline))
     if regressions(rows):
         raise typer.Exit(1)
+
+
+def verdicts_table(rows: list[dict], baseline: str) -> Table:
+    """A regression eval's rows (`stages.evals.regression.compare`), scores to 3 decimals as a baseline shows them."""
+    table = Table(
+        "checkpoint",
+        "domain",
+        "score",
+        "baseline",
+        "drop",
+        "tolerance",
+        "verdict",
+        title=f"regression eval against baseline {baseline!r}",
+    )
+    for r in rows:
+        table.add_row(
+            r["checkpoint"],
+            r["domain"],
+            f"{r['score']:.3f}",
+            "-" if r["baseline"] is None else f"{r['baseline']:.3f}",
+            "-" if r["drop"] is None else f"{r['drop']:+.3f}",
+            str(r["tolerance"]),
+            r["verdict"],
+        )
+    return table
 
 
 @baseline_app.command("set")

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import fsspec
-
 from cascade.artifacts.config import StorageConfig
 from cascade.artifacts.store import storage_options
+from cascade.artifacts.user_files import open_user_file
 from cascade.stages.domains.base import Domain, Item
 from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 
@@ -130,7 +129,8 @@ def check_meta(item: Item, where: str) -> None:
 
 
 def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool) -> Iterator[Item]:
-    """A user's JSONL or Parquet file, local or remote, read in a stream and mapped to items by field name."""
+    """A user's JSONL or Parquet file, local or remote, read in a stream and mapped to items by field name: the
+    prompt, the reference, and as the meta, the meta object's keys and every other column of the row."""
     for index, row in enumerate(_file_records(src)):
         where = f"{src.path}: row {index + 1}"
         prompt, reference = row.get(src.prompt_field), row.get(src.reference_field)
@@ -141,7 +141,10 @@ def _file_items(src: FileSource, domain: str, label: str, needs_reference: bool)
             raise SourceError(f"{where}: no {src.reference_field!r} string, which the oracle teacher answers with")
         if not isinstance(meta, dict):
             raise SourceError(f"{where}: {src.meta_field!r} is not an object")
-        yield Item(domain, f"{label}-{index}", prompt, reference if isinstance(reference, str) else "", meta)
+        # TRL's shape: the row's other columns are fields of the item beside its meta's, as a reward function takes them
+        named = (src.prompt_field, src.reference_field, src.meta_field)
+        columns = {key: value for key, value in row.items() if key not in named}
+        yield Item(domain, f"{label}-{index}", prompt, reference if isinstance(reference, str) else "", columns | meta)
 
 
 def _file_conversations(src: FileSource, domain: str, label: str) -> Iterator[Row]:
@@ -162,14 +165,14 @@ def _file_records(src: FileSource) -> Iterator[dict[str, Any]]:
     if _file_format(src) == "parquet":
         import pyarrow.parquet as pq
 
-        with fsspec.open(src.path, "rb", **options) as f:
+        with open_user_file(src.path, **options) as f:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH):
                 yield from batch.to_pylist()
         return
     from cascade.stages.domains.benchdata import parse_jsonl_lines
 
     # binary: a text stream decodes ahead in blocks, so its UnicodeDecodeError could not name the row
-    with fsspec.open(src.path, "rb", compression="infer", **options) as f:
+    with open_user_file(src.path, compression="infer", **options) as f:
         for number, row in parse_jsonl_lines(f):
             if isinstance(row, Exception):
                 raise SourceError(f"{src.path}:{number}: {row}")

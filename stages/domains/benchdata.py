@@ -14,6 +14,7 @@ array, CSV or Parquet.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts.user_files import UnreadableFile, check_user_file, open_user_file
 from cascade.stages.domains import DOMAIN_CLASSES, domain_names, get_domain
 from cascade.stages.domains.base import Item
 
@@ -51,19 +53,17 @@ def read_jsonl_lines(location: str | Path) -> Iterator[tuple[int, dict[str, Any]
     The format follows the name: .parquet, .csv, .json (a JSON array, or JSON lines as the BFCL files are), else
     JSON lines; a .gz (or other compression suffix fsspec knows) is decompressed first.
     """
-    import fsspec
-
     name = str(location)
     stem = name[: -len(".gz")] if name.endswith(".gz") else name
     if stem.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        with fsspec.open(name, "rb") as f:
+        with open_user_file(name) as f:
             rows = pq.read_table(f).to_pylist()
         yield from enumerate(rows, 1)
         return
     # errors="replace": a bad byte fails its row, not the file
-    with fsspec.open(name, "rt", compression="infer", encoding="utf-8", errors="replace") as f:
+    with open_user_file(name, compression="infer") as raw, io.TextIOWrapper(raw, "utf-8", errors="replace") as f:
         if stem.endswith(".csv"):
             yield from enumerate(csv.DictReader(f), 1)
         elif stem.endswith(".json") and (text := f.read()).lstrip().startswith("["):
@@ -108,10 +108,10 @@ def parse_jsonl_lines(lines: Iterable[str | bytes]) -> Iterator[tuple[int, dict[
 
 def read_rows(location: str | Path) -> list[tuple[int, dict[str, Any] | Exception]]:
     """Every (row number, row or error) of a file or URL; one that cannot be read at all is a BenchmarkError."""
-    if not is_url(location) and not Path(location).is_file():
-        raise BenchmarkError(f"data file not found: {location}")
     try:
         return list(read_jsonl_lines(location))
+    except UnreadableFile as e:  # missing, or a FIFO or device that a read would wait on or never finish
+        raise BenchmarkError(str(e)) from None
     except (OSError, ImportError, ValueError) as e:  # unreachable URL, no such remote file, corrupt Parquet
         hint = (
             " (cascade sets HF_HUB_OFFLINE=1 unless you set it: HF_HUB_OFFLINE=0 reads hf:// URLs)"
@@ -254,8 +254,11 @@ def missing_data(spec: BenchmarkSpec, data_root: Path) -> str | None:
         return None if data_root.exists() else f"data root not found: {data_root}"
     if loader.relpath is None:
         return loader.no_file()
-    path = data_root / loader.relpath
-    return None if path.exists() else f"data file not found: {path}"
+    try:
+        check_user_file(data_root / loader.relpath)
+    except UnreadableFile as e:
+        return str(e)
+    return None
 
 
 def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) -> list[BenchmarkSpec]:
@@ -264,8 +267,11 @@ def resolve_benchmarks(names: list[str], data_file: str | Path | None = None) ->
         raise BenchmarkError("no benchmark given")
     if data_file is not None and len(names) != 1:
         raise BenchmarkError("--data needs exactly one --benchmark (it says which format and grader the file uses)")
-    if data_file is not None and not is_url(data_file) and not Path(data_file).is_file():
-        raise BenchmarkError(f"data file not found: {data_file}")
+    if data_file is not None:
+        try:
+            check_user_file(data_file)  # a local path or file:// URL; a FIFO's read would wait forever
+        except UnreadableFile as e:
+            raise BenchmarkError(str(e)) from None
     registry = benchmark_registry()
     specs = []
     for name in names:

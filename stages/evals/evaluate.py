@@ -1,5 +1,5 @@
 """Evaluate a policy on every recipe domain's eval split (`eval.split`: held-out, or dev while tuning) with the
-domain's own grader.
+domain's own grader, or with the reward of one's own its `eval_reward` names.
 
 The primary metric of a domain is each item's mean grade over k answers sampled at the temperature RL trains at
 (`Recipe.eval_sampling`), averaged over items: RL moves the sampled distribution, and a sampled mean over k answers
@@ -24,6 +24,7 @@ from cascade.artifacts.store import Store
 from cascade.stages.engines import make_engine
 from cascade.stages.engines.interface import RolloutEngine, SamplingParams
 from cascade.stages.recipe.schema import Recipe
+from cascade.stages.scoring.rewards import CallableRewards
 from cascade.stages.train.context import load_checkpoint
 from cascade.stages.train.model import prompt_ids
 
@@ -86,11 +87,11 @@ def score_column(
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """One column of a domain: each item's mean grade over `samples` answers at temperature t, and beside a sampled
     column its pass@k over the same answers."""
-    spec, domain = recipe.domains[name], recipe.domain(name)
+    spec = recipe.domains[name]
     sampling = SamplingParams(temperature=t, max_new_tokens=spec.max_new_tokens)
     answers = engine.generate(prompts, samples, sampling, seeds=seeds, progress=progress)
     groups = [[c.text for c in group] for group in answers]
-    grades = answer_grades(domain, items, groups)  # [item][answer]
+    grades = answer_grades(recipe, name, items, groups)  # [item][answer]
     per_item = {column: [sum(g) / len(g) for g in grades]}
     if samples > 1 and not column.startswith(DEV_COLUMN):  # the same answers: is any of them fully right
         per_item[pass_at_column(name, samples)] = [float(max(g) >= 1.0) for g in grades]
@@ -105,10 +106,16 @@ def score_column(
     return scores, rows
 
 
-def answer_grades(domain, items, groups: list[list[str]]) -> list[list[float]]:
-    """Each item's grades of its answers (groups[i]: item i's k answers)."""
+def answer_grades(recipe: Recipe, name: str, items, groups: list[list[str]]) -> list[list[float]]:
+    """Each item's grades of its answers (groups[i]: item i's k answers): by the domain's grader, or by the reward
+    of one's own that the domain's `eval_reward` names."""
     k = len(groups[0]) if groups else 1
-    flat = domain.grade_batch([it for it in items for _ in range(k)], [t for g in groups for t in g])
+    answered, texts = [it for it in items for _ in range(k)], [t for g in groups for t in g]
+    reward = recipe.domains[name].eval_reward
+    if reward is None:
+        flat = recipe.domain(name).grade_batch(answered, texts)
+    else:
+        flat = CallableRewards(reward, None, {}).grades(list(zip(answered, texts)))
     return [flat[i * k : (i + 1) * k] for i in range(len(items))]
 
 

@@ -9,9 +9,13 @@ checkpoint per domain as teachers. This module only decides; the flow acts.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cascade.artifacts.report import EvalScores, GateDecision, selection_column
+
+if TYPE_CHECKING:
+    from cascade.stages.recipe.config_base import StageConfig
+    from cascade.stages.recipe.schema import Recipe
 
 Policy = Literal["recover", "warn", "fail"]
 
@@ -56,3 +60,11 @@ def best_stages(evals: list[EvalScores], domains: list[str]) -> dict[str, str]:
     """domain -> the stage whose checkpoint holds the best score on it (the MOPD teacher for that domain)."""
     found = {d: best_so_far(evals, d) for d in domains}
     return {d: best[1] for d, best in found.items() if best is not None}
+
+
+def with_teachers(cfg: StageConfig, recipe: Recipe, evals: list[EvalScores]) -> StageConfig | None:
+    """A stage that takes teachers (`teachers: auto`, or the gate's recovery) with them chosen: per domain
+    (cfg.domains, default every recipe domain), the stage whose checkpoint holds that domain's best dev score in
+    `evals`; None when none of those domains was evaluated."""
+    teachers = best_stages(evals, cfg.domains or list(recipe.domains))
+    return cfg.model_copy(update={"teachers": teachers}) if teachers else None

@@ -188,12 +188,13 @@ class FinishedRun:
 
     run_id: str
     recipe_uri: str  # the run's own recipe, runs/<id>/recipe.json
-    checkpoint: str  # the URI of its final policy: the stage of its last eval
+    checkpoint: str  # the URI of its final policy (the stage of its last eval) in the store it was found in
     created: float  # when that checkpoint was committed (its manifest)
 
 
 def newest_finished_run(store: Store) -> FinishedRun | None:
-    """The finished run whose final policy was committed last, or None when the store holds no finished run."""
+    """The finished run whose final policy was committed last, or None when the store holds no finished run. Its
+    checkpoint and recipe are named inside `store`, wherever the run was when it ran."""
     from cascade.artifacts.report import RunReport
     from cascade.stages.recipe.config_base import SOURCE_EVAL
 
@@ -208,10 +209,10 @@ def newest_finished_run(store: Store) -> FinishedRun | None:
         evaluated = [e.after_stage for e in report.evals if e.after_stage != SOURCE_EVAL]
         last = report.stage(evaluated[-1]) if evaluated else None
         uri = last.checkpoint if last else None
-        key = store.key_of(uri) if uri else None
+        key = layout.run_relative_key(uri, run_id) if uri else None  # the report names where the store was then
         created = _committed_at(store, run_id, key) if key else None
         if created is not None:
-            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), uri, created))
+            found.append(FinishedRun(run_id, store.uri(layout.recipe_key(run_id)), store.uri(key), created))
     return max(found, key=lambda run: run.created, default=None)
 
 

@@ -231,10 +231,6 @@ class StageConfig(Strict):
         """Its own `compute:` keys over the recipe's; None: it sets none (only a training stage may)."""
         return None
 
-    def check_compute(self, compute: ComputeConfig) -> None:
-        """Refuse (ValueError) a placement the stage cannot run in; `compute`: the recipe's with the stage's own
-        keys in place."""
-
 
 class OptimizerConfig(Strict):
     """The optimizer every training stage uses: AdamW, weight decay on matrices only (norm gains and biases are
@@ -273,6 +269,8 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     # Hashed only when set, so that a stage without it keeps the hash (and the step checkpoints) it had before
     # the field existed.
     hashed_when_set: ClassVar[frozenset[str]] = frozenset({"lora"})
+    # the model it trains is a causal LM; a reward model's is a sequence classifier (its head: `score`)
+    trains_classifier: ClassVar[bool] = False
 
     def step_count(self) -> int | None:
         return self.steps
@@ -280,9 +278,10 @@ class TrainingConfig(StageConfig, OptimizerConfig):
     def compute_override(self) -> ComputeOverride | None:
         return self.compute
 
-    def check_compute(self, compute: ComputeConfig) -> None:
-        if self.lora is not None and compute.world_size > 1:
-            raise ValueError(f"stage {self.name!r}: lora trains in one process; set its compute to one rank")
+    def backbone(self, source: str) -> str:
+        """The model source whose architecture the stage trains, given the recipe's: that one, which every stage
+        starts from or starts from a stage that did."""
+        return source
 
 
 class ForwardOptions(Strict):

@@ -29,7 +29,7 @@ from cascade.stages.recipe.config_base import SOURCE_EVAL, ComputeConfig, OnPoli
 from cascade.stages.recipe.estimate import StageEstimate
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.sections import EngineConfig, GateConfig
-from cascade.stages.recipe.walk import GateStep, SourceEval, StageStep, walk
+from cascade.stages.recipe.walk import GateStep, SourceEval, StageStep, stage_steps, walk
 
 
 @dataclass(frozen=True)
@@ -84,26 +84,16 @@ def model_size(recipe: Recipe, params: float | None = None, active: float | None
     is not on this machine)."""
     if params is not None:
         return ModelSize(int(params), int(active or params), from_config=False)
-    import torch
-
-    from cascade.stages.train.model import build_tiny_model
-    from cascade.stages.train.model_source import ModelSourceError, model_config
-    from cascade.stages.train.tokenizer import load_tokenizer
+    from cascade.stages.train.model import meta_model
+    from cascade.stages.train.model_source import ModelSourceError
 
     try:
-        config = model_config(recipe.model.source)  # no weights read, none converted
+        model = meta_model(recipe.model)
     except ModelSourceError as e:
         raise ModelSourceError(
             f"{e}; to plan for a model that is not on this machine, give its size: --params N "
             "(and --active-params N for a mixture of experts)"
         ) from None
-    with torch.device("meta"):
-        if config is None:
-            model = build_tiny_model(recipe.model, len(load_tokenizer()), recipe.seed)
-        else:
-            from transformers import AutoModelForCausalLM
-
-            model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
     return ModelSize(total, int(active or total), from_config=True)
 
@@ -349,7 +339,7 @@ def draw_dag(recipe: Recipe, path: Path) -> None:
     ax.set_ylim(-0.8 * n - 0.2, 0.8)
     ax.axis("off")
     box = dict(boxstyle="round,pad=0.3", fc="#e8f0fe", ec="#3367d6")
-    for i, cfg in enumerate(recipe.stages):
+    for i, cfg in ((step.index, step.stage) for step in stage_steps(recipe)):  # the walk's positions
         y = -0.8 * i
         ax.text(1.8, y, f"{cfg.name}\n[{cfg.kind}]", ha="center", va="center", fontsize=9, bbox=box)
         if i:

@@ -1,17 +1,17 @@
 """A recipe file read whole and bounded: where a recipe name or path points (the shipped recipes are package data),
 and its YAML parsed into the raw mapping `stages/recipe/schema.py` validates, refusing in one line what would hang or
-overflow the stack (a huge file, a FIFO, deep nesting, a recursive or exploding alias).
+overflow the stack (a huge file, a FIFO or a device, deep nesting, a recursive or exploding alias).
 """
 
 from __future__ import annotations
 
-import stat
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cascade.artifacts.user_files import UnreadableFile, read_user_file
 from cascade.stages.errors import RecipeError
 
 # The shipped recipes are package data: a checkout, an editable install and a wheel all find them here.
@@ -38,26 +38,27 @@ def resolve_recipe_path(name_or_path: str) -> Path:
 
 def read_recipe_file(path: Path) -> dict[str, Any]:
     """The raw mapping of a recipe file, named after the file unless it names itself."""
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        raise RecipeError(f"cannot read recipe {path}: {e.strerror}") from None
-    if not stat.S_ISREG(mode):  # a directory or a FIFO named x.yaml: reading would fail or hang
-        raise RecipeError(f"recipe {path} is not a regular file")
-    if path.stat().st_size > MAX_RECIPE_BYTES:
-        raise RecipeError(f"recipe {path} is larger than {MAX_RECIPE_BYTES} bytes")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise RecipeError(f"recipe {path} is not UTF-8 text") from None
-    raw = parse_recipe_text(text, str(path))
+    raw = parse_recipe_text(read_recipe_bytes(path), str(path))
     raw.setdefault("name", path.stem)
     return raw
 
 
-def parse_recipe_text(text: str, source: str) -> dict[str, Any]:
-    if len(text) > MAX_RECIPE_BYTES:  # a recipe given by URI is read whole before it comes here
+def read_recipe_bytes(location: str | Path) -> bytes:
+    """A recipe file's bytes, from a path or a `file://` URI: a directory, a FIFO or a device (/dev/zero) is
+    refused without being read, and a longer file than MAX_RECIPE_BYTES once one byte past it has been read."""
+    try:
+        return read_user_file(location, MAX_RECIPE_BYTES, what="recipe")
+    except UnreadableFile as e:
+        raise RecipeError(str(e)) from None
+
+
+def parse_recipe_text(data: bytes, source: str) -> dict[str, Any]:
+    if len(data) > MAX_RECIPE_BYTES:  # a caller's own reader of a recipe URI may not bound what it read
         raise RecipeError(f"recipe {source} is larger than {MAX_RECIPE_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"recipe {source} is not UTF-8 text") from None
     try:
         raw = load_bounded_yaml(text, source)
     except yaml.YAMLError as e:

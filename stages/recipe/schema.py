@@ -29,6 +29,7 @@ from cascade.stages.recipe.config_base import (
     RecipeName,
     Seed,
     StageConfig,
+    TrainingConfig,
 )
 from cascade.stages.recipe.data_sources import FileSource, ReadsDataFiles, SharedSource, SyntheticSource
 from cascade.stages.recipe.recipe_file import load_bounded_yaml, read_recipe_file, resolve_recipe_path
@@ -83,7 +84,7 @@ class Recipe(Strict):
         return {**raw, "recovery": _stage_config("gate.recovery", recovery, info.context)}
 
     @model_validator(mode="after")
-    def _check_references(self) -> Recipe:
+    def _check_references(self, info: ValidationInfo) -> Recipe:
         from cascade.stages.domains import domain_names
 
         unknown = sorted(set(self.domains) - set(domain_names()))
@@ -100,7 +101,8 @@ class Recipe(Strict):
             raise ValueError(f"eval.source names the model source's eval row {SOURCE_EVAL!r}: rename that stage")
         for i, stage in enumerate(self.stages):
             _check_stage(stage, self.stages[:i], set(self.domains))
-            stage.check_compute(self.compute_for(stage))
+            _check_lora_targets(f"stage {stage.name!r}", stage, self.model, info)
+        _check_lora_targets("gate.recovery", self.gate.recovery, self.model, info)
         if not kind_of(self.gate.recovery.kind).recovers:
             raise ValueError(
                 f"gate.recovery: a {self.gate.recovery.kind} stage cannot recover; kinds that can: "
@@ -200,12 +202,35 @@ def _check_stage(stage: StageConfig, earlier: list[StageConfig], domains: set[st
         _check_sources(stage)
 
 
+def _check_lora_targets(where: str, stage: StageConfig, model: ModelConfig, info: ValidationInfo) -> None:
+    """Each name of a `lora.target_modules` list matches a layer of the model the stage trains, whose architecture
+    is built from its config on the meta device (no weights read). A run's stored recipe is not checked again."""
+    if not isinstance(stage, TrainingConfig) or stage.lora is None or stage.lora.target_modules == "all-linear":
+        return
+    if (info.context or {}).get(STORED):
+        return
+    from cascade.stages.train.lora import unknown_targets
+    from cascade.stages.train.model import meta_model
+
+    try:
+        architecture = meta_model(model, stage.backbone(model.source), classifier=stage.trains_classifier)
+    except OSError as e:  # a model that is not on this machine (smollm2-135m without its wheel)
+        raise ValueError(f"{where}: lora.target_modules cannot be checked: {e}") from None
+    unknown, names = unknown_targets(architecture, stage.lora.target_modules)
+    if unknown:
+        raise ValueError(
+            f"{where}: lora.target_modules {unknown} match no layer of the model; the names that would: "
+            f"{', '.join(names)}"
+        )
+
+
 def _check_benchmarks(cfg: EvalConfig) -> None:
-    """Every benchmark column loads: a registered benchmark's file is under the data root, a user's file exists
-    (when local) in a known format. Here, not at the first eval: a missing file found there had cost the run its SFT
-    stage."""
+    """Every benchmark column loads: a registered benchmark's file is under the data root, a user's file (when
+    local: a path or file:// URL) is in a known format and every row of it parses. Here, not at the first eval: a
+    missing file or a bad row found there had cost the run its SFT stage."""
+    from cascade.artifacts.user_files import local_path
     from cascade.stages.domains import domain_names
-    from cascade.stages.domains.benchdata import benchmark_registry, is_url, missing_data
+    from cascade.stages.domains.benchdata import benchmark_registry, missing_data
 
     known = benchmark_registry()
     for name, spec in cfg.benchmarks.items():
@@ -226,8 +251,18 @@ def _check_benchmarks(cfg: EvalConfig) -> None:
                 f"{where}: format {spec.source(name)!r} is neither a benchmark ({', '.join(sorted(known))}) nor a "
                 f"domain ({', '.join(domain_names())})"
             )
-        if not is_url(spec.file) and not Path(spec.file).is_file():
-            raise ValueError(f"{where}: file not found: {spec.file}")
+        if local_path(spec.file) is not None:  # a remote file's rows are read when the eval runs
+            _check_benchmark_rows(where, spec.source(name), spec.file)
+
+
+def _check_benchmark_rows(where: str, source: str, file: str) -> None:
+    from cascade.stages.domains.benchdata import BenchmarkError, load_items, resolve_benchmarks
+
+    try:
+        if not load_items(resolve_benchmarks([source], file)[0], data_file=file):
+            raise BenchmarkError(f"{file} holds no items")
+    except BenchmarkError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _check_sources(cfg: ReadsDataFiles) -> None:

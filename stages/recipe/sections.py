@@ -12,7 +12,7 @@ is the registry's business (`stages/kinds/registry.py`); the recipe that ties th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, SerializeAsAny, model_validator
 
@@ -27,6 +27,7 @@ from cascade.stages.recipe.config_base import (
     _no_bool,
     resolve_data_root,
 )
+from cascade.stages.scoring.reward_sources import CallableReward
 
 
 class RopeScaling(Strict):
@@ -108,6 +109,8 @@ class EngineConfig(Strict):
 
 
 class DomainSpec(Strict):
+    # the evals' scorer moves no data build: hashed (in sft_data's build hash) only when set
+    hashed_when_set: ClassVar[frozenset[str]] = frozenset({"eval_reward"})
     train_size: Count = 4000
     heldout_size: Count = 800  # items in the eval split (held-out or dev); 800 resolve a ~3-point gain (docs/LOG.md)
     dev_size: Count | None = (
@@ -123,6 +126,10 @@ class DomainSpec(Strict):
         None
     )
     eval_samples: Annotated[int, Field(strict=True, ge=1, le=64)] | None = None
+    # what scores the eval's answers (every column: held-out, dev, greedy, pass@k); None: the domain's grader. A
+    # reward of one's own ({kind: callable, function: "pkg.module:f"}, as an RL stage names it), so the evals
+    # measure what that stage trains on; each of its scores must lie in [0, 1], as a grade does.
+    eval_reward: CallableReward | None = None
     # keyword arguments of the domain's constructor, e.g. longctx: {num_keys: 8, num_filler: 40} for a longer
     # haystack; every item of the domain (train, held-out, SFT data) is generated with them
     options: dict[str, int | float | str | bool] = {}

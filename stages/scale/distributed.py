@@ -189,8 +189,11 @@ def full_state_dict(model: torch.nn.Module, world: World) -> dict[str, torch.Ten
 
 
 def full_weights_everywhere(model: torch.nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """The whole model's weights on every rank (a collective): what a rank's unsharded rollout copy loads."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    """The whole model's weights on every rank (a collective): what a rank's unsharded rollout copy loads, with
+    LoRA merged (a plain model's names and weights)."""
+    from cascade.stages.train.lora import merged_state_dict
+
+    return merged_state_dict(model, get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
 
 
 def save_train_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:

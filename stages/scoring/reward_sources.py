@@ -141,6 +141,9 @@ class RewardSourceRow:
     config: type[RewardSourceConfig]
     build: RewardBuild
     frozen_forward: bool = False  # scoring forwards a frozen model over every sampled token (the plan's cost)
+    # its scoring, or a metric it logs beside it, calls the domain's grader: each prompt row must carry the meta that
+    # grader reads (checked when the recipe validates)
+    uses_grader: bool = True
 
 
 REWARD_SOURCES: dict[str, RewardSourceRow] = {}
@@ -197,6 +200,11 @@ def reward_terms(reward: Any) -> list[WeightedReward]:
     return list(reward) if isinstance(reward, list) else [WeightedReward(source=reward)]
 
 
+def reward_uses_grader(reward: Any) -> bool:
+    """Whether any term of a stage's reward calls the domain's grader (a reward of one's own reads a row as it is)."""
+    return any(REWARD_SOURCES[term.source.kind].uses_grader for term in reward_terms(reward))
+
+
 def reward_reads(reward: Any, field: str) -> list[Read]:
     """The earlier stages a stage's reward scores with (`field`: where the reward sits in the stage config)."""
     if not isinstance(reward, list):
@@ -213,6 +221,11 @@ for _row in (
         frozen_forward=True,
     ),
     RewardSourceRow("judge", JudgeReward, imported_on_call("cascade.stages.scoring.judge", "JudgeRewards")),
-    RewardSourceRow("callable", CallableReward, imported_on_call("cascade.stages.scoring.rewards", "CallableRewards")),
+    RewardSourceRow(
+        "callable",
+        CallableReward,
+        imported_on_call("cascade.stages.scoring.rewards", "CallableRewards"),
+        uses_grader=False,
+    ),
 ):
     register_reward_source(_row)

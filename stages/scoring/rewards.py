@@ -113,14 +113,19 @@ def correlation(x: torch.Tensor, y: torch.Tensor) -> float:
 class CallableRewards:
     """A user's function called as TRL calls a reward function: f(prompts, completions, **fields) -> list[float],
     one entry per rollout, prompts[k] the prompt of completions[k]; fields are the item's (`id`, `domain`,
-    `reference`, and each key of its `meta`, e.g. `answer`), each a list aligned with the completions."""
+    `reference`, and each key of its `meta`, e.g. `answer`, which for a file's row holds its other columns), each a
+    list aligned with the completions (None where an item lacks the key)."""
 
     def __init__(self, cfg: CallableReward, ctx: Any, stages: dict[str, CheckpointRef]):
         self.function, self.path, self.timeout_s = import_function(cfg.function), cfg.function, cfg.timeout_s
 
     def rewards(self, items: list[Item], groups: list[list[Completion]]) -> torch.Tensor:
         rows = [(item, c.text) for item, group in zip(items, groups) for c in group]
-        keys = sorted({k for item in items for k in item.meta})
+        return torch.tensor(self.scores(rows)).view(len(groups), -1)
+
+    def scores(self, rows: list[tuple[Item, str]]) -> list[float]:
+        """One reward per (item, completion) row, from one call of the function over them all."""
+        keys = sorted({k for item, _ in rows for k in item.meta})
         fields = {
             "id": [i.id for i, _ in rows],
             "domain": [i.domain for i, _ in rows],
@@ -128,7 +133,19 @@ class CallableRewards:
             **{k: [i.meta.get(k) for i, _ in rows] for k in keys},
         }
         scores = self.call(prompts=[i.prompt for i, _ in rows], completions=[text for _, text in rows], **fields)
-        return torch.tensor(checked_rewards(self.path, scores, len(rows))).view(len(groups), -1)
+        return checked_rewards(self.path, scores, len(rows))
+
+    def grades(self, rows: list[tuple[Item, str]]) -> list[float]:
+        """The rewards of (item, answer) rows as eval scores, each held to [0, 1] as a grader's are: pass@k counts
+        a 1 as fully right, and the gate's tolerance is a fraction of that scale."""
+        grades = self.scores(rows)
+        for k, grade in enumerate(grades):
+            if not 0.0 <= grade <= 1.0:
+                raise ValueError(
+                    f"reward function {self.path!r} returned {grade!r} for eval answer {k} of {len(grades)} (an eval "
+                    "scores in [0, 1])"
+                )
+        return grades
 
     def call(self, **kwargs: Any) -> Any:
         """The function's answer, from a worker thread waited on for at most timeout_s. A thread cannot be killed:

@@ -17,8 +17,9 @@ continues exactly where it stopped.
 Deviations from peft's own routines, and why: merging computes each layer's delta instead of calling
 `merge_and_unload()`, which rewrites the training module (and merge-then-unmerge leaves W off by a rounding each
 step); the engines sample from a plain copy of the model holding the merged weights (`MergedCopy`), because the
-lean decoder reads each projection's `weight`, which under peft is W alone. LoRA trains in one process: a stage
-with more than one rank and `lora` is refused when the recipe is validated.
+lean decoder reads each projection's `weight`, which under peft is W alone; under torchrun the merge reads the
+weights gathered from FSDP2's shards (`merged_state_dict(model, state)`), since the module holds shards of W, A
+and B.
 """
 
 from __future__ import annotations
@@ -58,15 +59,26 @@ def add_lora(model: torch.nn.Module, cfg: LoraConfig, seed: int, heads: tuple[st
     return model
 
 
+def unknown_targets(model: torch.nn.Module, targets: list[str]) -> tuple[list[str], list[str]]:
+    """(the targets that match no layer of `model` an adapter can take, the names that would): peft takes a target
+    to mean every module whose name is it or ends in `.<target>`, and adapts linear and embedding layers; a
+    target that matches nothing is refused only when the stage starts, and one of several is dropped silently."""
+    layers = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+    unknown = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in layers)]
+    return unknown, sorted({n.rpartition(".")[2] for n in layers})
+
+
 @torch.no_grad()
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The plain model's state dict: each adapted layer's weight W + (alpha / r) B A under the layer's own name,
-    each trained head under its own name, nothing of peft's. The module is not changed."""
+    each trained head under its own name, nothing of peft's. state: the model's whole state dict gathered from
+    its FSDP2 shards (stages.scale.distributed); None: the module's own. The module is not changed."""
     from peft.tuners.lora import LoraLayer
 
-    deltas = {name: m.get_delta_weight(ADAPTER) for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+    state = model.state_dict(keep_vars=False) if state is None else state
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     merged: dict[str, torch.Tensor] = {}
-    for key, tensor in model.state_dict(keep_vars=False).items():
+    for key, tensor in state.items():
         if ".lora_" in key or ".original_module." in key:
             continue
         key = key.replace(f".modules_to_save.{ADAPTER}.", ".")
@@ -75,21 +87,38 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             owner = owner.removesuffix(".base_layer")
             key = f"{owner}.{leaf}"
             if leaf == "weight":
-                tensor = tensor + deltas[owner].to(tensor.dtype)
+                tensor = tensor + lora_delta(layers[owner], owner, state).to(tensor.dtype)
         merged[key] = tensor
     return merged
 
 
-def save_adapter(model: torch.nn.Module, out_dir: Path, base: str) -> None:
+def lora_delta(layer: torch.nn.Module, name: str, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(alpha / r) B A of the adapted layer `name`, read from `state`: peft's get_delta_weight reads the module's
+    own A and B, which under FSDP2 are shards."""
+    from peft.tuners.lora import Embedding
+
+    if isinstance(layer, Embedding):  # A: [r, vocab], B: [dim, r]; the embedding's weight is [vocab, dim]
+        a, b = state[f"{name}.lora_embedding_A.{ADAPTER}"], state[f"{name}.lora_embedding_B.{ADAPTER}"]
+        transposed = True
+    else:
+        a, b = state[f"{name}.lora_A.{ADAPTER}.weight"], state[f"{name}.lora_B.{ADAPTER}.weight"]
+        transposed = layer.fan_in_fan_out
+    delta = b @ a
+    return (delta.T if transposed else delta) * layer.scaling[ADAPTER]
+
+
+def save_adapter(
+    model: torch.nn.Module, out_dir: Path, base: str, state: dict[str, torch.Tensor] | None = None
+) -> None:
     """The adapter (A, B and the trained heads) in peft's format: adapter_config.json and adapter_model.safetensors
     under the `base_model.model.` prefix that `PeftModel.from_pretrained` expects. base: where the model it adapts
-    is (its config's base_model_name_or_path)."""
+    is (its config's base_model_name_or_path); state: as for merged_state_dict."""
     import peft
     from safetensors.torch import save_file
 
     model.peft_config[ADAPTER].base_model_name_or_path = base
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = peft.get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    state = peft.get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER)
     save_file(
         {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()},
         str(out_dir / "adapter_model.safetensors"),

@@ -218,7 +218,7 @@ class TrainRun:
         (stages/train/rollout_ahead.py); in a multi-rank stage the engines' replicas and servers are copies
         already, and the module is returned."""
         copied = separate or self.sampling_dtype() is not None
-        if self.cfg.lora is None and (not copied or self.world.distributed):
+        if self.world.distributed or (self.cfg.lora is None and not copied):
             return self.model
         if self._merged is None:
             self._merged = MergedCopy(self.model, self.sampling_dtype())
@@ -287,9 +287,9 @@ class TrainRun:
         if state is not None:
             save_train_state(self.model, self.optimizer, local / "state" / TRAIN_STATE_DIR)
         weights = full_state_dict(self.model, self.world)  # a collective; None in one process
-        if self.cfg.lora is not None:  # one process (the recipe refuses LoRA on more ranks)
-            weights = merged_state_dict(self.model)
-            save_adapter(self.model, local / ADAPTER_DIR, self._adapter_base(key, local))
+        if self.cfg.lora is not None and self.world.is_main:  # under torchrun, from the gathered weights
+            save_adapter(self.model, local / ADAPTER_DIR, self._adapter_base(key, local), weights)
+            weights = merged_state_dict(self.model, weights)
         self.world.barrier()
         ref = None
         if self.world.is_main:

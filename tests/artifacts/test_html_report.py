@@ -434,3 +434,39 @@ def test_a_recovery_is_marked_by_its_record_not_by_its_name(tmp_path):
     assert html.count('<tr class="recovery">') == 1 and '<tr class="recovery"><td>heal' in html
     # the recovery is not an unplanned stage: the planned list still says where the run stopped
     assert where_stopped(run) == "stopped at stage math_rl: RuntimeError: cut"
+
+
+def test_a_curve_of_few_steps_ticks_whole_steps_only(monkeypatch):
+    """Three steps drawn: matplotlib's own ticks would be 1.00, 1.25, 1.50, ..., fractions of a step no run takes."""
+    from cascade.artifacts import report_figures
+
+    figures = []
+    monkeypatch.setattr(report_figures, "_png", lambda fig: figures.append(fig) or b"png")
+    rows = [{"step": step, "metrics": {"loss": 1.0 / step, "lr": 1e-3}} for step in range(1, 4)]
+    assert report_figures.curves_png("sft", [("r", rows)]) == b"png"
+    (figure,) = figures
+    panels = [ax for ax in figure.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == ["loss", "learning rate"]
+    for ax in panels:
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert ticks == [1, 2, 3], (ax.get_title(), ticks)
+
+
+def test_a_run_record_naming_the_command_that_serves_mlflow_shows_it_before_the_page(tmp_path):
+    """A local MLflow store's run: the record holds the page `mlflow ui` serves and that command; the page is shown
+    as text after the command (it opens only once the command runs), not as a link."""
+    store = Store(f"file://{tmp_path}")
+    synthetic_run(store, "r")
+    report = RunReport.load(store, "r")
+    report.links = {
+        "mlflow": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+        "mlflow_ui": "mlflow ui --backend-store-uri sqlite:////home/you/.cascade/mlflow.db",
+    }
+    report.save(store)
+    html = render([collect(store, "r")]).html
+    assert (
+        '<tr><td>MLflow run</td><td class="text"><code>mlflow ui --backend-store-uri '
+        "sqlite:////home/you/.cascade/mlflow.db</code>, then open <code>http://127.0.0.1:5000/#/experiments/1/runs/abc"
+        "</code></td></tr>"
+    ) in html

@@ -72,6 +72,27 @@ def test_eval_and_report_artifacts_on_the_parent_run(tracker, tmp_path):
     assert evals == {"evals/01-sft.json", "evals/01-sft-items.json"}
 
 
+def test_a_resumed_run_replaces_its_tables_without_downloading_them(tracker, tmp_path, capfd):
+    """A resumed run logs its report again: the matrix in MLflow holds each row once, and nothing is downloaded
+    (MLflow's own log_table appends to a table already there, which it downloads first, drawing `Downloading
+    artifacts` progress bars on the terminal)."""
+    from cascade.artifacts.report import RunReport
+
+    report = RunReport(run_id="run-1", recipe="micro")
+    report.record_eval("sft", {"math": 0.5})
+    tracker.log_report(report)
+    report.record_eval("if_rl", {"math": 0.75})
+    capfd.readouterr()
+    tracker.log_report(report)
+    said = capfd.readouterr()
+    assert "Downloading artifacts" not in said.err + said.out
+    local = tracker.client.download_artifacts(tracker.parent_id, "forgetting_matrix.json", str(tmp_path))
+    table = json.loads(open(local).read())
+    assert table == {"columns": ["after_stage", "math"], "data": [["sft", 0.5], ["if_rl", 0.75]]}
+    logged = json.loads(tracker.client.get_run(tracker.parent_id).data.tags["mlflow.loggedArtifacts"])
+    assert logged == [{"path": "forgetting_matrix.json", "type": "table"}]  # MLflow's UI shows it as a table
+
+
 def test_secrets_are_read_again_when_the_environment_changes_mid_read(monkeypatch):
     """MLflow's threads change os.environ while a run logs; a read that meets a vanished key reads again."""
     from collections.abc import Mapping

@@ -47,4 +47,5 @@ def test_tracker_against_an_mlflow_server(s3, mlflow_url, tmp_path):
     by_alias = tracker.client.get_model_version_by_alias(f"cascade-{recipe.name}", "best-math")
     assert by_alias.version == version.version and by_alias.source.endswith("/01-sft/model")
     assert tracker.client.get_model_version_by_alias(f"cascade-{recipe.name}", "stage-sft").version == version.version
-    assert tracker.run_url().startswith(mlflow_url)
+    page = f"{mlflow_url}#/experiments/{tracker.experiment_id}/runs/{tracker.parent_id}"
+    assert tracker.run_links() == {"mlflow": page}  # a server shows its own runs: no command to serve them

@@ -97,6 +97,31 @@ def test_an_eval_benchmark_without_its_data_is_refused_before_any_stage(cascade_
     assert files_under(cascade_home) == []
 
 
+MICRO_LAYERS = "down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
+
+
+@pytest.mark.parametrize("command", ["run", "plan"])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        # one known name beside an unknown one: peft adapted q_proj alone, and the stage trained without a word
+        ("stages.sft.lora={target_modules: [q_proj, qproj]}", "stage 'sft': lora.target_modules ['qproj']"),
+        # a module, but no layer: peft failed when the stage started
+        ("stages.math_rl.lora={target_modules: [mlp]}", "stage 'math_rl': lora.target_modules ['mlp']"),
+        # found only when the gate fired, after every stage before it
+        ("gate.recovery.lora={target_modules: [attn.q_proj]}", "gate.recovery: lora.target_modules ['attn.q_proj']"),
+    ],
+)
+def test_lora_targets_that_match_no_layer_are_refused_before_anything_is_written(
+    cascade_home, command, override, message
+):
+    code, out, err = cascade(command, "micro", override)
+    assert_one_line(code, out, err, f"{message} match no layer of the model; the names that would: {MICRO_LAYERS}")
+    assert files_under(cascade_home) == []
+    code, out, err = cascade("plan", "micro", "stages.sft.lora={target_modules: [self_attn.q_proj, mlp.up_proj]}")
+    assert code == 0 and "lora: rank 16, alpha 32 on ['self_attn.q_proj', 'mlp.up_proj']" in out, err
+
+
 def _fifo(path: Path) -> None:
     os.mkfifo(path)
 

@@ -225,7 +225,8 @@ def test_the_terminal_trigger_in_the_docs_starts_a_run_that_completes_with_its_r
     # the run report: written beside report.json, linked from the flow run, in the MLflow parent run
     html_uri = f"file://{deployed.home}/runs/{ok}/report.html"
     report_md = next(a for a in artifacts if a["key"] == f"{ok}-report")["data"]
-    assert f"[report.html]({html_uri})" in report_md and "in MLflow: artifact `report.html`" in report_md
+    assert f"- in the store: `{html_uri}`" in report_md and "in MLflow: artifact `report.html`" in report_md
+    assert "](file:" not in report_md and "](sqlite:" not in report_md  # no link a browser cannot open
     html = (deployed.home / "runs" / ok / "report.html").read_text()
     assert f"/flow-run/{run['id']}" in html  # the Prefect flow run's page (Prefect's own ui_url)
     assert f"<b>{ok}</b> (micro) finished" in html

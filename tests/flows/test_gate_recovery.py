@@ -111,6 +111,10 @@ def test_gate_fires_and_mopd_recovers_the_regressed_domain(tmp_path, toy_domains
         "recover-consonant_rl",
         "consonant_rl_2",
     ]
+    # a resume adopts every stage, consonant_rl_2 with the recovered checkpoint as its parent, and status says so
+    from cascade.flows.cli.inspection import stage_positions
+
+    assert [where for _, where, _ in stage_positions(store, "toy", recipe)] == ["committed, skipped"] * 3
 
 
 def test_policy_fail_stops_the_run_with_the_reason(tmp_path, toy_domains):

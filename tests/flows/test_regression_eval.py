@@ -506,3 +506,44 @@ def test_a_torn_baseline_is_one_line_exit_2_nothing_written(cascade_home, blob, 
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output, result.output
     assert f"cascade: error: file://{baseline} is not a valid baseline: {message}" in result.stderr
     assert [p for p in Path(cascade_home).rglob("*") if p.is_file()] == [baseline]
+
+
+def test_the_nightly_default_after_a_store_move_finds_the_run_and_its_checkpoint_where_the_store_is_now(
+    tmp_path, cascade_home, monkeypatch
+):
+    """A run's report and recipe name the store where the run ran. After the store moved (`cascade resume RUN --store
+    NEW` continues there), a regression eval given no recipe found no finished run in it, and with the run found,
+    the run's recipe pointed the eval at the old store for its checkpoint and its writes."""
+    from cascade.artifacts.checkpoint import write_checkpoint
+    from cascade.artifacts.layout import recipe_key, stage_key
+    from cascade.artifacts.report import EvalScores, RunReport, StageRecord
+    from cascade.flows.recipes import load_any_recipe, load_recipe
+    from cascade.tasks.regression_tasks import eval_targets, resolve_checkpoint
+
+    old, new = tmp_path / "old-store", tmp_path / "new-store"
+    recipe = load_recipe("micro", [f"storage.root=file://{old}"])
+    store = Store.from_config(recipe.storage)
+    store.write_bytes(recipe_key("moved"), recipe.model_dump_json().encode())
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"weights")
+    ref = write_checkpoint(
+        store, stage_key("moved", 1, "sft"), tmp_path / "model", stage="sft", step=None, parent=None, config_hash="c"
+    )
+    sft = StageRecord(name="sft", kind="sft", status="completed", checkpoint=ref.uri)
+    RunReport(
+        run_id="moved",
+        recipe="micro",
+        stages=[sft],
+        evals=[EvalScores(after_stage="sft", scores={})],
+        status="FINISHED",
+    ).save(store)
+    old.rename(new)
+    monkeypatch.setenv("CASCADE_STORE", f"file://{new}")
+
+    recipe_uri, checkpoints = eval_targets(None, None)
+    assert (recipe_uri, checkpoints) == (f"file://{new}/runs/moved/recipe.json", [f"file://{new}/runs/moved/01-sft"])
+    loaded = load_any_recipe(recipe_uri)
+    assert loaded.storage.root == f"file://{new}"  # the eval's records and baseline are written there
+    resolved = resolve_checkpoint(loaded, checkpoints[0])
+    assert (resolved.uri, resolved.digest) == (f"file://{new}/runs/moved/01-sft", ref.digest)
+    assert not old.exists()

@@ -1,22 +1,29 @@
 """LoRA through peft: a step moves the adapters only, a checkpoint is a plain HF model with its adapter beside it,
-GRPO learns through adapters while its engine samples the adapted policy, and a resumed LoRA stage equals an
-uninterrupted one."""
+GRPO learns through adapters while its engine samples the adapted policy, a resumed LoRA stage equals an
+uninterrupted one, LoRA under torchrun (one rank or two) equals one process, and target modules that match no layer
+are refused when the recipe validates."""
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from cascade.artifacts.checkpoint import committed
 from cascade.artifacts.config import config_hash
 from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.recipe.config_base import LoraConfig, OptimizerConfig
-from cascade.stages.recipe.schema import RecipeError
-from cascade.stages.train.context import ListSink
+from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.scale.launch import run_stage_where_configured
+from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.train.lora import add_lora, merged_state_dict, save_adapter
 from cascade.stages.train.model import build_tiny_model
 from cascade.stages.train.tokenizer import load_tokenizer
 from cascade.stages.train.training import clip_and_step, make_optimizer
 from tests.conftest import micro_recipe
+from tests.stages.test_distributed import SFT, assert_same_adamw_weights, run_sft, sft_data, uncommit
 from tests.stages.test_training import SMALL, stage_ctx, vowel_recipe
 
 Q_PROJ = "model.layers.0.self_attn.q_proj"
@@ -80,9 +87,86 @@ def test_an_adapter_on_a_tied_output_head_is_refused():
         adapted_model(target=["q_proj", "lm_head"])
 
 
-def test_lora_on_more_than_one_rank_is_refused(tmp_path):
-    with pytest.raises(RecipeError, match="'sft': lora trains in one process"):
-        micro_recipe(tmp_path, "stages.sft.lora={rank: 4}", "stages.sft.compute={nproc_per_node: 2}")
+def test_a_reward_models_targets_are_checked_on_a_classifier_and_a_stored_recipe_is_not_checked_again(tmp_path):
+    """A reward model is a sequence classifier: its head is `score`, and it has no `lm_head`."""
+    raw = micro_recipe(tmp_path).model_dump(mode="json")
+    raw["stages"].append({"kind": "reward_model", "init": "sft", "lora": {"target_modules": ["q_proj", "lm_head"]}})
+    with pytest.raises(
+        RecipeError,
+        match=r"stage 'rm': lora.target_modules \['lm_head'\] match no layer of the model; "
+        r"the names that would: down_proj, embed_tokens, gate_proj, k_proj, o_proj, q_proj, score, ",
+    ):
+        validate_recipe(raw)
+    assert validate_recipe(raw, stored=True).stage("rm").lora.target_modules == ["q_proj", "lm_head"]
+
+
+LORA_SFT = ["stages.sft.lora={rank: 4, alpha: 8}"]
+WORLDS = {"torchrun-one-rank": ["compute.launcher=torchrun"], "two-ranks": ["compute.nproc_per_node=2"]}
+
+
+def adapter(store, key: str) -> dict[str, torch.Tensor]:
+    return load_file(store.path(f"{key}/adapter/adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def lora_sft(tmp_path_factory):
+    """micro's 5-step SFT through LoRA in one process, and its data."""
+    tmp = tmp_path_factory.mktemp("lora-sft")
+    data = sft_data(micro_recipe(tmp, *SFT), tmp)
+    return tmp, data, run_sft(tmp, data, "one", LORA_SFT)
+
+
+def test_lora_under_torchrun_on_one_rank_and_two_equals_one_process_and_resumes(lora_sft):
+    """Under torchrun (FSDP2, even on one rank) the module holds shards: a checkpoint's merged model and adapter are
+    made from the gathered weights (from the module's own, the first step checkpoint failed)."""
+    tmp, data, (one, merged_one, ctx_one) = lora_sft
+    adapter_one = adapter(ctx_one.store, ctx_one.key)
+    runs = {world: run_sft(tmp, data, world, [*LORA_SFT, *WORLDS[world]]) for world in WORLDS}
+    for world, (sink, merged, ctx) in runs.items():
+        assert sink.series("loss") == pytest.approx(one.series("loss"), abs=1e-5), world
+        assert_same_adamw_weights(merged, merged_one)
+        assert_same_adamw_weights(adapter(ctx.store, ctx.key), adapter_one)
+        assert any(".lora_B." in k for k in adapter_one) and not any("lora" in k for k in merged)
+        assert set(adapter(ctx.store, f"{ctx.key}/steps/3")) == set(adapter_one)
+    assert one.series("loss")[-1] < one.series("loss")[0] - 0.1  # the adapters train
+    straight, merged_straight, ctx = runs["torchrun-one-rank"]
+    uncommit(ctx)
+    resumed, merged_resumed, _ = run_sft(tmp, data, "torchrun-one-rank", [*LORA_SFT, *WORLDS["torchrun-one-rank"]])
+    assert [step for step, _ in resumed.rows] == [4, 5]
+    assert resumed.series("loss") == pytest.approx(straight.series("loss")[3:], abs=1e-5)
+    assert_same_adamw_weights(merged_resumed, merged_straight)
+
+
+def test_the_gates_lora_recovery_runs_on_two_ranks(lora_sft):
+    """The gate's MOPD recovery through LoRA on 2 ranks, from the LoRA SFT checkpoint, taught by the model source:
+    each rank samples from an unsharded copy holding the merged weights, and the checkpoint is the plain merged
+    model with its adapter, which peft applies on the adapter's base to give the same model."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tmp, _, (_, _, sft_run) = lora_sft
+    sft = committed(sft_run.store, sft_run.key)
+    overrides = ["gate.recovery={lora: {rank: 4, alpha: 8}, steps: 2, lr: 0.01, prompts_per_step: 4, group_size: 2}"]
+    recipe = micro_recipe(tmp, *overrides, *WORLDS["two-ranks"])
+    cfg = recipe.gate.recovery.model_copy(update={"name": "recover-sft", "teachers": {"math": "source"}})
+    sink = ListSink()
+    (tmp / "work-recovery").mkdir()
+    ctx = StageContext(
+        recipe, sft_run.store, "recovery", "runs/recovery/02-recover-sft", sink, workdir=tmp / "work-recovery"
+    )
+    result = run_stage_where_configured(cfg, ctx, StageInputs(policy=sft))
+    assert [step for step, _ in sink.rows] == [1, 2] and max(sink.series("logprob_mismatch")) < 1e-4
+    model_dir = ctx.store.path(f"{result.checkpoint.key}/model")
+    adapter_dir = ctx.store.path(f"{result.checkpoint.key}/adapter")
+    base = json.loads(Path(adapter_dir, "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == ctx.store.path(f"{sft.key}/model")
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter_dir).eval()
+    merged = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = torch.tensor([load_tokenizer().encode("Two ranks, one adapter.")])
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, merged(input_ids=ids).logits, atol=1e-5, rtol=0)
+        moved = merged(input_ids=ids).logits - AutoModelForCausalLM.from_pretrained(base)(input_ids=ids).logits
+    assert moved.abs().max() > 1e-3  # the recovery trained
 
 
 def test_a_stage_without_lora_keeps_its_config_hash(tmp_path):

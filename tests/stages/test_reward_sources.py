@@ -3,6 +3,7 @@ recipe makes of them before any work, and a source registered from outside."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -12,6 +13,7 @@ from typing import Literal
 import pytest
 import torch
 
+from cascade.stages.datasets.sources import iter_rows
 from cascade.stages.domains import Item, get_domain
 from cascade.stages.engines import Completion
 from cascade.stages.recipe.recipe_file import read_recipe_file, resolve_recipe_path
@@ -92,6 +94,38 @@ def test_a_callable_reward_is_called_as_trl_calls_one():
     assert call["prompts"] == ["2+2?", "2+2?", "3+3?", "3+3?"] and call["completions"] == ["4", "five", "6", ""]
     assert call["answer"] == ["4", "4", "6", "6"] and call["id"] == ["a", "a", "b", "b"]  # per-rollout item fields
     assert call["reference"] == ["4", "4", "6", "6"] and call["domain"] == ["math"] * 4
+
+
+def test_prompts_in_trls_shape_need_no_graders_meta_and_their_columns_reach_the_reward(tmp_path):
+    """A prompt column and any others, as TRL takes a dataset: the instruct grader reads `kind`, which these rows
+    lack, so a callable reward of the stage was refused them; its function now gets each column by name."""
+    data = tmp_path / "prompts.jsonl"
+    rows = [{"prompt": "2+2?", "ground_truth": "4"}, {"prompt": "3+3?", "ground_truth": "6", "meta": {"hint": "add"}}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    raw = rl_recipe({"kind": "callable", "function": f"{__name__}:answer_length"})
+    raw["stages"][-1] |= {"domains": ["instruct"], "prompts": {"instruct": [{"kind": "file", "path": str(data)}]}}
+    recipe = validate_recipe(raw)
+    cfg = recipe.stage("rl")
+    items = [row.item for row in iter_rows(cfg, recipe, cfg.domains, oracle_domains=set())]
+    CALLS.clear()
+    rewards = make_reward_source(cfg.reward, SimpleNamespace(recipe=recipe), {}).rewards(
+        items, [[completion("4"), completion("10")], [completion("six"), completion("")]]
+    )
+    assert rewards.tolist() == [[1.0, 2.0], [3.0, 0.0]]
+    call = CALLS[0]
+    assert call["prompts"] == ["2+2?", "2+2?", "3+3?", "3+3?"] and call["completions"] == ["4", "10", "six", ""]
+    assert call["ground_truth"] == ["4", "4", "6", "6"] and call["hint"] == [None, None, "add", "add"]
+    # a term that grades still reads each row's meta: the same rows are refused beside a grader
+    raw["stages"][-1]["reward"] = [
+        {"source": {"kind": "grader"}},
+        {"source": {"kind": "callable", "function": f"{__name__}:answer_length"}},
+    ]
+    with pytest.raises(RecipeError) as refused:
+        validate_recipe(raw)
+    assert str(refused.value).endswith(
+        "row 1: its meta is not what the instruct grader reads (missing field 'kind'); "
+        "docs/RECIPES.md ('RL prompts from files') lists each domain's meta"
+    )
 
 
 def test_a_weighted_sum_adds_its_sources_rewards():

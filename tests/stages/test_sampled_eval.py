@@ -1,6 +1,6 @@
 """The eval's primary metric (`eval_temperature`, `eval_samples`): an item's score is the mean grade of its samples,
 greedy pass@1 is scored beside it, the standard error is over items, and the eval's sampling is seeded so it depends
-on the checkpoint alone."""
+on the checkpoint alone; a domain's `eval_reward` scores every column in its grader's place."""
 
 from __future__ import annotations
 
@@ -154,3 +154,54 @@ def test_every_column_of_every_split_reports_its_progress():
     seen = []
     evaluate_domains(engine, load_tokenizer(), recipe, progress=lambda part: lambda d, t: seen.append((part, d, t)))
     assert seen == [("math", 3, 3), ("dev/math", 3, 3)]
+
+
+FIELDS: list[dict] = []
+
+
+def no_idea_scores(prompts, completions, **fields):
+    """A reward of one's own that the grader would not give: 1.0 to "no idea", 0.25 to anything else."""
+    FIELDS.append(fields)
+    return [1.0 if c == "no idea" else 0.25 for c in completions]
+
+
+def twice(prompts, completions, **fields):
+    return [2.0] * len(completions)
+
+
+def reward_recipe(function: str):
+    recipe = load_recipe(
+        "micro",
+        [
+            "domains.math.heldout_size=3",
+            "domains.math.eval_samples=2",
+            f"domains.math.eval_reward={{kind: callable, function: '{__name__}:{function}'}}",
+        ],
+    )
+    return recipe.model_copy(update={"domains": {"math": recipe.domains["math"]}})
+
+
+def test_a_domains_eval_scores_with_the_reward_its_eval_reward_names():
+    """Right answers 0, 1 and 2 of 2: the grader scores 0, 0.5 and 1; the reward 1, 0.625 and 0.25, in every
+    column, and it reads the eval items' own fields (math: `answer`)."""
+    recipe = reward_recipe("no_idea_scores")
+    items = recipe.domain("math").generate("heldout", 3, recipe.seed)
+    FIELDS.clear()
+    scores, rows = evaluate_domains(
+        ScriptedEngine([it.reference for it in items], right=[0, 1, 2]), load_tokenizer(), recipe
+    )
+    assert [r["score"] for r in rows if r["domain"] == "math"] == [1.0, 0.625, 0.25]
+    assert [r["score"] for r in rows if r["domain"] == "greedy/math"] == [1.0, 0.25, 0.25]
+    assert [r["score"] for r in rows if r["domain"] == "pass@2/math"] == [1.0, 1.0, 0.0]
+    assert scores["math"] == pytest.approx(1.875 / 3) and scores["dev/math"] == pytest.approx(1.875 / 3)
+    assert FIELDS[0]["answer"] == [it.meta["answer"] for it in items for _ in range(2)]
+    assert FIELDS[0]["id"] == [it.id for it in items for _ in range(2)]
+
+
+def test_an_eval_reward_outside_0_1_fails_in_one_line():
+    recipe = reward_recipe("twice")
+    with pytest.raises(ValueError) as e:
+        evaluate_domains(ScriptedEngine(["x"] * 3, right=[0, 0, 0]), load_tokenizer(), recipe)
+    assert str(e.value) == (
+        f"reward function '{__name__}:twice' returned 2.0 for eval answer 0 of 6 (an eval scores in [0, 1])"
+    )

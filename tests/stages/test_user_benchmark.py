@@ -63,7 +63,7 @@ def test_a_file_in_a_registered_benchmarks_own_format(tmp_path):
         ("gsm8k: {format: math}", "eval.benchmarks.gsm8k: `format` names the format of a `file`; this entry has no"),
         ("mine: {file: FILE, format: chess}", "eval.benchmarks.mine: format 'chess' is neither a benchmark ("),
         ("mine: {file: FILE}", "eval.benchmarks.mine: format 'mine' is neither a benchmark ("),
-        ("mine: {file: /no/such.jsonl, format: math}", "eval.benchmarks.mine: file not found: /no/such.jsonl"),
+        ("mine: {file: /no/such.jsonl, format: math}", "eval.benchmarks.mine: data file not found: /no/such.jsonl"),
     ],
 )
 def test_a_benchmark_column_that_cannot_load_is_one_line(tmp_path, entry, message):

@@ -26,7 +26,14 @@ from cascade.stages.recipe.config_base import (
 )
 from cascade.stages.recipe.data_sources import DataSource, ReadsDataFiles
 from cascade.stages.recipe.estimate import StageEstimate, on_policy_estimate
-from cascade.stages.scoring.reward_sources import REWARD_SOURCES, GraderReward, RewardSpec, reward_reads, reward_terms
+from cascade.stages.scoring.reward_sources import (
+    REWARD_SOURCES,
+    GraderReward,
+    RewardSpec,
+    reward_reads,
+    reward_terms,
+    reward_uses_grader,
+)
 from cascade.stages.train.loss_registry import ChoosesLoss, LossReads
 
 
@@ -123,6 +130,11 @@ class GRPOConfig(OnPolicyConfig, ReadsDataFiles, ForwardOptions, ChoosesLoss):
 
     def file_sources(self) -> dict[str, list[BaseModel]]:
         return dict(self.prompts) if isinstance(self.prompts, dict) else {}
+
+    def reads_rows(self, domain: str) -> tuple[bool, bool]:
+        """A row must carry the meta the domain's grader reads only where the reward calls that grader; a reward of
+        one's own takes the row's fields as they are."""
+        return False, reward_uses_grader(self.reward)
 
     def named_domains(self) -> list[str]:
         return list(self.domains)

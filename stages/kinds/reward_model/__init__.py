@@ -95,6 +95,7 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
     # A step checkpoint does not change what the stage computes (a resume continues exactly). The stage had none
     # before, and its hash left them out: it still does, so a reward model trained before keeps its hash and cache.
     not_hashed: ClassVar[frozenset[str]] = TrainingConfig.not_hashed | {"checkpoint_every", "keep_step_checkpoints"}
+    trains_classifier: ClassVar[bool] = True
 
     @model_validator(mode="after")
     def _selection_fits(self) -> RewardModelConfig:
@@ -107,6 +108,9 @@ class RewardModelConfig(TrainingConfig, MicroBatched):
         if self.patience and not self.select_every:
             raise ValueError("patience counts model-selection checks: set select_every too")
         return self
+
+    def backbone(self, source: str) -> str:
+        return self.init if reference_kind(self.init) == "model" else source
 
     def reads(self) -> list[Read]:
         if reference_kind(self.init) != "stage":

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cascade.artifacts.checkpoint import committed, materialize, read_manifest, write_checkpoint
-from cascade.artifacts.config import config_hash
+from cascade.artifacts.config import config_hash, hashed_fields
 from cascade.artifacts.layout import shard_key, shards_dir
 from cascade.stages.datasets.card import DataCard, SourceCounts
 from cascade.stages.datasets.conversations import dedup_text, single_turn
@@ -112,7 +112,7 @@ def build_hash(cfg: SFTDataConfig, recipe: Recipe) -> str:
         "cfg": cfg.model_dump(mode="json"),
         "seed": recipe.seed,
         "model": recipe.model.source,
-        "domains": {d: spec.model_dump(mode="json") for d, spec in recipe.domains.items()},
+        "domains": {d: hashed_fields(spec) for d, spec in recipe.domains.items()},
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:16]
 
