@@ -25,8 +25,9 @@ from typing import Any
 from cascade.artifacts import layout
 from cascade.artifacts.html_template import template_env
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import BENCHMARK_COLUMN, Breakdown, RunReport, StageRecord, column_order, is_side_column
+from cascade.artifacts.report import Breakdown, RunReport, StageRecord
 from cascade.artifacts.report_figures import curves_png, heatmap_png
+from cascade.artifacts.score_columns import ScoreColumn
 from cascade.artifacts.steplog import read_run
 from cascade.artifacts.store import Store
 
@@ -153,11 +154,12 @@ def stage_gains(
         after = items.get(stage, {})
         if stage not in targets:
             continue
+        scored = [ScoreColumn.parse(key) for key in after]
         columns = []
         for domain in targets[stage]:
-            sides = [c for c in after if is_side_column(c) and c.split("/", 1)[1] == domain]
-            columns += [domain, *sorted(sides, key=column_order)]
-        columns += sorted(c for c in after if c.startswith(BENCHMARK_COLUMN))
+            sides = [c for c in scored if c.is_side and c.split != "bench" and c.domain == domain]
+            columns += [domain, *(c.key for c in sorted(sides, key=ScoreColumn.order))]
+        columns += sorted(c.key for c in scored if c.split == "bench")
         for column in columns:
             old, new = items.get(before, {}).get(column), after.get(column)
             paired = paired_gain(old, new) if old and new else None

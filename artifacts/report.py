@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cascade.artifacts.layout import report_key
+from cascade.artifacts.score_columns import ScoreColumn, column_order
 from cascade.artifacts.store import Store
 
 
@@ -60,12 +61,21 @@ class StageRecord(BaseModel):
 
 
 class EvalScores(BaseModel):
-    """The eval of the policy a stage made (or of the source model): column -> score."""
+    """The eval of the policy a stage made (or of the source model): column -> score, keyed as stored by each
+    column's key (`ScoreColumn.key`) and read by column."""
 
     model_config = ConfigDict(extra="forbid")
 
     after_stage: str
     scores: dict[str, float]
+
+    def selected(self, column: ScoreColumn) -> tuple[ScoreColumn, float] | None:
+        """The column that selects for `column` (its dev score where this eval has one) and its score; None when
+        this eval did not score `column`."""
+        if column.key not in self.scores:
+            return None
+        chosen = column.selection(self.scores)
+        return chosen, self.scores[chosen.key]
 
 
 class GateDecision(BaseModel):
@@ -83,6 +93,10 @@ class GateDecision(BaseModel):
     tolerance: float
     action: Literal["recover", "warn", "fail"]
     after_recovery: float | None = None  # the column's score after the recovery stage
+
+    def recovered(self, scores: EvalScores) -> GateDecision:
+        """This decision with the recovery's score on its column."""
+        return self.model_copy(update={"after_recovery": scores.scores[self.column]})
 
     @model_validator(mode="before")
     @classmethod
@@ -133,51 +147,15 @@ class RunReport(BaseModel):
         """The gate's decisions after `stage`, replacing those of an earlier try of it."""
         self.gate = [d for d in self.gate if d.stage != stage] + decisions
 
-    def record_recovery(self, stage: str, scores: dict[str, float]) -> list[GateDecision]:
-        """The recovery's score on each column that fired after `stage`; returns those decisions."""
-        fired = self.decisions_after(stage)
-        for decision in fired:
-            decision.after_recovery = scores[decision.column]
-        return fired
+    def record_finish(self, status: str | None, stopped: str | None = None) -> None:
+        """How the run's last try ended (None, None: it runs again)."""
+        self.status, self.stopped = status, stopped
 
     def forgetting_matrix(self) -> tuple[list[str], list[tuple[str, list[float | None]]]]:
         """Score columns (each domain's primary metric with its greedy column after it), and one row per eval:
         (after_stage, score per column)."""
         domains = sorted({d for e in self.evals for d in e.scores}, key=column_order)
         return domains, [(e.after_stage, [e.scores.get(d) for d in domains]) for e in self.evals]
-
-
-GREEDY_COLUMN = "greedy/"  # greedy pass@1 beside a domain's sampled primary metric, e.g. "greedy/math"
-# pass@k of the same k sampled answers, e.g. "pass@8/math": an item counts when any of its answers is fully right
-PASS_AT_COLUMN = "pass@"
-# a domain's primary metric on its dev split, e.g. "dev/math": what selects (gate, teachers, baselines) where the
-# eval's own column is the held-out split, which then only feeds the recorded tables
-DEV_COLUMN = "dev/"
-BENCHMARK_COLUMN = "bench/"  # a benchmark's score column, e.g. "bench/gsm8k": apart from domains of the same name
-
-
-def pass_at_column(domain: str, k: int) -> str:
-    return f"{PASS_AT_COLUMN}{k}/{domain}"
-
-
-def is_side_column(column: str) -> bool:
-    """A column shown beside a domain's primary metric (greedy, pass@k, dev) or a benchmark's (IFEval's other
-    numbers, `bench/ifeval:prompt_loose`), never a bar the gate or a baseline holds a checkpoint to."""
-    return column.startswith((GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN)) or ":" in column
-
-
-def selection_column(domain: str, scores: dict[str, float]) -> str:
-    """The column that selects for a domain (the gate, teachers, baselines): its dev score where the eval has one,
-    else the domain's own column."""
-    dev = DEV_COLUMN + domain
-    return dev if dev in scores else domain
-
-
-def column_order(column: str) -> tuple[str, int]:
-    """A domain's greedy column sorts right after its primary one, then its pass@k, then its dev score."""
-    prefixes = (GREEDY_COLUMN, PASS_AT_COLUMN, DEV_COLUMN)
-    side = next((i + 1 for i, prefix in enumerate(prefixes) if column.startswith(prefix)), 0)
-    return column.split("/", 1)[1] if side else column, side
 
 
 def _upsert(rows: list, entry: BaseModel, same: Callable[[Any], bool]) -> None:

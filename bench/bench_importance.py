@@ -30,7 +30,7 @@ from bench_learning import bench_recipe, grpo_stage, item_scores, sft_checkpoint
 from learning_table import format_gain
 
 from cascade.artifacts.html_report import paired_gain
-from cascade.artifacts.report import GREEDY_COLUMN
+from cascade.artifacts.score_columns import GREEDY, ScoreColumn
 from cascade.artifacts.store import Store
 from cascade.stages.recipe.schema import Recipe, load_recipe
 
@@ -92,7 +92,7 @@ def run_seed(store_root: str, run_id: str) -> int:
 def seed_row(models: dict, domain: str, variants: list[str]) -> dict[str, tuple[float, float | None]]:
     """column label -> paired (gain, SE): each variant over the start, and the last variant minus the first."""
     row = {}
-    for column in (domain, GREEDY_COLUMN + domain):
+    for column in (domain, ScoreColumn(domain, metric=GREEDY).key):
         for v in variants:
             row[f"{v} - start, {column}"] = paired_gain(models["start"]["scores"][column], models[v]["scores"][column])
         first, last = variants[0], variants[-1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cascade.artifacts.html_report import paired_gain
-from cascade.artifacts.report import GREEDY_COLUMN
+from cascade.artifacts.score_columns import GREEDY, ScoreColumn
 
 CURVE_ENDS = 5  # steps averaged at each end of a reward curve in the table
 PARITY = "parity holds"
@@ -22,7 +22,7 @@ def summarize(sides: dict[str, dict], domain: str) -> dict:
     """sides: "sft", "ours", "trl" -> {"scores": column -> item id -> score, ...}. Per side the mean of each
     column (the primary metric, greedy beside it where the eval samples) and, for the trained sides, the paired
     gain over SFT (gain, SE); ours - TRL on the primary metric with its verdict."""
-    columns = [c for c in (domain, GREEDY_COLUMN + domain) if c in sides["sft"]["scores"]]
+    columns = [c for c in (domain, ScoreColumn(domain, metric=GREEDY).key) if c in sides["sft"]["scores"]]
     start = sides["sft"]["scores"]
     summary: dict = {"columns": columns, "sides": {}}
     for name, side in sides.items():

@@ -22,13 +22,13 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.artifacts.report import RunReport
+from cascade.artifacts.report import EvalScores, GateDecision, RunReport
 from cascade.flows.recipes import RunRequest, read_store_uri, request_recipe
 from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
 from cascade.stages.kinds import chooses_teachers
-from cascade.stages.recipe.config_base import SOURCE_EVAL, StageConfig
+from cascade.stages.recipe.config_base import SOURCE_EVAL
 from cascade.stages.recipe.schema import Recipe
-from cascade.stages.recipe.walk import GateStep, Made, SourceEval, StageStep, walk
+from cascade.stages.recipe.walk import GateStep, Made, Recovery, SourceEval, StageStep, walk
 from cascade.tasks.evals import choose_teachers_task, eval_task, gate_task, record_recovery_task
 from cascade.tasks.lifecycle import finish_task, links_task, running
 from cascade.tasks.results import result_storage
@@ -65,21 +65,25 @@ def _named(task, recipe: Recipe, run_id: str, what: str):
 
 
 def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
-    """The walk of the recipe (stages/recipe/walk.py): each step a task; called inside a flow."""
+    """The walk of the recipe (stages/recipe/walk.py): each step a task; called inside a flow. The flow holds the
+    run's evals and hands them to the gate and to each choice of teachers."""
     with running(recipe, run_id) as recipe:  # one writer per run (LeaseHeld otherwise); the run's own recipe
         stage_run = stage_task.with_options(result_storage=result_storage(recipe, run_id))
         made = Made()
         recoveries = 0
-        evaluated: str | None = None  # the newest stage with an eval: `teachers: auto` reads the evals through it
+        evals: list[EvalScores] = []  # every eval so far, in the walk's order
+        chosen_from: list[EvalScores] = []  # `teachers: auto` chooses from the evals through the newest gate's
         _named(links_task, recipe, run_id, "links")(recipe, run_id)
         for step in walk(recipe):
             if isinstance(step, SourceEval):
-                _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None)
+                evals.append(
+                    _named(eval_task, recipe, run_id, f"eval-{SOURCE_EVAL}")(recipe, run_id, SOURCE_EVAL, 0, None, [])
+                )
             elif isinstance(step, StageStep):
                 stage = step.stage
                 if chooses_teachers(stage):
                     stage = _named(choose_teachers_task, recipe, run_id, f"teachers-{stage.name}")(
-                        recipe, run_id, stage, evaluated
+                        recipe, stage, chosen_from
                     )
                 ref = _named(stage_run, recipe, run_id, f"{step.index:02d}-{stage.kind}-{stage.name}")(
                     recipe, run_id, stage, step.index, made.inputs(stage)
@@ -87,36 +91,49 @@ def run_cascade(recipe: Recipe, run_id: str) -> RunReport:
                 made.add(stage, ref)
             else:
                 recovery = step.recovery if recoveries < recipe.gate.max_recoveries else None
-                evaluated = step.after
-                if evaluate_and_gate(recipe, run_id, step, made.policy, recover=recovery is not None):
+                fired = evaluate_and_gate(recipe, run_id, step, made.policy, evals, recover=recovery is not None)
+                if fired:
                     recoveries += 1
-                    evaluated = run_recovery(recipe, run_id, step, recovery, made, stage_run)
+                    run_recovery(recipe, run_id, step, recovery, fired, made, evals, stage_run)
+                chosen_from = list(evals)
     return finish_task(recipe, run_id, "FINISHED")
 
 
-def evaluate_and_gate(recipe: Recipe, run_id: str, step: GateStep, policy: CheckpointRef, recover: bool) -> bool:
-    """The eval of the policy the step's stage made, then the gate; True: it fired and the flow recovers. A gate
-    of policy `recover` that may not recover again (`gate.max_recoveries`) warns."""
+def evaluate_and_gate(
+    recipe: Recipe, run_id: str, step: GateStep, policy: CheckpointRef, evals: list[EvalScores], recover: bool
+) -> list[GateDecision]:
+    """The eval of the policy the step's stage made (appended to `evals`), then the gate on it against the evals
+    before it; returns the decisions the flow recovers from (none unless it recovers). A gate of policy `recover`
+    that may not recover again (`gate.max_recoveries`) warns."""
+    earlier = list(evals)
     scores = _named(eval_task, recipe, run_id, f"eval-after-{step.after}")(
-        recipe, run_id, step.after, step.index, policy
+        recipe, run_id, step.after, step.index, policy, earlier
     )
+    evals.append(scores)
     policy_now = "warn" if recipe.gate.policy == "recover" and not recover else recipe.gate.policy
-    fired = _named(gate_task, recipe, run_id, f"gate-after-{step.after}")(
-        recipe, run_id, step.after, scores, policy_now
-    )
-    return bool(fired) and recover
+    fired = _named(gate_task, recipe, run_id, f"gate-after-{step.after}")(recipe, run_id, scores, earlier, policy_now)
+    return fired if recover else []
 
 
-def run_recovery(recipe: Recipe, run_id: str, step: GateStep, recovery: StageConfig, made: Made, stage_run) -> str:
-    """The gate's recovery stage (teachers: the best checkpoint per domain so far), its eval and the gate's record of
-    it; the recovered checkpoint is the newest policy from here on. Returns the recovery's name."""
-    recovery = choose_teachers_task(recipe, run_id, recovery, step.after)
-    ref = _named(stage_run, recipe, run_id, f"{recovery.kind}-{recovery.name}")(
-        recipe, run_id, recovery, step.index, made.inputs(recovery)
+def run_recovery(
+    recipe: Recipe,
+    run_id: str,
+    step: GateStep,
+    recovery: Recovery,
+    fired: list[GateDecision],
+    made: Made,
+    evals: list[EvalScores],
+    stage_run,
+) -> None:
+    """The gate's recovery stage (teachers: the best checkpoint per domain in `evals`), its eval (appended to
+    `evals`) and the gate's record of it; the recovered checkpoint is the newest policy from here on."""
+    stage = choose_teachers_task(recipe, recovery.stage, evals)
+    ref = _named(stage_run, recipe, run_id, f"{stage.kind}-{stage.name}")(
+        recipe, run_id, stage, step.index, made.inputs(stage), recovery.recovers
     )
-    made.add(recovery, ref)
-    recovered = _named(eval_task, recipe, run_id, f"eval-after-{recovery.name}")(
-        recipe, run_id, recovery.name, step.index, ref
+    made.add(stage, ref)
+    recovered = _named(eval_task, recipe, run_id, f"eval-after-{stage.name}")(
+        recipe, run_id, stage.name, step.index, ref, list(evals)
     )
-    record_recovery_task(recipe, run_id, step.after, recovered)
-    return recovery.name
+    evals.append(recovered)
+    record_recovery_task(recipe, run_id, fired, recovered)

@@ -15,8 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from pydantic import BaseModel
 
 from cascade.artifacts import layout
+from cascade.artifacts.report import EvalScores
 from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
 from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
@@ -37,10 +39,20 @@ from cascade.tasks.stage import stage_task
 STAGE = "recover"
 
 
+class RecoverOutcome(BaseModel):
+    """What a recovery made: its run, its checkpoint's URI, that checkpoint's eval and the verdicts against the
+    baseline (one row per gated column, as `compare` gives them)."""
+
+    run_id: str
+    checkpoint: str
+    scores: EvalScores
+    verdicts: list[dict[str, Any]]
+
+
 @flow(name="recover", flow_run_name="recover-{baseline}", log_prints=True)
 def recover_flow(
     student: str, recipe: str = "tiny", baseline: str = "nightly", run_id: str | None = None
-) -> dict[str, Any]:
+) -> RecoverOutcome:
     """The recovered checkpoint's URI, scores and verdicts against the baseline; NotRecovered (the flow run ends
     Failed, in one line) when a domain is still below the baseline after the recovery."""
     expected_outcomes_in_one_line()
@@ -66,7 +78,8 @@ def recover_flow(
         record = evaluate_checkpoint_task.with_options(task_run_name=f"eval-after-{STAGE}")(
             loaded, model.uri, model, layout.eval_key(run_id, 0, STAGE)
         )
-        record_recovered_task(loaded, run_id, STAGE, record.scores)
+        scores = EvalScores(after_stage=STAGE, scores=record.scores)
+        record_recovered_task(loaded, run_id, scores)
         rows = judge_task(loaded, best, record)
         publish_verdicts_task(loaded, baseline, layout.verdicts_key(run_id), rows, STAGE)
         print(
@@ -75,4 +88,4 @@ def recover_flow(
         if regressions(rows):  # inside the run: its report ends FAILED, naming what is still below the baseline
             raise NotRecovered(baseline, rows)
     finish_task(loaded, run_id, "FINISHED")
-    return {"run_id": run_id, "checkpoint": model.uri, "scores": record.scores, "verdicts": rows}
+    return RecoverOutcome(run_id=run_id, checkpoint=model.uri, scores=scores, verdicts=rows)

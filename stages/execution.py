@@ -211,8 +211,9 @@ def standings(recipe: Recipe, store: Store, run_id: str) -> list[tuple[StageStep
             found.append((step, judged(step.index, cfg)))
         elif isinstance(step, GateStep):
             evaluated = step.after
-            if step.recovery is not None and report.stage(step.recovery.name) is not None:
-                recovery = with_teachers(step.recovery, recipe, report.evals_through(step.after)) or step.recovery
+            if step.recovery is not None and report.stage(step.recovery.stage.name) is not None:
+                planned = step.recovery.stage
+                recovery = with_teachers(planned, recipe, report.evals_through(step.after)) or planned
                 judged(step.index, recovery)
                 evaluated = recovery.name
     return found

@@ -1,6 +1,8 @@
 """A run's lifecycle as Prefect tasks: its lease and recipe while it runs (`running`), the links artifact, and its
 finish (the report's status, the HTML report, the forgetting matrix, MLflow's final status). The run's record,
-report.json, is opened here for every task that writes it (`open_report`).
+report.json, is a projection of what the run's tasks report (a stage's row, an eval's scores, the gate's
+decisions, a recovery's scores, links, the finish), and `write_report` is its one writer: each task hands it the
+outcome it has, and none reads scores back from it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import contextlib
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prefect import artifacts as ui_artifacts
 from prefect import get_run_logger, task
@@ -30,9 +32,14 @@ from cascade.stages.recipe.schema import Recipe, validate_recipe
 EPHEMERAL_API_ENV = "CASCADE_PREFECT_API_EPHEMERAL"
 
 
-def open_report(recipe: Recipe, run_id: str) -> tuple[Store, RunReport]:
+def write_report(recipe: Recipe, run_id: str, change: Callable[[RunReport], object]) -> RunReport:
+    """The run's stored record (a new one before its first write) with `change` applied, saved at once, so a run
+    cut off anywhere keeps an accurate record of what finished; returns it."""
     store = Store.from_config(recipe.storage)
-    return store, RunReport.load(store, run_id) or RunReport(run_id=run_id, recipe=recipe.name)
+    report = RunReport.load(store, run_id) or RunReport(run_id=run_id, recipe=recipe.name)
+    change(report)
+    report.save(store)
+    return report
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -52,9 +59,7 @@ def links_task(recipe: Recipe, run_id: str) -> str:
     if flow_run.ui_url and not os.environ.get(EPHEMERAL_API_ENV):
         links["prefect"] = flow_run.ui_url
     if links:  # the HTML report links them
-        _, report = open_report(recipe, run_id)
-        report.links.update(links)
-        report.save(store)
+        write_report(recipe, run_id, lambda report: report.links.update(links))
     for what, key in (
         ("run directory", layout.run_dir(run_id)),
         ("recipe", layout.recipe_key(run_id)),
@@ -90,8 +95,7 @@ def running(recipe: Recipe, run_id: str) -> Iterator[Recipe]:
         recipe = adopt_recipe(store, run_id, recipe)
         earlier = RunReport.load(store, run_id)
         if earlier is not None and (earlier.status or earlier.stopped):  # a resumed run is running again
-            earlier.status = earlier.stopped = None
-            earlier.save(store)
+            write_report(recipe, run_id, lambda report: report.record_finish(None))
         try:
             yield recipe
         except BaseException as e:
@@ -124,9 +128,8 @@ def adopt_recipe(store: Store, run_id: str, recipe: Recipe) -> Recipe:
 def finish_task(recipe: Recipe, run_id: str, status: str, stopped: str | None = None) -> RunReport:
     """The end of a run, finished or failed: the forgetting-matrix table, the HTML report of what exists (in the
     store, in MLflow, linked from a markdown artifact), and the MLflow run's final status."""
-    store, report = open_report(recipe, run_id)
-    report.status, report.stopped = status, stopped
-    report.save(store)
+    store = Store.from_config(recipe.storage)
+    report = write_report(recipe, run_id, lambda report: report.record_finish(status, stopped))
     tracker = Tracker(recipe, run_id) if tracking_on(recipe.tracking) else None
     _report_page(recipe, run_id, store, tracker)
     domains, rows = report.forgetting_matrix()
@@ -144,7 +147,7 @@ def finish_task(recipe: Recipe, run_id: str, status: str, stopped: str | None = 
 
 
 def _report_page(recipe: Recipe, run_id: str, store: Store, tracker: Tracker | None) -> None:
-    """report.html beside report.json, its plots and itself in MLflow, a markdown artifact linking both. A report
+    """report.html beside the run's record, its plots and itself in MLflow, a markdown artifact linking both. A report
     that cannot be drawn is a warning: it must never fail (or hide the failure of) the run."""
     logger = get_run_logger()
     try:

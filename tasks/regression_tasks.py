@@ -20,11 +20,12 @@ from prefect.events import emit_event
 from cascade.artifacts.checkpoint import CheckpointRef, committed
 from cascade.artifacts.model_registry import registered_checkpoint
 from cascade.artifacts.records import EvalRecord
+from cascade.artifacts.report import EvalScores
 from cascade.artifacts.store import Store
 from cascade.stages.evals.evaluate import evaluate_model
 from cascade.stages.evals.regression import Baseline, compare, load_baseline, raise_to, save_baseline
 from cascade.stages.recipe.schema import Recipe
-from cascade.tasks.lifecycle import artifact_key, open_report
+from cascade.tasks.lifecycle import artifact_key, write_report
 
 REGRESSION_EVENT = "cascade.regression.detected"
 CHECKPOINT_RESOURCE = "cascade.checkpoint."
@@ -154,8 +155,6 @@ def raise_baseline_task(recipe: Recipe, name: str, records: list[EvalRecord]) ->
 
 
 @task(name="record-recovered", cache_policy=NO_CACHE)
-def record_recovered_task(recipe: Recipe, run_id: str, stage: str, scores: dict[str, float]) -> None:
+def record_recovered_task(recipe: Recipe, run_id: str, scores: EvalScores) -> None:
     """The recovered checkpoint's scores in the run report, as an eval after its stage."""
-    store, report = open_report(recipe, run_id)
-    report.record_eval(stage, scores)
-    report.save(store)
+    write_report(recipe, run_id, lambda report: report.record_eval(scores.after_stage, scores.scores))

@@ -37,9 +37,8 @@ from cascade.stages.execution import StageHooks, StageOfRun, StageOutcome, Stand
 from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe
-from cascade.stages.recipe.walk import recovered
 from cascade.stages.train.context import ListSink, MetricSink
-from cascade.tasks.lifecycle import artifact_key, open_report
+from cascade.tasks.lifecycle import artifact_key, write_report
 from cascade.tasks.progress import stage_progress
 
 COMPUTE_LIMIT_ENV = "CASCADE_COMPUTE_LIMIT"
@@ -83,28 +82,28 @@ def compute_slot(kind: str) -> contextlib.AbstractContextManager:
 
 
 @task(name="stage", cache_key_fn=stage_cache_key, persist_result=True)
-def stage_task(recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs: StageInputs) -> CheckpointRef:
-    """Run one stage (a recipe stage, or a gate's recovery stage at the index of the stage it recovers)."""
-    store, report = open_report(recipe, run_id)
+def stage_task(
+    recipe: Recipe, run_id: str, cfg: StageConfig, index: int, inputs: StageInputs, recovers: str | None = None
+) -> CheckpointRef:
+    """Run one stage: a recipe stage, or a gate's recovery stage at the index of the stage it `recovers`."""
+    store = Store.from_config(recipe.storage)
     hooks = TaskHooks(recipe, store, run_id, cfg, index)
     started, memory = time.time(), PeakMemory()
     try:
         outcome = execute_stage(StageOfRun(recipe, store, run_id, index, cfg), inputs, hooks)
     except BaseException:
-        _record(store, report, cfg, memory, status="failed", seconds=round(time.time() - started, 1))
+        _record(recipe, run_id, cfg, recovers, memory, status="failed", seconds=round(time.time() - started, 1))
         hooks.end(None)
         raise
     if outcome.adopted:
-        skipped = {**_kind_facts(cfg), "status": "skipped", "checkpoint": outcome.checkpoint.uri}
-        earlier = report.stage(cfg.name)  # keeps the figures of the run that made the checkpoint
-        report.record_stage(earlier.model_copy(update=skipped) if earlier else StageRecord(**skipped))
-        report.save(store)
+        write_report(recipe, run_id, lambda report: _record_skipped(report, cfg, recovers, outcome.checkpoint))
         return outcome.checkpoint
     uri = outcome.checkpoint.uri
     _record(
-        store,
-        report,
+        recipe,
+        run_id,
         cfg,
+        recovers,
         memory,
         status="completed",
         checkpoint=uri,
@@ -161,18 +160,27 @@ class TaskHooks(StageHooks):
         self.tracker.end_stage(self.metrics, outcome.metrics, "FINISHED")
 
 
-def _record(store: Store, report: RunReport, cfg: StageConfig, memory: PeakMemory, **outcome: Any) -> None:
+def _record(
+    recipe: Recipe, run_id: str, cfg: StageConfig, recovers: str | None, memory: PeakMemory, **outcome: Any
+) -> None:
     """The stage's row of the report: its kind's facts, `outcome` (StageRecord's fields: status, checkpoint, seconds,
     metrics, plots, rebuilt) and the process's peak resident memory while the stage ran."""
     peak = memory.peak_mb()
-    report.record_stage(StageRecord(**_kind_facts(cfg), **outcome, peak_rss_mb=round(peak, 1) if peak else None))
-    report.save(store)
+    row = StageRecord(**_kind_facts(cfg, recovers), **outcome, peak_rss_mb=round(peak, 1) if peak else None)
+    write_report(recipe, run_id, lambda report: report.record_stage(row))
 
 
-def _kind_facts(cfg: StageConfig) -> dict[str, Any]:
+def _record_skipped(report: RunReport, cfg: StageConfig, recovers: str | None, checkpoint: CheckpointRef) -> None:
+    """An adopted stage's row: skipped, with the figures of the run that made its checkpoint."""
+    skipped = {**_kind_facts(cfg, recovers), "status": "skipped", "checkpoint": checkpoint.uri}
+    earlier = report.stage(cfg.name)
+    report.record_stage(earlier.model_copy(update=skipped) if earlier else StageRecord(**skipped))
+
+
+def _kind_facts(cfg: StageConfig, recovers: str | None) -> dict[str, Any]:
     """What a stage's record says of it beside its outcome: its name, its kind, its kind's report card (the page
     draws it from the record, knowing no kind), and for a gate's recovery the stage it recovers."""
-    return {"name": cfg.name, "kind": cfg.kind, "card": kind_of(cfg.kind).report_card, "recovers": recovered(cfg.name)}
+    return {"name": cfg.name, "kind": cfg.kind, "card": kind_of(cfg.kind).report_card, "recovers": recovers}
 
 
 class PeakMemory:

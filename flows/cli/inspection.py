@@ -24,7 +24,7 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
     each RL stage in `targets` (stage -> the domains it trains) its gains table. Wider than the terminal (a
     recipe with many domains), the matrix's columns go into several tables, never cut."""
     from cascade.artifacts.html_report import item_scores, stage_gains, standard_error
-    from cascade.artifacts.report import GREEDY_COLUMN
+    from cascade.artifacts.score_columns import GREEDY, ScoreColumn
 
     domains, rows = report.forgetting_matrix()
     if not rows:  # no eval, so no gate decision or gain either
@@ -50,7 +50,7 @@ def print_matrix(report, store=None, targets: dict[str, list[str]] | None = None
         for (stage, _), row in zip(rows, cells):
             table.add_row(stage, *(row[i] for i in part))
         console.print(table)
-    if any(d.startswith(GREEDY_COLUMN) for d in domains):
+    if any(ScoreColumn.parse(d).metric == GREEDY for d in domains):
         console.print(
             "each domain: the mean grade of k answers sampled at its RL temperature (the primary metric, "
             "gated); greedy/<domain>: greedy pass@1 beside it; pass@k/<domain>: the share of items with a fully "

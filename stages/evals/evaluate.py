@@ -18,7 +18,7 @@ import torch
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.artifacts.records import EvalRecord
-from cascade.artifacts.report import BENCHMARK_COLUMN, DEV_COLUMN, GREEDY_COLUMN, pass_at_column
+from cascade.artifacts.score_columns import GREEDY, ScoreColumn
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.artifacts.store import Store
 from cascade.stages.engines import make_engine
@@ -46,17 +46,17 @@ def evaluate_domains(
     rows: list[dict[str, Any]] = []
     for name in domains or list(recipe.domains):
         temperature, k = recipe.eval_sampling(name)
-        columns = [(recipe.eval.split, name, temperature, k)]
+        columns = [(recipe.eval.split, ScoreColumn(name), temperature, k)]
         if temperature > 0:
-            columns.append((recipe.eval.split, GREEDY_COLUMN + name, 0.0, 1))
+            columns.append((recipe.eval.split, ScoreColumn(name, metric=GREEDY), 0.0, 1))
         if recipe.eval.split == "heldout":
-            columns.append(("dev", DEV_COLUMN + name, temperature, k))
+            columns.append(("dev", ScoreColumn.dev(name), temperature, k))
         prepared: dict[str, tuple] = {}  # split -> (items, prompts, seeds): the greedy column reuses the primary's
         for split, column, t, samples in columns:
             if split not in prepared:
                 prepared[split] = eval_items(tokenizer, recipe, name, split)
             column_scores, column_rows = score_column(
-                engine, recipe, name, *prepared[split], column, t, samples, progress(column) if progress else None
+                engine, recipe, name, *prepared[split], column, t, samples, progress(column.key) if progress else None
             )
             scores.update(column_scores)
             rows += column_rows
@@ -80,7 +80,7 @@ def score_column(
     items: list,
     prompts: list[list[int]],
     seeds: list[int],
-    column: str,
+    column: ScoreColumn,
     t: float,
     samples: int,
     progress: Callable[[int, int], None] | None = None,
@@ -92,9 +92,9 @@ def score_column(
     answers = engine.generate(prompts, samples, sampling, seeds=seeds, progress=progress)
     groups = [[c.text for c in group] for group in answers]
     grades = answer_grades(recipe, name, items, groups)  # [item][answer]
-    per_item = {column: [sum(g) / len(g) for g in grades]}
-    if samples > 1 and not column.startswith(DEV_COLUMN):  # the same answers: is any of them fully right
-        per_item[pass_at_column(name, samples)] = [float(max(g) >= 1.0) for g in grades]
+    per_item = {column.key: [sum(g) / len(g) for g in grades]}
+    if samples > 1 and column.split != "dev":  # the same answers: is any of them fully right
+        per_item[ScoreColumn.pass_at(name, samples).key] = [float(max(g) >= 1.0) for g in grades]
     scores: dict[str, float] = {}
     rows: list[dict[str, Any]] = []
     for col, item_scores in per_item.items():
@@ -150,10 +150,12 @@ def evaluate_benchmarks(
             seed=recipe.seed,
             progress=progress(name) if progress else None,
         )
-        column = BENCHMARK_COLUMN + name
+        column = ScoreColumn.benchmark(name).key
         scores[column] = result.metrics["pass@1"]
         # IFEval's other three numbers beside its prompt-level strict pass@1: shown, never gated
-        scores |= {f"{column}:{m}": result.metrics[m] for m in BENCHMARK_SIDE_METRICS if m in result.metrics}
+        scores |= {
+            ScoreColumn.benchmark(name, m).key: result.metrics[m] for m in BENCHMARK_SIDE_METRICS if m in result.metrics
+        }
         rows += [
             {"domain": column, "id": r["id"], "prompt": r["prompt"], "completion": r["completion"], "score": r["score"]}
             # why the answer ended ("length": it hit max_new_tokens), and e.g. IFEval's per-instruction verdicts

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from cascade.artifacts.report import EvalScores, GateDecision, selection_column
+from cascade.artifacts.report import EvalScores, GateDecision
+from cascade.artifacts.score_columns import ScoreColumn
 
 if TYPE_CHECKING:
     from cascade.stages.recipe.config_base import StageConfig
@@ -20,36 +21,39 @@ if TYPE_CHECKING:
 Policy = Literal["recover", "warn", "fail"]
 
 
-def best_so_far(evals: list[EvalScores], domain: str) -> tuple[float, str] | None:
-    """(best score, stage that holds it) over earlier evals, or None if the domain was never scored. The score is
-    the domain's selection column: its dev split where the eval scored one."""
-    scored = [(e.scores[selection_column(domain, e.scores)], e.after_stage) for e in evals if domain in e.scores]
+def best_so_far(evals: list[EvalScores], column: ScoreColumn) -> tuple[float, str] | None:
+    """(best score, stage that holds it) over earlier evals, or None if the column was never scored. The score is
+    the column's selection column: a domain's dev split where the eval scored one."""
+    scored = [(selected[1], e.after_stage) for e in evals if (selected := e.selected(column)) is not None]
     return max(scored, key=lambda s: s[0]) if scored else None
 
 
 def decide(
-    stage: str, evals: list[EvalScores], now: dict[str, float], tolerances: dict[str, float], policy: Policy
+    stage: str, evals: list[EvalScores], now: EvalScores, tolerances: dict[str, float], policy: Policy
 ) -> list[GateDecision]:
-    """One decision per regressed domain; `evals` are the evals before this stage's."""
+    """One decision per regressed column the recipe gates (a domain, a benchmark); `evals` are the evals before
+    this stage's."""
     decisions = []
-    for domain in sorted(now):
-        best = best_so_far(evals, domain)
-        if best is None or domain not in tolerances:  # greedy/<domain>: shown beside the primary metric, not gated
+    for key in sorted(now.scores):
+        if key not in tolerances:  # greedy/<domain>: shown beside the primary metric, not gated
             continue
-        column = selection_column(domain, now)
-        score = now[column]
+        gated = ScoreColumn.parse(key)
+        best, selected = best_so_far(evals, gated), now.selected(gated)
+        if best is None or selected is None:
+            continue
+        column, score = selected
         drop = best[0] - score
-        if drop > tolerances[domain]:
+        if drop > tolerances[key]:
             decisions.append(
                 GateDecision(
                     stage=stage,
-                    domain=domain,
-                    column=column,
+                    domain=key,
+                    column=column.key,
                     best=best[0],
                     best_stage=best[1],
                     now=score,
                     drop=round(drop, 4),
-                    tolerance=tolerances[domain],
+                    tolerance=tolerances[key],
                     action=policy,
                 )
             )
@@ -58,7 +62,7 @@ def decide(
 
 def best_stages(evals: list[EvalScores], domains: list[str]) -> dict[str, str]:
     """domain -> the stage whose checkpoint holds the best score on it (the MOPD teacher for that domain)."""
-    found = {d: best_so_far(evals, d) for d in domains}
+    found = {d: best_so_far(evals, ScoreColumn(d)) for d in domains}
     return {d: best[1] for d, best in found.items() if best is not None}
 
 

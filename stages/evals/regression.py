@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from cascade.artifacts import layout
 from cascade.artifacts.records import EvalRecord, EvalRecordError
-from cascade.artifacts.report import is_side_column, selection_column
+from cascade.artifacts.score_columns import ScoreColumn
 from cascade.artifacts.store import Store
 from cascade.stages.recipe.validation_errors import first_error
 
@@ -115,7 +115,7 @@ def compare(
     for domain in sorted(scores):
         if domain not in tolerances:
             continue
-        column = selection_column(domain, scores)
+        column = ScoreColumn.parse(domain).selection(scores).key
         score = scores[column]
         entry = baseline.domains.get(domain) if baseline else None
         drop = None if entry is None else round(entry.score - score, 4)
@@ -161,14 +161,14 @@ def _entries(record: EvalRecord, where: str = "the eval record") -> dict[str, Ba
     bad = sorted(d for d, v in scores.items() if not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0))  # NaN too
     if bad:
         raise BaselineError(f"{where}: score of {bad[0]!r} is {scores[bad[0]]!r}; a baseline takes scores in [0, 1]")
-    if all(is_side_column(d) for d in scores):
+    bars = [column for column in map(ScoreColumn.parse, scores) if not column.is_side]
+    if not bars:
         raise BaselineError(f"{where} holds no score to compare with: a baseline from it could never fail")
     return {
-        d: BaselineEntry(
-            score=float(scores[selection_column(d, scores)]), checkpoint=name, uri=record.model, digest=record.digest
+        column.key: BaselineEntry(
+            score=float(scores[column.selection(scores).key]), checkpoint=name, uri=record.model, digest=record.digest
         )
-        for d in scores
-        if not is_side_column(d)
+        for column in bars
     }  # greedy, pass@k and dev: shown, not bars; a domain's bar is its dev score where it has one
 
 

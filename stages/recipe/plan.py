@@ -198,7 +198,9 @@ def make_plan(recipe: Recipe, size: ModelSize, profile: Throughput, devices: int
         rows.append(eval_estimate(SOURCE_EVAL if isinstance(step, SourceEval) else step.after, recipe))
         if isinstance(step, GateStep) and step.recovery is not None and recovery is None:
             label = recovery_label(recipe.gate)
-            recovery = estimate_stage(step.recovery.model_copy(update={"name": label}), recipe, size, prompt_tokens)
+            recovery = estimate_stage(
+                step.recovery.stage.model_copy(update={"name": label}), recipe, size, prompt_tokens
+            )
             recovery.notes.append(f"only if the gate fires; at most {recipe.gate.max_recoveries} per run")
     for est in rows + ([recovery] if recovery else []):
         est.seconds = seconds(est, size, profile, devices)

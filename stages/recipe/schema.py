@@ -18,7 +18,7 @@ from pydantic import SerializeAsAny, ValidationError, ValidationInfo, field_vali
 from pydantic_core import PydanticCustomError
 
 from cascade.artifacts.config import StorageConfig, Strict, TrackingConfig
-from cascade.artifacts.report import BENCHMARK_COLUMN
+from cascade.artifacts.score_columns import ScoreColumn
 from cascade.artifacts.urls import credential_error
 from cascade.stages.errors import RecipeError
 from cascade.stages.kinds import KINDS, chooses_teachers, kind_of, recovery_kinds
@@ -125,7 +125,7 @@ class Recipe(Strict):
         one), and each benchmark ("bench/<name>") the recipe marks `gates: true`."""
         return {
             **{d: spec.tolerance for d, spec in self.domains.items()},
-            **{BENCHMARK_COLUMN + b: spec.tolerance for b, spec in self.eval.benchmarks.items() if spec.gates},
+            **{ScoreColumn.benchmark(b).key: spec.tolerance for b, spec in self.eval.benchmarks.items() if spec.gates},
         }
 
     def eval_sampling(self, domain: str) -> tuple[float, int]:

@@ -3,10 +3,11 @@ a recovery inserts.
 
 `walk(recipe)` is pure (configs in, steps out, nothing loaded or written): the eval of the source model, then
 each recipe stage in order; after each policy-making stage (when evals are on) its eval and the gate, carrying
-the recovery stage the gate may insert there (policy `recover`: the recipe's `gate.recovery` config named
-`recover-<stage>`, run at that stage's index). Its readers: the Prefect flow (flows/cascade.py), the stage driver
-(stages/run.py: the stage steps only), the dry run (stages/recipe/plan.py) and, for the recovery's inputs, the recover
-flow (flows/recover.py). None of them decides the shape on its own.
+the `Recovery` the gate may insert there (policy `recover`: the recipe's `gate.recovery` config named
+`recover-<stage>`, run at that stage's index; the stage it recovers is a field of it, never read from its name).
+Its readers: the Prefect flow (flows/cascade.py), the stage driver (stages/run.py: the stage steps only), the dry
+run (stages/recipe/plan.py) and, for the recovery's inputs, the recover flow (flows/recover.py). None of them
+decides the shape on its own.
 
 `Made` is what a walk carries from step to step while it runs: the checkpoint of every stage so far and the
 newest policy. A stage's inputs are the newest policy (if its kind starts from one) and the checkpoints of the
@@ -38,26 +39,29 @@ class StageStep:
 
 
 @dataclass(frozen=True)
+class Recovery:
+    """The stage a gate inserts when it fires under policy `recover`, and the stage whose regression it recovers."""
+
+    stage: StageConfig
+    recovers: str
+
+
+@dataclass(frozen=True)
 class GateStep:
-    """The eval of the policy `after` made, then the gate on it; `recovery`: the stage the gate inserts when it
-    fires under policy `recover` (None under `warn` and `fail`), run at `index`."""
+    """The eval of the policy `after` made, then the gate on it; `recovery`: what the gate inserts when it fires
+    under policy `recover` (None under `warn` and `fail`), run at `index`."""
 
     index: int
     after: str
-    recovery: StageConfig | None
+    recovery: Recovery | None
 
 
 Step = SourceEval | StageStep | GateStep
 
 
-def recovery_stage(gate: GateConfig, after: str) -> StageConfig:
-    """The gate's recovery config, named for the stage it recovers."""
-    return gate.recovery.model_copy(update={"name": f"{RECOVERY_PREFIX}{after}"})
-
-
-def recovered(name: str) -> str | None:
-    """The stage a recovery stage named `name` recovers; None for any other stage."""
-    return name.removeprefix(RECOVERY_PREFIX) if name.startswith(RECOVERY_PREFIX) else None
+def recovery_after(gate: GateConfig, after: str) -> Recovery:
+    """The gate's recovery of the stage `after`: its config, named for that stage (the name keys its checkpoint)."""
+    return Recovery(gate.recovery.model_copy(update={"name": f"{RECOVERY_PREFIX}{after}"}), recovers=after)
 
 
 def walk(recipe: Recipe) -> list[Step]:
@@ -67,7 +71,7 @@ def walk(recipe: Recipe) -> list[Step]:
         steps.append(StageStep(index, stage))
         if kind_of(stage.kind).makes == "policy" and recipe.eval.enabled:
             recovers = recipe.gate.policy == "recover" and recipe.gate.max_recoveries > 0
-            steps.append(GateStep(index, stage.name, recovery_stage(recipe.gate, stage.name) if recovers else None))
+            steps.append(GateStep(index, stage.name, recovery_after(recipe.gate, stage.name) if recovers else None))
     return steps
 
 

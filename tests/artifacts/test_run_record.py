@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from cascade.artifacts.report import GateDecision, RunReport, StageRecord
+from cascade.artifacts.report import EvalScores, GateDecision, RunReport, StageRecord
 from cascade.artifacts.store import Store
 
 
@@ -40,7 +40,9 @@ def test_a_recovery_fills_in_the_decisions_after_its_stage_only():
     report.record_gate("if_rl", [decision("if_rl", "math"), decision("if_rl", "code")])
     report.record_gate("math_rl", [decision("math_rl", "math", action="warn")])
     report.record_gate("if_rl", [decision("if_rl", "math")])  # the gate again after a resumed if_rl
-    fired = report.record_recovery("if_rl", {"dev/math": 0.48, "math": 0.1})
+    recovered = EvalScores(after_stage="recover-if_rl", scores={"dev/math": 0.48, "math": 0.1})
+    fired = [d.recovered(recovered) for d in report.decisions_after("if_rl")]
+    report.record_gate("if_rl", fired)
     assert [(d.stage, d.domain, d.after_recovery) for d in fired] == [("if_rl", "math", 0.48)]
     assert [(d.stage, d.after_recovery) for d in report.gate] == [("math_rl", None), ("if_rl", 0.48)]
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from cascade.artifacts.report import RunReport
+from cascade.artifacts.report import EvalScores, RunReport
 from cascade.artifacts.store import Store
 from cascade.tasks import evals, lifecycle
 from tests.conftest import micro_recipe
@@ -37,12 +37,13 @@ def artifacts(monkeypatch):
 def test_the_gate_artifact_says_whether_it_passed_or_what_fired_each_time_it_is_evaluated(tmp_path, artifacts):
     recipe = micro_recipe(tmp_path, "tracking.enabled=false")
     store = Store.from_config(recipe.storage)
-    report = RunReport(run_id="g", recipe="micro")
-    for stage, math in (("sft", 0.5), ("if_rl", 0.5), ("math_rl", 0.25)):
-        report.record_eval(stage, {"math": math, "instruct": 0.5})
-    report.save(store)
-    for stage, math in (("sft", 0.5), ("if_rl", 0.5), ("math_rl", 0.25)):
-        evals.gate_task.fn(recipe, "g", stage, {"math": math, "instruct": 0.5}, "warn")
+    scored = [
+        EvalScores(after_stage=stage, scores={"math": math, "instruct": 0.5})
+        for stage, math in (("sft", 0.5), ("if_rl", 0.5), ("math_rl", 0.25))
+    ]
+    for i, scores in enumerate(scored):  # the flow hands the gate each eval and those before it
+        evals.gate_task.fn(recipe, "g", scores, scored[:i], "warn")
+    assert [(d.stage, d.domain) for d in RunReport.load(store, "g").gate] == [("math_rl", "math")]
     assert [made[:3] for made in artifacts.made] == [
         ("markdown", "g-gate", "Regression gate after stage sft"),
         ("markdown", "g-gate", "Regression gate after stage if_rl"),

@@ -16,9 +16,9 @@ TOLERANCES = {"math": 0.05, "bench/gsm8k": 0.05}
 
 def test_the_gate_compares_dev_scores_where_a_domain_has_them():
     # held-out math fell 0.10 (past the tolerance) but dev rose: no decision
-    assert decide("rl", EVALS[:1], EVALS[1].scores, TOLERANCES, "warn") == []
+    assert decide("rl", EVALS[:1], EVALS[1], TOLERANCES, "warn") == []
     # dev fell 0.15 while held-out rose: the gate fires, on the dev column, with dev's numbers
-    now = {"math": 0.70, "dev/math": 0.40, "bench/gsm8k": 0.31}
+    now = EvalScores(after_stage="next", scores={"math": 0.70, "dev/math": 0.40, "bench/gsm8k": 0.31})
     (decision,) = decide("next", EVALS, now, TOLERANCES, "warn")
     assert (decision.domain, decision.column, decision.best, decision.best_stage, decision.now) == (
         "math",
@@ -28,7 +28,8 @@ def test_the_gate_compares_dev_scores_where_a_domain_has_them():
         0.40,
     )
     # a benchmark has no dev split: it is gated on its own column
-    (bench,) = decide("next", EVALS, {**EVALS[1].scores, "bench/gsm8k": 0.2}, TOLERANCES, "warn")
+    dropped = EvalScores(after_stage="next", scores={**EVALS[1].scores, "bench/gsm8k": 0.2})
+    (bench,) = decide("next", EVALS, dropped, TOLERANCES, "warn")
     assert (bench.column, bench.best) == ("bench/gsm8k", 0.31)
 
 

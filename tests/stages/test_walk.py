@@ -19,7 +19,7 @@ def shape(recipe) -> list[tuple]:
         elif isinstance(step, StageStep):
             out.append((step.index, step.stage.name))
         else:
-            out.append(("gate", step.index, step.after, step.recovery.name if step.recovery else None))
+            out.append(("gate", step.index, step.after, step.recovery.stage.name if step.recovery else None))
     return out
 
 
@@ -47,7 +47,8 @@ def test_the_gate_carries_a_recovery_only_under_recover_with_recoveries_allowed(
         ("gate", 4, "math_rl", "recover-math_rl"),
     ]
     recovery = next(s for s in walk(recipe) if isinstance(s, GateStep)).recovery
-    assert recovery.kind == recipe.gate.recovery.kind and recovery.steps == recipe.gate.recovery.steps
+    assert recovery.recovers == "sft"
+    assert recovery.stage.kind == recipe.gate.recovery.kind and recovery.stage.steps == recipe.gate.recovery.steps
     for policy in ("warn", "fail"):
         assert all(s[-1] is None for s in shape(micro_recipe(tmp_path, f"gate.policy={policy}")) if s[0] == "gate")
     none_left = micro_recipe(tmp_path, "gate.policy=recover", "gate.max_recoveries=0")
@@ -74,6 +75,6 @@ def test_made_gives_each_stage_the_newest_policy_and_the_stages_it_reads(tmp_pat
             newest = ref(step.stage.name)
         if step.stage.name == "if_rl":  # the gate after if_rl recovers: its recovery is the policy from here on
             recovery = next(s for s in walk(recipe) if isinstance(s, GateStep) and s.after == "if_rl").recovery
-            made.add(recovery, newest := ref(recovery.name))
+            made.add(recovery.stage, newest := ref(recovery.stage.name))
     assert made.policy == ref("math_rl") and set(made.stages) == {n for _, n in MICRO_STAGES} | {"recover-if_rl"}
     assert started["math_rl"].policy == ref("recover-if_rl") and started["if_rl"].policy == ref("sft")
