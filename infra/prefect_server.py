@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from cascade.artifacts.ports import free_port
+
 SERVER_START_TIMEOUT_S = 120  # ~5 s idle; much longer on two busy cores
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -36,12 +38,6 @@ def configured_api_url() -> str | None:
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 DEFAULT_UI_PORT = 4200  # Prefect's own default

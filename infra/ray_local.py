@@ -9,21 +9,16 @@ listens on 127.0.0.1. `ray stop --force` at the end stops every Ray node of the 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from cascade.artifacts.ports import free_port
+
 RAY = str(Path(sys.executable).with_name("ray"))
 START_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

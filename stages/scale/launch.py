@@ -26,13 +26,13 @@ import os
 import pickle
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts.ports import free_port
 from cascade.artifacts.scratch import owned_tempdir
 from cascade.stages.errors import DistributedStageError
 from cascade.stages.kinds import StageInputs, kind_of, run_stage
@@ -67,7 +67,7 @@ def run_stage_where_configured(cfg: Any, ctx: StageContext, inputs: StageInputs)
 
 def torchrun_command(compute: ComputeConfig, spec_dir: Path) -> list[str]:
     """The torchrun command line of one node: c10d rendezvous at compute.rdzv_endpoint, or a free local port."""
-    endpoint = compute.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    endpoint = compute.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     return [
         sys.executable,
         "-m",
@@ -167,12 +167,6 @@ def _die_with_parent():
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     return arm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _repo_root() -> str:

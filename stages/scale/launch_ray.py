@@ -23,10 +23,10 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import socket
 import time
 from typing import Any
 
+from cascade.artifacts.ports import free_port
 from cascade.stages.errors import DistributedStageError
 from cascade.stages.kinds import StageInputs
 from cascade.stages.recipe.config_base import ComputeConfig
@@ -70,9 +70,7 @@ class RankActor:
         return {"ip": ip, "node": node, "pid": os.getpid()}
 
     def free_port(self) -> int:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        return free_port("")
 
     def run(
         self, spec_bytes: bytes, rank: int, local_rank: int, world_size: int, master: tuple[str, int], queue: Any

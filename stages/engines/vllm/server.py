@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cascade.artifacts.ports import free_port
 from cascade.stages.engines.vllm.client import ServerDied, healthy
-from cascade.stages.engines.vllm.server_process import LAUNCHER, ServerProcess, free_port
+from cascade.stages.engines.vllm.server_process import LAUNCHER, ServerProcess
 
 # stages/engines/vllm/server.py -> the repository root is three directories up from this package.
 REPO_ROOT = Path(__file__).resolve().parents[3]

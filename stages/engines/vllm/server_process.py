@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -94,9 +93,3 @@ class ServerProcess:
                 return f.read().decode(errors="replace")
         except OSError as err:
             return f"(log unreadable: {err})"
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
