@@ -29,12 +29,12 @@ run: $(STAMP)
 	$(BIN)/cascade run tiny
 
 # The whole suite, fault trials included (tests/faults: kill -9, S3 outage, corruption, secrets, lease).
-# Three pytest-xdist workers on 2 cores (some tests wait on servers and subprocesses; four were slower, the cores
-# being ~97% busy already: docs/LOG.md 2026-11-27), a test file per worker so
+# Four pytest-xdist workers on 2 cores: many tests wait on deadlines, servers and subprocesses, so three kept the
+# cores ~80% busy and four finished 2 minutes sooner (docs/LOG.md 2026-12-07); a test file per worker so
 # that module fixtures (vLLM servers) start once; then, alone, the tests marked `serial` (wall-clock budgets,
 # host-wide process and /tmp scans); both parts run, and either failing fails the target. TEST_WORKERS=0 runs
 # the first part in one process.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: $(STAMP) vllm lint
 	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15; \
 	  parallel=$$?; $(BIN)/python -m pytest -q -ra -m serial --durations=5 && exit $$parallel
