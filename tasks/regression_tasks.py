@@ -138,10 +138,16 @@ def publish_verdicts_task(recipe: Recipe, baseline: str, key: str, rows: list[di
     """The checkpoint x domain table: a Prefect table artifact (key `<artifact>-<baseline>`) and the JSON at key."""
     Store.from_config(recipe.storage).write_bytes(key, json.dumps(rows, indent=1).encode())
     ui_artifacts.create_table_artifact(
-        rows,
+        shown_rows(rows),
         key=artifact_key(artifact, baseline),
         description=f"Held-out score vs baseline {baseline!r} per checkpoint and domain",
     )
+
+
+def shown_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the UI's table shows them: scores, baselines and drops to 3 decimals, as `cascade baseline show`
+    and the regression eval's terminal table print them (the JSON at the store keeps every digit)."""
+    return [{k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()} for row in rows]
 
 
 @task(name="raise-baseline", cache_policy=NO_CACHE)

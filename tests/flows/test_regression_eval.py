@@ -33,6 +33,7 @@ from cascade.stages.evals.regression import (
     regressions,
     verdict_lines,
 )
+from cascade.tasks.regression_tasks import shown_rows
 from tests.artifacts.servers import BIN, Server, free_port
 from tests.flows.test_gate_recovery import LETTERS, LetterDomain, toy_recipe
 
@@ -313,7 +314,10 @@ def test_table_compares_real_evals_with_the_baseline(toy, regression_run):
 def test_table_artifact_is_on_the_server(regression_run, prefect_api):
     found = api(prefect_api, "POST", "/artifacts/filter", {"artifacts": {"key": {"any_": ["regression-nightly"]}}})
     assert found and found[0]["type"] == "table"
-    assert json.loads(found[0]["data"]) == regression_run["rows"]
+    shown = json.loads(found[0]["data"])
+    assert shown == shown_rows(regression_run["rows"])  # 3 decimals, as the terminal prints them
+    assert all(round(v, 3) == v for row in shown for v in row.values() if isinstance(v, float))
+    assert any(v != round(v, 3) for row in regression_run["rows"] for v in row.values() if isinstance(v, float))
 
 
 def test_regressed_checkpoint_emits_one_event_with_domain_and_drop(regression_run, prefect_api, toy):
