@@ -177,18 +177,19 @@ def status(
 
 
 def run_process(store, run_id: str, report) -> str:
-    """Whether a process is running the run now: its lease's owner, alive or gone."""
+    """The run's state as the run listing names it, then whether a process runs it now: its lease's owner, alive or
+    gone."""
     from cascade.artifacts.lease import describe, is_live, owner_gone, read_lease
 
-    lease = read_lease(store, run_id)
+    lease, state = read_lease(store, run_id), run_state(store, run_id, report)
     if lease is not None and is_live(lease):
-        return f"running: {describe(lease)}"
+        return f"{state}: {describe(lease)}"
     if lease is not None:
         why = "its process is gone" if owner_gone(lease) else "its lease expired"
-        return f"not running: {why} ({describe(lease)}); `cascade resume {run_id}` continues it"
-    if report.status is None or report.status == "FAILED":
-        return f"not running; `cascade resume {run_id}` continues it"
-    return f"not running: {report.status.lower()}"
+        return f"{state}: {why} ({describe(lease)}); `cascade resume {run_id}` continues it"
+    if state != "finished":
+        return f"{state}; `cascade resume {run_id}` continues it"
+    return state
 
 
 def run_state(store, run_id: str, report) -> str:

@@ -415,7 +415,7 @@ def test_status_and_resume_say_where_a_cut_off_run_stands_and_a_moved_store_resu
     failed = cli(old, "run", "micro", "--run-id", "cut", "tracking.enabled=false", CASCADE_TEST_FAIL_STAGE="cut/sft")
     assert failed.returncode == 1, (failed.stdout + failed.stderr)[-3000:]
     status = cli(old, "status", "cut")
-    assert "not running; `cascade resume cut` continues it" in status.stdout, status.stdout
+    assert "failed; `cascade resume cut` continues it" in status.stdout, status.stdout
     assert re.search(r"│ sft +│ sft +│ \w+ \(step checkpoint 3\)", status.stdout), status.stdout
     old.rename(new)
     resumed = cli(new, "resume", "cut", "--store", f"file://{new}")
@@ -442,7 +442,7 @@ def test_status_tells_a_live_owner_from_one_whose_process_is_gone(tmp_path):
     lease = {"token": "t" * 16, "expires": time.time() + 60, "host": socket.gethostname()}
     report = RunReport(run_id="r", recipe="micro")
     store.write_bytes("runs/r/LEASE.json", json.dumps({**lease, "pid": int(gone.stdout)}).encode())
-    assert run_process(store, "r", report).startswith("not running: its process is gone (host ")
+    assert run_process(store, "r", report).startswith("killed: its process is gone (host ")
     store.write_bytes("runs/r/LEASE.json", json.dumps({**lease, "pid": os.getpid()}).encode())
     assert run_process(store, "r", report).startswith(f"running: host {socket.gethostname()} pid {os.getpid()}")
 

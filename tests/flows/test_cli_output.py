@@ -79,7 +79,7 @@ def test_a_run_with_no_evals_yet_says_so_in_one_line(tmp_path):
     shown = cascade(home, "status", "fresh")
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == (
-        "not running: finished\n"
+        "finished\n"
         "                          run fresh                           \n"
         "┏━━━━━━━━━━━━┳━━━━━━━━━━━━┳━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━━━━━┓\n"
         "┃ stage      ┃ kind       ┃ status    ┃ seconds ┃ checkpoint ┃\n"
