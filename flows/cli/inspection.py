@@ -181,7 +181,8 @@ def run_process(store, run_id: str, report) -> str:
     gone."""
     from cascade.artifacts.lease import describe, is_live, owner_gone, read_lease
 
-    lease, state = read_lease(store, run_id), run_state(store, run_id, report)
+    lease = read_lease(store, run_id)
+    state = state_of(lease, report)
     if lease is not None and is_live(lease):
         return f"{state}: {describe(lease)}"
     if lease is not None:
@@ -196,9 +197,16 @@ def run_state(store, run_id: str, report) -> str:
     """A run in one word: `running` (a live lease), `finished` or `failed` (how its record's last finish ended),
     else `killed`: its process ended without recording a finish (a kill leaves its lease behind, expired or
     owned by a process that is gone)."""
-    from cascade.artifacts.lease import is_live, read_lease
+    from cascade.artifacts.lease import read_lease
 
-    if is_live(read_lease(store, run_id)):
+    return state_of(read_lease(store, run_id), report)
+
+
+def state_of(lease, report) -> str:
+    """`run_state` from a run's lease (None: none) and record, read once by the caller."""
+    from cascade.artifacts.lease import is_live
+
+    if is_live(lease):
         return "running"
     if report is not None and report.status in ("FINISHED", "FAILED"):
         return report.status.lower()

@@ -330,18 +330,26 @@ def test_gain_targets_come_from_the_stage_kind_registry():
     assert gain_targets(micro_recipe(Path("/tmp/unused")).stages) == {"if_rl": ["instruct"], "math_rl": ["math"]}
 
 
-def test_links_work_where_they_are_links_and_are_text_elsewhere(tmp_path):
-    """An http(s) URL is a link; a local MLflow store is the command that serves it and the run's page; any other
-    scheme (a `javascript:` PREFECT_UI_URL) is text, never a link."""
+def page_with_links(tmp_path, links: dict[str, str]) -> str:
+    """The HTML page of a synthetic run whose record holds these links."""
     store = Store(f"file://{tmp_path}")
     synthetic_run(store, "r")
     report = RunReport.load(store, "r")
-    report.links = {
-        "mlflow": "sqlite:////home/you/.cascade/mlflow.db#/experiments/1/runs/abc",
-        "prefect": "javascript:alert(1)//",
-    }
+    report.links = links
     report.save(store)
-    html = render([collect(store, "r")]).html
+    return render([collect(store, "r")]).html
+
+
+def test_links_work_where_they_are_links_and_are_text_elsewhere(tmp_path):
+    """An http(s) URL is a link; a local MLflow store is the command that serves it and the run's page; any other
+    scheme (a `javascript:` PREFECT_UI_URL) is text, never a link."""
+    html = page_with_links(
+        tmp_path,
+        {
+            "mlflow": "sqlite:////home/you/.cascade/mlflow.db#/experiments/1/runs/abc",
+            "prefect": "javascript:alert(1)//",
+        },
+    )
     assert (
         "<code>mlflow ui --backend-store-uri sqlite:////home/you/.cascade/mlflow.db</code>, then open "
         "<code>http://127.0.0.1:5000/#/experiments/1/runs/abc</code>"
@@ -456,15 +464,13 @@ def test_a_curve_of_few_steps_ticks_whole_steps_only(monkeypatch):
 def test_a_run_record_naming_the_command_that_serves_mlflow_shows_it_before_the_page(tmp_path):
     """A local MLflow store's run: the record holds the page `mlflow ui` serves and that command; the page is shown
     as text after the command (it opens only once the command runs), not as a link."""
-    store = Store(f"file://{tmp_path}")
-    synthetic_run(store, "r")
-    report = RunReport.load(store, "r")
-    report.links = {
-        "mlflow": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
-        "mlflow_ui": "mlflow ui --backend-store-uri sqlite:////home/you/.cascade/mlflow.db",
-    }
-    report.save(store)
-    html = render([collect(store, "r")]).html
+    html = page_with_links(
+        tmp_path,
+        {
+            "mlflow": "http://127.0.0.1:5000/#/experiments/1/runs/abc",
+            "mlflow_ui": "mlflow ui --backend-store-uri sqlite:////home/you/.cascade/mlflow.db",
+        },
+    )
     assert (
         '<tr><td>MLflow run</td><td class="text"><code>mlflow ui --backend-store-uri '
         "sqlite:////home/you/.cascade/mlflow.db</code>, then open <code>http://127.0.0.1:5000/#/experiments/1/runs/abc"
