@@ -23,7 +23,7 @@ from cascade.flows.recipes import load_any_recipe
 from cascade.flows.regression_eval import new_eval_id
 from cascade.infra.flow_outcomes import expected_outcomes_in_one_line
 from cascade.stages.evals.regression import NotRecovered, regressions, verdict_lines
-from cascade.stages.recipe.walk import Made
+from cascade.stages.kinds import StageInputs
 from cascade.tasks.lifecycle import finish_task, running
 from cascade.tasks.regression_tasks import (
     evaluate_checkpoint_task,
@@ -67,9 +67,9 @@ def recover_flow(
         for d, entry in sorted(best.domains.items())
         if d in loaded.domains
     }
-    # teachers by a name of their own: two domains' best checkpoints may share a stage name across runs
-    cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: f"best-{d}" for d in teachers}})
-    inputs = Made(stages={f"best-{d}": ref for d, ref in teachers.items()}, policy=start).inputs(cfg)
+    # teachers by domain: two domains' best checkpoints may come from stages of one name in different runs
+    cfg = loaded.gate.recovery.model_copy(update={"name": STAGE, "teachers": {d: r.stage for d, r in teachers.items()}})
+    inputs = StageInputs(policy=start, teachers=teachers)
     with running(loaded, run_id) as loaded:  # one writer per run: LeaseHeld otherwise
         recover_stage = stage_task.with_options(
             task_run_name=f"00-{cfg.kind}-{STAGE}", result_storage=result_storage(loaded, run_id)

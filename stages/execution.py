@@ -32,7 +32,7 @@ from cascade.artifacts.config import config_hash
 from cascade.artifacts.steplog import StepLog
 from cascade.artifacts.store import Store
 from cascade.stages.evals.gate import with_teachers
-from cascade.stages.kinds import StageInputs, chooses_teachers, kind_of
+from cascade.stages.kinds import StageInputs, chooses_teachers
 from cascade.stages.recipe.config_base import StageConfig
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.walk import GateStep, Made, StageStep, walk
@@ -135,8 +135,8 @@ def parent_change(parent: dict[str, Any] | None, inputs: StageInputs) -> str | N
     does, or when it names none (made from the recipe's model, or from data alone)."""
     if parent is None:
         return None
-    for ref in (inputs.policy, *inputs.stages.values()):
-        if ref is not None and ref.key == parent["key"]:
+    for ref in inputs.checkpoints():
+        if ref.key == parent["key"]:
             if ref.digest == parent["digest"]:
                 return None
             return f"its parent {parent['stage']} changed (checkpoint {parent['digest'][:12]}, now {ref.digest[:12]})"
@@ -191,11 +191,7 @@ def standings(recipe: Recipe, store: Store, run_id: str) -> list[tuple[StageStep
 
     def judged(index: int, cfg: StageConfig) -> Standing:
         # the walk's inputs, less the stages that run first: a parent among those is judged once they have run
-        inputs = StageInputs(
-            policy=made.policy if kind_of(cfg.kind).takes_policy else None,
-            stages={read.stage: made.stages[read.stage] for read in cfg.reads() if read.stage in made.stages},
-        )
-        here = standing(StageOfRun(recipe, store, run_id, index, cfg), inputs, runs_first)
+        here = standing(StageOfRun(recipe, store, run_id, index, cfg), made.inputs(cfg, made_only=True), runs_first)
         if here.done is not None:
             made.add(cfg, here.done)
         else:

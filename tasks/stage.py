@@ -51,7 +51,7 @@ def compute_limit_name() -> str:
 
 
 def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
-    """store + run id + stage + stage config hash + the digests of every input checkpoint (policy, read stages).
+    """store + run id + stage + stage config hash + the digests of every input checkpoint (policy, read stages, teachers).
 
     The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
     cfg, inputs = parameters["cfg"], parameters["inputs"]
@@ -59,6 +59,7 @@ def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
     digests = {
         "policy": inputs.policy.digest if inputs.policy else None,
         **{f"stage/{name}": ref.digest for name, ref in inputs.stages.items()},
+        **{f"teacher/{domain}": ref.digest if ref else None for domain, ref in inputs.teachers.items()},
     }
     blob = json.dumps(
         {"store": recipe.storage.resolved_root(), "config": config_hash(cfg), "inputs": digests}, sort_keys=True

@@ -50,11 +50,17 @@ StageEstimateFn = Callable[[Any, Any, int, int], StageEstimate]
 
 @dataclass(frozen=True)
 class StageInputs:
-    """What a stage starts from: the newest policy (None: the recipe's initial model), and the checkpoint of
-    every earlier stage its config `reads()`, by stage name."""
+    """What a stage starts from: the newest policy (None: the recipe's initial model), the checkpoint of every
+    earlier stage its config `reads()` by stage name, and for a stage that distills, each domain's teacher by
+    domain (None: the model source), which may come from other runs (the recover flow's baseline teachers)."""
 
     policy: CheckpointRef | None = None
     stages: dict[str, CheckpointRef] = field(default_factory=dict)
+    teachers: dict[str, CheckpointRef | None] = field(default_factory=dict)
+
+    def checkpoints(self) -> list[CheckpointRef]:
+        """Every checkpoint the stage starts from: those its own checkpoint descends from."""
+        return [r for r in (self.policy, *self.stages.values(), *self.teachers.values()) if r is not None]
 
 
 @dataclass(frozen=True)

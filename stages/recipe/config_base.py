@@ -214,6 +214,11 @@ class StageConfig(Strict):
     def reads(self) -> list[Read]:
         return []
 
+    def teacher_stages(self) -> dict[str, str]:
+        """Domain -> the earlier stage (SOURCE_EVAL: the model source) whose checkpoint teaches it; {} where the
+        stage distills from none, or has not chosen its teachers yet."""
+        return {}
+
     def sampling_temperature(self) -> float | None:
         """The temperature it samples its policy at; None: it samples none."""
         return None

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from cascade.artifacts.checkpoint import CheckpointRef
 from cascade.stages.kinds import StageInputs, kind_of
-from cascade.stages.recipe.config_base import StageConfig
+from cascade.stages.recipe.config_base import SOURCE_EVAL, StageConfig
 from cascade.stages.recipe.schema import Recipe
 from cascade.stages.recipe.sections import RECOVERY_PREFIX, GateConfig
 
@@ -86,11 +86,20 @@ class Made:
     stages: dict[str, CheckpointRef] = field(default_factory=dict)
     policy: CheckpointRef | None = None
 
-    def inputs(self, stage: StageConfig) -> StageInputs:
-        """What the stage takes: the newest policy if its kind starts from one, and the stages it reads."""
+    def inputs(self, stage: StageConfig, made_only: bool = False) -> StageInputs:
+        """What the stage takes: the newest policy if its kind starts from one, the stages it reads and its
+        teachers. made_only: less the stages not made yet (`cascade status` judges a stage whose parents run
+        first), where the walk has made every one."""
+        wanted = dict.fromkeys(read.stage for read in stage.reads())
+        teachers = stage.teacher_stages()
         return StageInputs(
             policy=self.policy if kind_of(stage.kind).takes_policy else None,
-            stages={read.stage: self.stages[read.stage] for read in stage.reads()},
+            stages={name: self.stages[name] for name in wanted if not made_only or name in self.stages},
+            teachers={
+                domain: None if name == SOURCE_EVAL else self.stages[name]
+                for domain, name in teachers.items()
+                if not made_only or name == SOURCE_EVAL or name in self.stages
+            },
         )
 
     def add(self, stage: StageConfig, checkpoint: CheckpointRef) -> None:

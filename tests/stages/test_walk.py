@@ -4,7 +4,7 @@ plan and the recover flow read, and `Made`, what a run carries from stage to sta
 from __future__ import annotations
 
 from cascade.artifacts.checkpoint import CheckpointRef
-from cascade.stages.kinds import kind_of
+from cascade.stages.kinds import StageInputs, kind_of
 from cascade.stages.recipe.walk import GateStep, Made, SourceEval, StageStep, walk
 from tests.conftest import micro_recipe
 
@@ -78,3 +78,23 @@ def test_made_gives_each_stage_the_newest_policy_and_the_stages_it_reads(tmp_pat
             made.add(recovery.stage, newest := ref(recovery.stage.name))
     assert made.policy == ref("math_rl") and set(made.stages) == {n for _, n in MICRO_STAGES} | {"recover-if_rl"}
     assert started["math_rl"].policy == ref("recover-if_rl") and started["if_rl"].policy == ref("sft")
+
+
+def test_a_distilling_stage_takes_its_teachers_by_domain_and_a_status_judge_only_those_made(tmp_path):
+    """MOPD's teachers arrive by domain (the model source as None); with made_only, a teacher not made yet is left
+    out, so `cascade status` judges the stage against the parents it has; every teacher counts as a parent."""
+    from cascade.stages.execution import parent_change
+
+    recipe = micro_recipe(tmp_path, "gate.recovery.teachers={math: sft, instruct: source}")
+    mopd = recipe.gate.recovery
+    made = Made(stages={"sft": ref("sft")}, policy=ref("sft"))
+    inputs = made.inputs(mopd)
+    assert inputs.teachers == {"math": ref("sft"), "instruct": None} and inputs.stages == {"sft": ref("sft")}
+    later = mopd.model_copy(update={"teachers": {"math": "math_rl", "instruct": "source"}})
+    assert made.inputs(later, made_only=True).teachers == {"instruct": None}
+    teacher = ref("math_rl").model_copy(update={"digest": "1"})
+    taught = StageInputs(policy=ref("sft"), teachers={"math": teacher, "instruct": None})
+    assert taught.checkpoints() == [ref("sft"), teacher]
+    assert parent_change(teacher.model_dump(), taught) is None
+    moved = teacher.model_dump() | {"digest": "2"}
+    assert parent_change(moved, taught) == "its parent math_rl changed (checkpoint 2, now 1)"

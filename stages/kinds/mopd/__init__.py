@@ -57,6 +57,9 @@ class MOPDConfig(OnPolicyConfig, ChoosesLoss):
             if stage != SOURCE_EVAL  # the model source: no stage's checkpoint
         ]
 
+    def teacher_stages(self) -> dict[str, str]:
+        return {} if self.teachers == "auto" else dict(self.teachers)
+
 
 # Its registry row, and what the row names: the checks only this kind knows, its plan estimate.
 

@@ -49,11 +49,10 @@ from cascade.stages.train.training import (
 
 
 def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageResult:
-    """Distills into inputs.policy; cfg.teachers names, per domain, the stage whose checkpoint teaches it."""
+    """Distills into inputs.policy; inputs.teachers holds, per domain, the checkpoint that teaches it (None: the
+    model source)."""
     started = time.time()
-    teachers = {
-        domain: None if stage == SOURCE_EVAL else inputs.stages[stage] for domain, stage in cfg.teachers.items()
-    }
+    teachers = dict(inputs.teachers)
     domains = cfg.domains or sorted(teachers)
     missing = sorted(set(domains) - set(teachers))
     if missing:
