@@ -51,7 +51,8 @@ def compute_limit_name() -> str:
 
 
 def stage_cache_key(_context: Any, parameters: dict[str, Any]) -> str:
-    """store + run id + stage + stage config hash + the digests of every input checkpoint (policy, read stages, teachers).
+    """store + run id + stage + stage config hash + the digests of every input checkpoint (policy, read stages,
+    teachers).
 
     The store is part of the key: a cached result is a checkpoint URI, valid only where that store is."""
     cfg, inputs = parameters["cfg"], parameters["inputs"]
