@@ -25,9 +25,10 @@ from cascade.artifacts.report import RunReport
 from cascade.artifacts.store import Store
 from cascade.stages.evals.evaluate import evaluate_model
 from cascade.stages.evals.gate import best_stages
-from cascade.stages.kinds import StageInputs, run_stage
+from cascade.stages.kinds import run_stage
 from cascade.stages.kinds.grpo import GRPOConfig
 from cascade.stages.recipe.schema import Recipe
+from cascade.stages.recipe.walk import Made
 from cascade.stages.train.context import ListSink, StageContext, stage_workdir
 
 
@@ -108,7 +109,7 @@ def main() -> None:
         with stage_workdir() as workdir:
             key = f"bench/recovery/{args.run_id}/{method}{args.tag}"
             ctx = StageContext(recipe, store, f"bench-{args.run_id}", key, sink, workdir=workdir)
-            run_stage(cfg, ctx, StageInputs(policy=student, stages=made))
+            run_stage(cfg, ctx, Made(stages=made, policy=student).inputs(cfg))
         scores = curve(ctx, args.steps, args.every)
         back = [s for s, sc in scores.items() if sc[domain] >= best - tolerance]
         first = back[0] if back else None

@@ -1,4 +1,6 @@
-"""Throughput of the tiny model on this CPU: SFT step and rollout generation, beside their plain-HF peers.
+"""Throughput of a model on this CPU: SFT step and rollout generation, beside their plain-HF peers. The tiny model
+by default; `--model smollm2-135m` measures the real one on the uniform rows and a GRPO-shaped rollout (8 prompts x
+8 samples x 128 tokens) only. `cascade plan`'s cpu profile is built from both models' rows (stages/recipe/plan.py).
 
 Prints one table:
 - matmul peak (fp32 and bf16, 2048x2048) measured here, the ceiling the others are read against;
@@ -7,7 +9,7 @@ Prints one table:
   B32 x T128 rows, and on a length-skewed mix, ours packed and padded (the SFT stage's `packing`);
 - rollout tokens/s: our HF engine (KV cache, left padding, per-token logprobs) vs HF `generate`.
 
-Run: .venv/bin/python bench/bench_throughput.py [--steps 20] [--dtype bf16|fp32] [--sft-only]
+Run: .venv/bin/python bench/bench_throughput.py [--steps 20] [--dtype bf16|fp32] [--sft-only] [--model smollm2-135m]
 """
 
 from __future__ import annotations
@@ -30,8 +32,6 @@ from cascade.stages.train.model import build_tiny_model, num_parameters, prompt_
 from cascade.stages.train.tokenizer import load_tokenizer
 from cascade.stages.train.training import make_optimizer
 
-PAD = 0  # the tiny tokenizer's pad id
-
 
 def autocast(bf16: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
@@ -39,6 +39,13 @@ def autocast(bf16: bool):
 
 def tiny(tok) -> torch.nn.Module:
     return build_tiny_model(ModelConfig(), len(tok), seed=0)
+
+
+def smollm2() -> tuple[torch.nn.Module, object]:
+    from cascade.stages.train.model import load_hf
+    from cascade.stages.train.model_source import smollm2_dir
+
+    return load_hf(smollm2_dir())
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
@@ -50,12 +57,14 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def sft_step_tps(model, rows: list[tuple[list[int], int]], steps: int, bf16: bool, layout: str) -> float:
+def sft_step_tps(
+    model, rows: list[tuple[list[int], list[tuple[int, int]]]], steps: int, bf16: bool, layout: str, pad: int = 0
+) -> float:
     """Trained tokens/s (the rows' own tokens, never padding) of SFT steps on one batch of rows. layout: "packed"
     or "padded" (ours: model_rows, token-normalized loss, fused AdamW) or "naive" (padded, HF `labels=` with -100
     on prompt and padding, an attention mask, the same fused AdamW as ours)."""
     opt = make_optimizer(model, 1e-4, OptimizerConfig())
-    ids, mask, positions = model_rows(rows, PAD, packing=layout == "packed", pack_length=None)
+    ids, mask, positions = model_rows(rows, pad, packing=layout == "packed", pack_length=None)
     num_tokens = int(mask[:, 1:].sum())
     labels = ids.masked_fill(mask == 0, -100)  # HF shifts labels by one itself
     attention = torch.arange(ids.shape[1]) < torch.tensor([len(r) for r, _ in rows])[:, None]
@@ -74,20 +83,21 @@ def sft_step_tps(model, rows: list[tuple[list[int], int]], steps: int, bf16: boo
     return steps * sum(len(r) for r, _ in rows) / (time.perf_counter() - t0)
 
 
-def uniform_rows(vocab: int) -> list[tuple[list[int], int]]:
+def uniform_rows(vocab: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """B32 x T128 random tokens, every token but the first trained: no padding, nothing for packing to remove."""
     ids = torch.randint(3, vocab, (32, 128), generator=torch.Generator().manual_seed(0))
-    return [(row.tolist(), 1) for row in ids]
+    return [(row.tolist(), [(1, 128)]) for row in ids]
 
 
-def skewed_rows(vocab: int) -> list[tuple[list[int], int]]:
+def skewed_rows(vocab: int) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """32 rows, length-skewed like tiny-paper's mix (short math/instruct rows beside a few long SWE and
     long-context ones): 24 of 32-96 tokens, 8 of 256-512; the prompt is the first 40-60% of each row."""
     rng = random.Random(0)
     rows = []
     for i in range(32):
         length = rng.randint(256, 512) if i % 4 == 0 else rng.randint(32, 96)
-        rows.append(([rng.randrange(3, vocab) for _ in range(length)], int(length * rng.uniform(0.4, 0.6))))
+        prompt = int(length * rng.uniform(0.4, 0.6))
+        rows.append(([rng.randrange(3, vocab) for _ in range(length)], [(prompt, length)]))
     return rows
 
 
@@ -117,21 +127,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="our SFT step's compute.dtype")
     parser.add_argument("--sft-only", action="store_true", help="skip the rollout rows")
+    parser.add_argument("--model", choices=["tiny", "smollm2-135m"], default="tiny")
     args = parser.parse_args()
     load_before = os.getloadavg()
     torch.manual_seed(0)
-    tok = load_tokenizer()
-    model = tiny(tok)
-    n_params = num_parameters(model)
+    real = args.model != "tiny"
+    model, tok = smollm2() if real else (None, load_tokenizer())
+    model = model if real else tiny(tok)
+    fresh = smollm2 if real else (lambda: (tiny(tok), tok))
+    pad, n_params = tok.pad_token_id or 0, num_parameters(model)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     bf16, dtype = args.dtype == "bf16", args.dtype
     peak = peak16 if bf16 else peak32
-    uniform, skewed = uniform_rows(len(tok)), skewed_rows(len(tok))
-    ours = sft_step_tps(model, uniform, args.steps, bf16, layout="padded")
-    naive = sft_step_tps(tiny(tok), uniform, args.steps, bf16=False, layout="naive")
-    mix = {layout: sft_step_tps(tiny(tok), skewed, args.steps, bf16, layout) for layout in ("packed", "padded")}
-    mix_naive = sft_step_tps(tiny(tok), skewed, args.steps, bf16=False, layout="naive")
-    shapes = {layout: tuple(model_rows(skewed, PAD, layout == "packed", None)[0].shape) for layout in mix}
+    uniform = uniform_rows(len(tok))
+    ours = sft_step_tps(model, uniform, args.steps, bf16, layout="padded", pad=pad)
+    naive = sft_step_tps(fresh()[0], uniform, args.steps, bf16=False, layout="naive", pad=pad)
     rows = [
         ("matmul peak fp32 / bf16", f"{peak32 / 1e9:.0f} / {peak16 / 1e9:.0f} GFLOP/s", ""),
         (
@@ -140,6 +150,34 @@ def main() -> None:
             f"{6 * n_params * ours / peak:.0%} of {dtype} peak; {ours / naive:.2f}x naive",
         ),
         ("SFT step, naive HF fp32 (peer)", f"{naive:,.0f} tok/s", f"{6 * n_params * naive / peak32:.0%} of fp32 peak"),
+    ]
+    if not real:
+        rows += skewed_mix_rows(tok, args.steps, bf16, dtype)
+    if not args.sft_only:
+        count, n, new = (8, 8, 128) if real else (64, 8, 64)
+        prompts = [prompt_ids(tok, f"Compute {i % 10}+{(i * 7) % 10}-{(i * 3) % 10}.") for i in range(count)]
+        gen_ours, gen_peer = generate_tps(model.eval(), tok, prompts, n=n, new_tokens=new)
+        shape = f"{count} x {n} x {new}"
+        rows += [
+            (f"rollout {shape} (ours, HFEngine, fp32)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
+            (f"rollout {shape} (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs"),
+        ]
+    print(
+        f"{args.model}: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} "
+        f"threads, load average before / after: {load_before} / {os.getloadavg()}"
+    )
+    width = max(len(r[0]) for r in rows)
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:>22}  {note}")
+
+
+def skewed_mix_rows(tok, steps: int, bf16: bool, dtype: str) -> list[tuple[str, str, str]]:
+    """The length-skewed mix, packed and padded (ours) and naive (the peer), on fresh tiny models."""
+    skewed = skewed_rows(len(tok))
+    mix = {layout: sft_step_tps(tiny(tok), skewed, steps, bf16, layout) for layout in ("packed", "padded")}
+    mix_naive = sft_step_tps(tiny(tok), skewed, steps, bf16=False, layout="naive")
+    shapes = {layout: tuple(model_rows(skewed, 0, layout == "packed", None)[0].shape) for layout in mix}
+    return [
         (
             f"SFT skewed mix, packed (ours, {dtype})",
             f"{mix['packed']:,.0f} tok/s",
@@ -149,20 +187,6 @@ def main() -> None:
         (f"SFT skewed mix, padded (ours, {dtype})", f"{mix['padded']:,.0f} tok/s", f"rows {shapes['padded']}"),
         ("SFT skewed mix, naive HF fp32 (peer)", f"{mix_naive:,.0f} tok/s", "padded, labels=-100, attention mask"),
     ]
-    if not args.sft_only:
-        prompts = [prompt_ids(tok, f"Compute {i % 10}+{(i * 7) % 10}-{(i * 3) % 10}.") for i in range(64)]
-        gen_ours, gen_peer = generate_tps(model.eval(), tok, prompts, n=8, new_tokens=64)
-        rows += [
-            ("rollout 64 x 8 x 64 (ours, HFEngine)", f"{gen_ours:,.0f} new tok/s", "with per-token logprobs"),
-            ("rollout 64 x 8 x 64 (HF generate, peer)", f"{gen_peer:,.0f} new tok/s", "no logprobs"),
-        ]
-    print(
-        f"tiny model: {n_params / 1e6:.2f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"load average before / after: {load_before} / {os.getloadavg()}"
-    )
-    width = max(len(r[0]) for r in rows)
-    for name, value, note in rows:
-        print(f"{name:<{width}}  {value:>22}  {note}")
 
 
 if __name__ == "__main__":

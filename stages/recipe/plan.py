@@ -7,9 +7,11 @@ estimates, under stated assumptions: what a run really costs depends on how long
 - a sampled answer runs to its domain's `max_new_tokens`; a prompt is `prompt_tokens` long (an option);
 - training costs 6 N FLOPs per token and sampling 2 N, with N the (active) parameter count (Kaplan et al.);
 - a throughput profile turns FLOPs into seconds: its effective FLOP/s for training and for sampling. The `cpu`
-  profile is this project's measured 2-core figures on the tiny model (bench/RESULTS.md: SFT ~8.5k tok/s, HF
-  engine ~4.7k tok/s), which are also its token-rate ceilings: a smaller model is not faster per token on a CPU,
-  where per-token overhead dominates; the GPU profiles are the card's dense bf16 peak times an assumed utilization;
+  profile is this project's measured 2-core figures on the tiny model and on smollm2-135m (bench/RESULTS.md),
+  interpolated in log size between them: a CPU's matmuls are used better by a larger model, so one figure from
+  the tiny model made a 135M model's plan ~2-3x too slow. The tiny model's token rates are also ceilings (a smaller
+  model is not faster per token on a CPU, where per-token overhead dominates); the GPU profiles are the card's
+  dense bf16 peak times an assumed utilization;
 - storage: a policy checkpoint holds fp32 weights; a step checkpoint adds AdamW's two moments; a stage keeps
   `keep_step_checkpoints` of them while it runs.
 
@@ -21,6 +23,7 @@ MOPD recovery per fired stage, up to `gate.max_recoveries`, which the plan count
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,41 +36,71 @@ from cascade.stages.recipe.walk import GateStep, SourceEval, StageStep, stage_st
 
 
 @dataclass(frozen=True)
+class Measured:
+    """Tokens/s measured on one model on a profile's device (bench/bench_throughput.py)."""
+
+    params: float
+    train_tokens_per_s: float
+    sample_tokens_per_s: float
+
+
+@dataclass(frozen=True)
 class Throughput:
-    """Effective FLOP/s of one device: what a real step achieves, not the datasheet's peak."""
+    """Effective FLOP/s of one device: what a real step achieves, not the datasheet's peak. Either one figure at
+    every model size (the GPU profiles), or tokens/s measured on models of a few sizes (the cpu profile)."""
 
     name: str
-    train_flops: float
-    sample_flops: float
     basis: str  # where the figures come from, printed under the table
-    max_train_tokens_per_s: float | None = None  # a ceiling whatever the model's size (per-token overhead)
-    max_sample_tokens_per_s: float | None = None
+    train_flops: float = 0.0
+    sample_flops: float = 0.0
+    measured: tuple[Measured, ...] = ()  # by size, smallest first
+
+    def flops(self, params: float) -> tuple[float, float]:
+        """Effective training and sampling FLOP/s on a model of `params`: the fixed figures, or the measured ones
+        (6 N x train tok/s, 2 N x sample tok/s) interpolated in log size between the two nearest measurements,
+        the nearest one's outside them: a CPU's matmuls use it better as the model grows, up to a point."""
+        if not self.measured:
+            return self.train_flops, self.sample_flops
+        at = [
+            (m.params, 6 * m.params * m.train_tokens_per_s, 2 * m.params * m.sample_tokens_per_s) for m in self.measured
+        ]
+        if params <= at[0][0]:
+            return at[0][1], at[0][2]
+        for (n0, t0, s0), (n1, t1, s1) in zip(at, at[1:]):
+            if params <= n1:
+                w = math.log(params / n0) / math.log(n1 / n0)
+                return t0 ** (1 - w) * t1**w, s0 ** (1 - w) * s1**w
+        return at[-1][1], at[-1][2]
+
+    def ceilings(self) -> tuple[float | None, float | None]:
+        """Token rates no model beats, training and sampling: the smallest measured model's, where per-token
+        overhead dominates; None for the FLOP-only profiles."""
+        if not self.measured:
+            return None, None
+        return self.measured[0].train_tokens_per_s, self.measured[0].sample_tokens_per_s
 
 
-_TINY = 3.4e6  # the tiny model's parameters, on which the cpu figures were measured
 _H100_BF16 = 989e12  # dense bf16 peak of an H100 SXM (the H200 has the same compute)
 PROFILES = {
     "cpu": Throughput(
         "cpu",
-        6 * _TINY * 8552,
-        2 * _TINY * 4700,
-        "2 CPU cores, measured on the tiny model: SFT 8,552 tok/s, HF engine 4,700 tok/s "
-        "(also the ceilings for smaller models)",
-        max_train_tokens_per_s=8552,
-        max_sample_tokens_per_s=4700,
+        "2 CPU cores, measured (bench/bench_throughput.py): the tiny model (3.4M) SFT 8,552 tok/s, HF engine "
+        "4,700 tok/s (also the ceilings); smollm2-135m SFT 397 tok/s (bf16), HF engine 199 tok/s "
+        "(fp32); between them interpolated in log size",
+        measured=(Measured(3.4e6, 8552, 4700), Measured(134.5e6, 397, 199)),
     ),
     "h100": Throughput(
         "h100",
+        "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)",
         0.40 * _H100_BF16,
         0.10 * _H100_BF16,
-        "H100 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 10% sampling (decode)",
     ),
     "h200": Throughput(
         "h200",
-        0.40 * _H100_BF16,
-        0.13 * _H100_BF16,
         "H200 bf16 peak 989 TFLOP/s x assumed utilization 40% training, 13% sampling "
         "(more memory bandwidth for decode)",
+        0.40 * _H100_BF16,
+        0.13 * _H100_BF16,
     ),
 }
 
@@ -150,12 +183,14 @@ def benchmark_size(name: str, recipe: Recipe) -> int | None:
 def seconds(est: StageEstimate, size: ModelSize, profile: Throughput, devices: int) -> float:
     """Training 6N per token; teacher forwards 2N at training efficiency (whole sequences at once); sampling
     2N per token at decode efficiency."""
-    train_s = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active / profile.train_flops
-    sample_s = 2 * size.active * est.tokens_sampled / profile.sample_flops
-    if profile.max_train_tokens_per_s:
-        train_s = max(train_s, (est.tokens_trained + est.teacher_tokens / 3) / profile.max_train_tokens_per_s)
-    if profile.max_sample_tokens_per_s:
-        sample_s = max(sample_s, est.tokens_sampled / profile.max_sample_tokens_per_s)
+    train_flops, sample_flops = profile.flops(size.active)
+    train_s = (6 * est.tokens_trained + 2 * est.teacher_tokens) * size.active / train_flops
+    sample_s = 2 * size.active * est.tokens_sampled / sample_flops
+    max_train, max_sample = profile.ceilings()
+    if max_train:
+        train_s = max(train_s, (est.tokens_trained + est.teacher_tokens / 3) / max_train)
+    if max_sample:
+        sample_s = max(sample_s, est.tokens_sampled / max_sample)
     return (train_s + sample_s) / devices
 
 

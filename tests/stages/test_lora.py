@@ -16,6 +16,7 @@ from cascade.stages.kinds import StageInputs
 from cascade.stages.kinds.grpo.run_grpo import run_grpo
 from cascade.stages.recipe.config_base import LoraConfig, OptimizerConfig
 from cascade.stages.recipe.schema import RecipeError, validate_recipe
+from cascade.stages.recipe.walk import Made
 from cascade.stages.scale.launch import run_stage_where_configured
 from cascade.stages.train.context import ListSink, StageContext
 from cascade.stages.train.lora import add_lora, merged_state_dict, save_adapter
@@ -154,7 +155,7 @@ def test_the_gates_lora_recovery_runs_on_two_ranks(lora_sft):
     ctx = StageContext(
         recipe, sft_run.store, "recovery", "runs/recovery/02-recover-sft", sink, workdir=tmp / "work-recovery"
     )
-    result = run_stage_where_configured(cfg, ctx, StageInputs(policy=sft))
+    result = run_stage_where_configured(cfg, ctx, Made(policy=sft).inputs(cfg))
     assert [step for step, _ in sink.rows] == [1, 2] and max(sink.series("logprob_mismatch")) < 1e-4
     model_dir = ctx.store.path(f"{result.checkpoint.key}/model")
     adapter_dir = ctx.store.path(f"{result.checkpoint.key}/adapter")

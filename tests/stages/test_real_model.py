@@ -8,9 +8,10 @@ from transformers import AutoModelForCausalLM
 
 import cascade.stages.domains
 import cascade.stages.train.training
-from cascade.stages.kinds import StageInputs, kind_of
+from cascade.stages.kinds import kind_of
 from cascade.stages.recipe.config_base import SMOLLM2
 from cascade.stages.recipe.schema import validate_recipe
+from cascade.stages.recipe.walk import Made
 from cascade.stages.train.context import ListSink
 from cascade.stages.train.model import completion_ids, prompt_ids
 from tests.stages.test_training import VowelDomain, stage_ctx
@@ -75,18 +76,14 @@ def trained(smollm2_home, tmp_path_factory):
 
 
 def run_recipe_stages(recipe, tmp) -> dict:
-    """Every stage in order, wired as the flow wires it: the newest policy, and the checkpoints `reads()` names.
+    """Every stage in order, wired as the flow wires it (`Made`): the newest policy, the checkpoints `reads()`
+    names and the teachers.
     Returns stage name -> (ctx, metric sink)."""
-    out, refs, policy = {}, {}, None
+    out, made = {}, Made()
     for cfg in recipe.stages:
-        row = kind_of(cfg.kind)
-        inputs = StageInputs(
-            policy=policy if row.takes_policy else None, stages={read.stage: refs[read.stage] for read in cfg.reads()}
-        )
         sink = ListSink()
         ctx = stage_ctx(recipe, tmp, cfg.name, sink)
-        refs[cfg.name] = row.run(cfg, ctx, inputs).checkpoint
-        policy = refs[cfg.name] if row.makes == "policy" else policy
+        made.add(cfg, kind_of(cfg.kind).run(cfg, ctx, made.inputs(cfg)).checkpoint)
         out[cfg.name] = (ctx, sink)
     return out
 

@@ -53,6 +53,8 @@ def run_mopd(cfg: MOPDConfig, ctx: StageContext, inputs: StageInputs) -> StageRe
     model source)."""
     started = time.time()
     teachers = dict(inputs.teachers)
+    if not teachers:
+        raise ValueError(f"MOPD stage {cfg.name!r}: no teachers among its inputs (Made.inputs hands them over)")
     domains = cfg.domains or sorted(teachers)
     missing = sorted(set(domains) - set(teachers))
     if missing:
