@@ -97,3 +97,19 @@ def test_a_regression_the_nightly_finds_is_one_line(prefect_api, tmp_path):
     message = "1 regression(s) against baseline 'nightly': runs/r/00-untrained math 0.000 < 1.000 (drop 1.0)"
     assert_one_line(said, message)
     assert run["state"] == "FAILED" and message in run["message"] and run["code"] == 0
+
+
+def test_the_gate_stopping_a_run_as_asked_drops_its_tracebacks_and_other_failures_keep_theirs():
+    """`gate.policy: fail` ends the cascade's flow run with GateFailed, an outcome the recipe asked for: the records
+    that carry it are dropped (its state line stays); an unexpected error keeps its traceback."""
+    import logging
+
+    from cascade.infra.flow_outcomes import ExpectedOutcomeTracebacks
+    from cascade.stages.errors import GateFailed
+
+    def record(error: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "x", None, (type(error), error, None))
+
+    keep = ExpectedOutcomeTracebacks().filter
+    assert not keep(record(GateFailed("regression gate: math dropped 0.130 after if_rl (tolerance 0.05)")))
+    assert keep(record(KeyError("created")))
