@@ -20,6 +20,7 @@ TINY = [
         for s in ("if_rl", "code_rl", "mopd")
         for k, v in (("steps", 1), ("prompts_per_step", 2), ("group_size", 2), ("checkpoint_every", 0))
     ],
+    "domains.instruct.train_size=64",  # the generator draws the whole train split for a prompt pool
     "domains.instruct.heldout_size=2",
     "domains.instruct.max_new_tokens=6",
     "domains.code.heldout_size=3",

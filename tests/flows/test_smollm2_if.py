@@ -2,7 +2,7 @@
 `source` row) and after it, on the generator's dev split, IFEval and GSM8K test, and trained with GRPO on generated
 constrained instructions.
 
-Only sizes are overridden (steps, batch, dev items, new tokens, benchmark items); the model, the generator, the
+Only sizes are overridden (steps, batch, train and dev items, new tokens, benchmark items); the model, the generator, the
 eval columns and the stage list are the shipped recipe's. Full-size figures: docs/RESULTS.md.
 """
 
@@ -19,6 +19,7 @@ TINY = [
     "stages.if_rl.prompts_per_step=2",
     "stages.if_rl.group_size=2",
     "stages.if_rl.checkpoint_every=0",
+    "domains.instruct.train_size=64",  # the generator draws the whole train split for a prompt pool
     "domains.instruct.heldout_size=2",
     "domains.instruct.max_new_tokens=8",
     "eval.benchmarks.ifeval.limit=2",
