@@ -2,8 +2,8 @@
 `source` row) and after it, on the generator's dev split, IFEval and GSM8K test, and trained with GRPO on generated
 constrained instructions.
 
-Only sizes are overridden (steps, batch, train and dev items, new tokens, benchmark items); the model, the generator, the
-eval columns and the stage list are the shipped recipe's. Full-size figures: docs/RESULTS.md.
+Only sizes are overridden (steps, batch, train and dev items, new tokens, benchmark items); the model, the
+generator, the eval columns and the stage list are the shipped recipe's. Full-size figures: docs/RESULTS.md.
 """
 
 import json
