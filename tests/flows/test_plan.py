@@ -227,7 +227,7 @@ def test_plan_of_a_gguf_source_reads_its_metadata_and_converts_nothing(tmp_path)
     assert plan["params"] == plan["active_params"] == 134_515_008  # SmolLM2-135M, its head tied to the embedding
     assert not (home / "models").exists() and "Converting" not in done.stderr
     # its time at the rates measured on smollm2-135m itself (SFT 397 tok/s, HF engine 199 tok/s), not at the tiny
-    # model's FLOP/s, which on a CPU a 40x larger model beats: 41 minutes for IF-RL's 40 steps, not 66
+    # model's FLOP/s, which on a CPU a 40x larger model beats: 41 minutes for IF-RL's 40 steps, not 71
     rl = next(r for r in plan["rows"] if r["stage"] == "if_rl")
     assert rl["seconds"] == pytest.approx(rl["tokens_trained"] / 397 + rl["tokens_sampled"] / 199, rel=1e-3)
 
