@@ -15,13 +15,13 @@ import contextlib
 import fcntl
 import os
 import shutil
-import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cascade.artifacts.gc import readable_size
+from cascade.artifacts.user_files import open_regular
 
 PREFIX = "cascade-"
 OWNER = ".cascade-owner"  # holds the owner's pid, for the listing; the lock on it is what counts
@@ -95,13 +95,10 @@ def _open_owner(path: Path):
     """The OWNER file opened for reading, or None where there is none or it is not a regular file: a directory
     or a FIFO (which a plain open would wait on forever) in its place is not an owner, and the directory is kept."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        fd, _ = open_regular(path, follow_symlinks=False)
     except OSError:  # missing, a dangling or any other symlink, unreadable
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd)
+    return None if fd is None else os.fdopen(fd)
 
 
 def _bytes_under(path: Path) -> int:

@@ -66,6 +66,19 @@ def _refuse_unless_regular(mode: int, location: str | Path, what: str) -> None:
         raise UnreadableFile(f"{what} {location} is not a regular file ({kind})")
 
 
+def open_regular(path: str | Path, follow_symlinks: bool = True) -> tuple[int | None, int]:
+    """(descriptor, st_mode) of `path` opened for reading where it is a regular file, the descriptor blocking again;
+    (None, st_mode) with nothing left open where it is anything else. Opened non-blocking, so a FIFO does not wait
+    for a writer as a plain open would. OSError as os.open raises it (with follow_symlinks False: on a symlink)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        return None, mode
+    os.set_blocking(fd, True)
+    return fd, mode
+
+
 @contextlib.contextmanager
 def open_user_file(
     location: str | Path, what: str = "data file", compression: str | None = None, **storage_options: Any
@@ -78,12 +91,12 @@ def open_user_file(
             yield remote
         return
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO put here since the stat would block a plain open
+        fd, mode = open_regular(path)  # again: a FIFO put here since the stat is refused, not waited on
     except OSError as e:
         raise UnreadableFile(f"cannot read {what} {location}: {e.strerror}") from None
+    if fd is None:
+        _refuse_unless_regular(mode, location, what)
     with os.fdopen(fd, "rb") as raw:
-        _refuse_unless_regular(os.fstat(fd).st_mode, location, what)
-        os.set_blocking(fd, True)
         codec = infer_compression(path) if compression == "infer" else compression
         if codec is None:
             yield raw
