@@ -35,7 +35,8 @@ def plan(
     tokens sampled and trained, the storage and the time, under a stated throughput assumption. Loads no model."""
     from cascade.flows.recipes import load_recipe
     from cascade.infra.k8s import JobVariablesError, job_variables
-    from cascade.stages.recipe.plan import PROFILES, dag_lines, draw_dag, make_plan, model_size, plan_json, render_table
+    from cascade.stages.recipe.plan import dag_lines, draw_dag, make_plan, model_size, plan_json, render_table
+    from cascade.stages.recipe.throughput import PROFILES
 
     if on not in PROFILES:
         raise CLIError(f"--on {on!r}: known profiles are {', '.join(PROFILES)}")

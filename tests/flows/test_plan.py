@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cascade.flows.recipes import load_recipe
-from cascade.stages.recipe.plan import PROFILES
+from cascade.stages.recipe.throughput import PROFILES
 from cascade.stages.train.model import build_tiny_model, num_parameters
 from cascade.stages.train.tokenizer import load_tokenizer
 from tests.flows.test_cli import cascade, files_under
