@@ -6,12 +6,13 @@ each recipe stage in order; after each policy-making stage (when evals are on) i
 the `Recovery` the gate may insert there (policy `recover`: the recipe's `gate.recovery` config named
 `recover-<stage>`, run at that stage's index; the stage it recovers is a field of it, never read from its name).
 Its readers: the Prefect flow (flows/cascade.py), the stage driver (stages/run.py: the stage steps only), the dry
-run (stages/recipe/plan.py) and, for the recovery's inputs, the recover flow (flows/recover.py). None of them
-decides the shape on its own.
+run (stages/recipe/plan.py) and `cascade status` (stages/execution.py `standings`). None of them decides the
+shape on its own.
 
 `Made` is what a walk carries from step to step while it runs: the checkpoint of every stage so far and the
-newest policy. A stage's inputs are the newest policy (if its kind starts from one) and the checkpoints of the
-stages its config reads; a stage whose kind makes a policy becomes the newest policy, a recovery included.
+newest policy. A stage's inputs are the newest policy (if its kind starts from one), the checkpoints of the
+stages its config reads and, for a stage that distills, its teachers by domain; a stage whose kind makes a policy
+becomes the newest policy, a recovery included.
 """
 
 from __future__ import annotations

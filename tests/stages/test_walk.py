@@ -1,5 +1,5 @@
 """The cascade's walk (stages/recipe/walk.py): the one description of a run's shape that the flow, the stage driver, the
-plan and the recover flow read, and `Made`, what a run carries from stage to stage."""
+plan and `cascade status` read, and `Made`, what a run carries from stage to stage."""
 
 from __future__ import annotations
 
