@@ -132,16 +132,20 @@ def main() -> None:
     load_before = os.getloadavg()
     torch.manual_seed(0)
     real = args.model != "tiny"
-    model, tok = smollm2() if real else (None, load_tokenizer())
-    model = model if real else tiny(tok)
-    fresh = smollm2 if real else (lambda: (tiny(tok), tok))
+    if real:
+        model, tok = smollm2()
+        fresh = lambda: smollm2()[0]  # noqa: E731
+    else:
+        tok = load_tokenizer()
+        model = tiny(tok)
+        fresh = lambda: tiny(tok)  # noqa: E731
     pad, n_params = tok.pad_token_id or 0, num_parameters(model)
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     bf16, dtype = args.dtype == "bf16", args.dtype
     peak = peak16 if bf16 else peak32
     uniform = uniform_rows(len(tok))
     ours = sft_step_tps(model, uniform, args.steps, bf16, layout="padded", pad=pad)
-    naive = sft_step_tps(fresh()[0], uniform, args.steps, bf16=False, layout="naive", pad=pad)
+    naive = sft_step_tps(fresh(), uniform, args.steps, bf16=False, layout="naive", pad=pad)
     rows = [
         ("matmul peak fp32 / bf16", f"{peak32 / 1e9:.0f} / {peak16 / 1e9:.0f} GFLOP/s", ""),
         (
