@@ -93,6 +93,13 @@ class EngineConfig(Strict):
     gpu_memory_utilization: Annotated[float, BeforeValidator(_no_bool), Field(gt=0.0, le=1.0)] = 0.9
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     max_model_len: Count | None = None  # None: the model's own context length
+    # Rows the managed server decodes at once (`--max-num-seqs`; vLLM's CPU default is 128). On 2 cores of an AMD
+    # EPYC, IFEval's 541 x 512 greedy on smollm2-135m in bf16 took 285 s at 256 rows against 385 s at 128 and 313
+    # s at 512 (docs/LOG.md 2026-12-08): past 256 the attention over long rows costs more than the rows gain.
+    max_num_seqs: Annotated[int, Field(strict=True, ge=1, le=4096)] = 256
+    # The managed CPU server's KV cache in GiB (VLLM_CPU_KVCACHE_SPACE). None: room for `max_num_seqs` rows of
+    # 768 tokens (a prompt and a 512-token answer), at most a quarter of the memory available when it starts.
+    kv_cache_gib: Annotated[int, Field(strict=True, ge=1, le=1024)] | None = None
     # Under compute.launcher ray, a multi-rank stage's managed server is a Ray actor that reserves these, apart
     # from the ranks' bundles, so rollout and training capacity are sized apart: Ray's resource names, CPU, GPU or
     # a custom resource that a node pool advertises (e.g. {rollout: 1}). A CUDA server wants {GPU: <tensor

@@ -14,10 +14,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from cascade.stages.engines import describe_server, kv_cache_gib, server_options
 from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
@@ -27,6 +29,8 @@ from cascade.stages.engines.vllm import (
     _to_completion,
     trainer_logprobs,
 )
+from cascade.stages.engines.vllm.server import ManagedServer
+from cascade.stages.recipe.sections import EngineConfig
 from cascade.stages.train.losses import sampling_logits
 from tests.stages.test_difficulty import even_domain, run_filter  # noqa: F401  (even_domain: a fixture)
 
@@ -170,6 +174,30 @@ def test_unsupported_head_dim_fails_before_launch(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="head_dim 16"):
         VLLMEngine(tmp_path)
+
+
+def test_a_managed_cpu_servers_kv_cache_is_sized_to_its_rows_and_the_memory_available(tmp_path):
+    """256 rows at once by default (vLLM's CPU server takes 128), and a KV cache with room for them, at most a
+    quarter of the memory available, said before the server starts."""
+    smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, num_hidden_layers=30)
+    bf16 = EngineConfig(kind="vllm", dtype="bfloat16")
+    gib = 2**30
+    # 256 rows x 768 tokens x 30 layers x 2 (keys, values) x 3 heads x 64 numbers x 2 bytes = 4.22 GiB: 5 whole
+    assert kv_cache_gib(bf16, smollm2, 2, 64 * gib) == 5
+    assert kv_cache_gib(bf16, smollm2, 4, 64 * gib) == 9  # float32 numbers: 8.44 GiB
+    assert kv_cache_gib(bf16, smollm2, 2, 12 * gib) == 3  # a quarter of 12 GiB
+    assert kv_cache_gib(bf16, smollm2, 2, gib) == 1  # never under 1
+    assert kv_cache_gib(bf16.model_copy(update={"kv_cache_gib": 2}), smollm2, 2, 64 * gib) == 2
+    options = server_options(bf16, smollm2, 64 * gib)
+    assert (options.max_num_seqs, options.kv_cache_gib, options.dtype) == (256, 5, "bfloat16")
+    assert describe_server(options, 64 * gib) == (
+        "vLLM server: up to 256 rows at once, weights in bfloat16, KV cache 5 GiB (64.0 GiB available)"
+    )
+    config = {"hidden_size": 576, "num_attention_heads": 9, "max_position_embeddings": 2048}
+    server = ManagedServer(tmp_path, config, options, tmp_path)
+    cmd = server.cmd(8000)
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "256"
+    assert server.env()["VLLM_CPU_KVCACHE_SPACE"] == "5"
 
 
 def test_greedy_matches_hf_reference(engine, tiny, prompts):
