@@ -1,9 +1,10 @@
 """`recipes/smollm2-cascade.yaml` through the flow with tiny sizes: smollm2-135m is evaluated (source), trained by
-IF-RL, then by GRPO on MBPP's train problems, then distilled by MOPD from the teachers the dev scores chose,
-with the gate reading dev scores after every stage.
+IF-RL, then by GRPO on the MBPP train problems its difficulty filter keeps, then distilled by MOPD from the
+teachers the dev scores chose, with the gate reading dev scores after every stage.
 
-Only sizes, the eval engine (the HF one: CI has no vLLM venv) and the recovery's length are overridden; the model,
-the domains and their splits, the stage list, the eval columns and the gate's policy are the shipped recipe's.
+Only sizes, the eval engine (the HF one), the recovery's length and what the filter does with problems never
+solved are overridden (at 6 new tokens none is solved; the shipped recipe drops those); the model, the domains
+and their splits, the stage list, the eval columns and the gate's policy are the shipped recipe's.
 """
 
 import json
@@ -20,6 +21,9 @@ TINY = [
         for s in ("if_rl", "code_rl", "mopd")
         for k, v in (("steps", 1), ("prompts_per_step", 2), ("group_size", 2), ("checkpoint_every", 0))
     ],
+    "stages.code_filter.prompts_per_domain=4",
+    "stages.code_filter.k=2",
+    "stages.code_filter.unsolved=keep",
     "domains.instruct.train_size=64",  # the generator draws the whole train split for a prompt pool
     "domains.instruct.heldout_size=2",
     "domains.instruct.max_new_tokens=6",
@@ -50,7 +54,8 @@ def test_smollm2_cascade_runs_if_rl_code_rl_and_mopd_gated_on_dev(tmp_path, monk
     assert recipe.gate.policy == "recover" and not any(b.gates for b in recipe.eval.benchmarks.values())
     report = cascade_flow(recipe, "casc")
     stages = {s.name: s for s in report.stages}
-    assert [s for s in stages if not s.startswith("recover-")] == ["if_rl", "code_rl", "mopd"]
+    assert [s for s in stages if not s.startswith("recover-")] == ["if_rl", "code_filter", "code_rl", "mopd"]
+    assert stages["code_filter"].metrics["kept/code"] == 4  # unsolved kept here; the recipe trains on what it solves
     evaluated = [e.after_stage for e in report.evals]
     assert evaluated[0] == "source" and evaluated[-1] == "mopd" and "code_rl" in evaluated
     assert all(COLUMNS <= set(e.scores) for e in report.evals), [sorted(e.scores) for e in report.evals]
