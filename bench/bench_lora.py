@@ -1,13 +1,14 @@
 """GRPO on smollm2-135m with and without LoRA: peak memory and step time.
 
-    .venv/bin/python bench/bench_lora.py [--steps 4] [--rank 16] [--home DIR]
+    .venv/bin/python bench/bench_lora.py [--steps 4] [--rank 16] [--home DIR] [--set KEY=VALUE ...]
 
 Runs recipes/smollm2-if.yaml's GRPO stage for --steps steps (8 prompts x 8 samples, 128 new tokens, as the recipe
 trains), once training every weight and once with `lora: {rank, alpha: 2 * rank}` on every linear layer, each in
 its own `cascade run` process (no evals, no tracking, no step checkpoints) in CASCADE_HOME (--home: one that
 already holds the converted model, so the conversion is not timed). Prints per variant the trainable parameters,
 the peak RSS of the process (from wait4), and the median rollout, update and whole-step seconds over the steps
-after the first (the first carries one-time costs: the engine's first forward, the optimizer's state). Learning
+after the first (the first carries one-time costs: the engine's first forward, the optimizer's state). --set
+adds a recipe override to both variants (e.g. `engine.rollout_dtype=compute`: rollouts from a bf16 copy). Learning
 is not compared here: the steps are few and the learning rate is the recipe's for both.
 """
 
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--home", type=Path, default=Path(os.environ.get("CASCADE_HOME", Path.home() / ".cascade")))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for both")
     args = parser.parse_args(argv)
     common = [
         "eval.enabled=false",
@@ -65,10 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         "tracking.enabled=false",
         f"stages.if_rl.steps={args.steps}",
         "stages.if_rl.checkpoint_every=0",
+        *args.set,
     ]
     lora = f"stages.if_rl.lora={{rank: {args.rank}, alpha: {2 * args.rank}}}"
     rows = [run_variant("full", common, args.home), run_variant(f"lora-r{args.rank}", [*common, lora], args.home)]
-    print(f"GRPO on smollm2-135m, {args.steps} steps of 8 x 8, load average {os.getloadavg()[0]:.2f}")
+    settings = f", {' '.join(args.set)}" if args.set else ""
+    print(f"GRPO on smollm2-135m, {args.steps} steps of 8 x 8{settings}, load average {os.getloadavg()[0]:.2f}")
     print("| variant | trainable parameters | peak RSS (GB) | rollout s | update s | step s | wall s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
