@@ -15,7 +15,7 @@ Engines, each in a process of its own (so its peak RSS is its own), on weights i
 - `hf`: our HF engine called once on every row (continuous batching: a stopped row's slot takes a waiting prompt);
 - `vllm`: the managed vLLM server as an eval starts it (`.venv-vllm`; `make_engine` on `engine.kind: vllm`, the
   server in --dtype), every row in one call; its start is reported apart from the work's wall time, and its peak
-  RSS is the server's (VmHWM).
+  RSS is the server's: the sum of its processes' peaks (VmHWM), the API server's and its engine core's.
 
 The table gives wall seconds, generated tokens/s, peak RSS and the ratio of wall time to `generate`'s, with the
 load average after each. Stop other work first: the cores are shared by everything.
@@ -134,8 +134,7 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
             started = time.perf_counter()
             groups = server.generate(prompts, samples, sampling)
             tokens, texts = sum(len(c.token_ids) for g in groups for c in g), [g[0].text for g in groups]
-            status = Path(f"/proc/{server.server_pid}/status").read_text()
-            result["server_rss_gb"] = int(status.split("VmHWM:")[1].split()[0]) / 1e6
+            result["server_rss_gb"] = server_peak_rss(server.server_pid) / 1e6
             server.close()
     result["wall_s"] = round(time.perf_counter() - started, 1)
     result["tokens"] = tokens
@@ -144,6 +143,14 @@ def run_one(engine: str, work: str, dtype: str, limit: int | None) -> dict:
     result["rss_gb"] = result.pop("server_rss_gb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6)
     result["load"] = round(os.getloadavg()[0], 2)
     return result
+
+
+def server_peak_rss(pid: int) -> int:
+    """KB: the sum of each process's peak RSS (VmHWM) in the server's tree, the API server and its engine core,
+    which holds the KV cache; an upper bound of the tree's peak, as the two need not peak at once."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    own = int(Path(f"/proc/{pid}/status").read_text().split("VmHWM:")[1].split()[0])
+    return own + sum(server_peak_rss(int(child)) for child in children)
 
 
 def table(results: list[dict]) -> list[str]:
