@@ -97,14 +97,27 @@ def split_answers(recipe: Recipe, domain: str) -> list[tuple[str, int]]:
 
 
 def benchmark_size(name: str, recipe: Recipe) -> int | None:
-    """How many rows the benchmark's shipped file holds (rows are counted, not parsed: parsing some benchmarks
-    sets up their checkers); None: it has no file here."""
-    from cascade.stages.domains.benchdata import JsonlBenchmark, benchmark_registry, is_url, read_rows
+    """How many items the benchmark holds: a shipped file's rows (counted, not parsed: parsing some benchmarks
+    sets up their checkers), or what a loader of its own (a subset of a file, several files) loads; None: it has
+    no file here."""
+    from cascade.stages.domains.benchdata import (
+        BenchmarkError,
+        JsonlBenchmark,
+        NativeBenchmark,
+        benchmark_registry,
+        is_url,
+        read_rows,
+    )
 
     user_file = recipe.eval.benchmarks[name].file
     if user_file is not None:
         return None if is_url(user_file) else len(read_rows(Path(user_file)))
     loader = benchmark_registry()[name].loader
+    if isinstance(loader, NativeBenchmark):
+        try:
+            return len(loader(recipe.eval.resolved_data_root()))
+        except (OSError, BenchmarkError):
+            return None
     relpath = loader.relpath if isinstance(loader, JsonlBenchmark) else None  # another loader: no one file
     path = recipe.eval.resolved_data_root() / relpath if relpath else None
     return len(read_rows(path)) if path is not None and path.is_file() else None

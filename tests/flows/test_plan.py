@@ -245,3 +245,18 @@ def test_the_cpu_profile_interpolates_between_its_measured_models():
     assert cpu.flops(1e6) == low and cpu.flops(7e9) == high
     assert cpu.ceilings() == (8552, 4700) and PROFILES["h100"].ceilings() == (None, None)
     assert PROFILES["h100"].flops(1e6) == PROFILES["h100"].flops(7e10)
+
+
+def test_a_benchmark_with_a_loader_of_its_own_is_counted_in_the_eval_rows():
+    """HumanEval and MBPP load through their own code (a gzipped file, MBPP's test split of a larger file): the plan
+    counts what they load (164 and 500 items) instead of saying that they have no file; a data root without them is
+    still the note."""
+    from cascade.stages.recipe.plan import benchmark_size, eval_estimate
+
+    recipe = load_recipe("smollm2-cascade", ["eval.benchmarks.mbpp={max_new_tokens: 256}"])
+    assert benchmark_size("humaneval", recipe) == 164 and benchmark_size("mbpp", recipe) == 500
+    est = eval_estimate("source", recipe)
+    assert not any("humaneval" in note for note in est.notes)
+    # a recipe validates its benchmarks' files; one whose data root went away since reads as the note again
+    moved = recipe.model_copy(update={"eval": recipe.eval.model_copy(update={"data_root": "/nonexistent"})})
+    assert benchmark_size("humaneval", moved) is None
