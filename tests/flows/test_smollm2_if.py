@@ -1,5 +1,5 @@
 """`recipes/smollm2-if.yaml` through the flow with tiny sizes: smollm2-135m is evaluated before the RL stage (the
-`source` row) and after it, on the generator's dev split, IFEval and GSM8K test, and trained with GRPO on generated
+`source` row) and after it, on the generator's dev split, IFEval and HumanEval, and trained with GRPO on generated
 constrained instructions.
 
 Only sizes are overridden (steps, batch, train and dev items, new tokens, benchmark items); the model, the
@@ -24,20 +24,20 @@ TINY = [
     "domains.instruct.max_new_tokens=8",
     "eval.benchmarks.ifeval.limit=2",
     "eval.benchmarks.ifeval.max_new_tokens=8",
-    "eval.benchmarks.gsm8k.limit=2",
-    "eval.benchmarks.gsm8k.max_new_tokens=8",
+    "eval.benchmarks.humaneval.limit=2",
+    "eval.benchmarks.humaneval.max_new_tokens=8",
     "tracking.enabled=false",
 ]
 
 
-def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_gsm8k(tmp_path, monkeypatch, smollm2_home):
+def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_humaneval(tmp_path, monkeypatch, smollm2_home):
     monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))  # the test session's converted smollm2-135m
     recipe = load_recipe("smollm2-if", [f"storage.root=file://{tmp_path}/store", *TINY])
     assert recipe.eval.split == "dev" and recipe.domains["instruct"].options == {"generator": "ifeval"}
     report = cascade_flow(recipe, "ifrl")
     assert [e.after_stage for e in report.evals] == ["source", "if_rl"]
     assert report.stages[0].metrics["steps"] == 1
-    columns = {"instruct", "bench/ifeval", "bench/gsm8k"}
+    columns = {"instruct", "bench/ifeval", "bench/humaneval"}
     assert all(columns <= set(e.scores) for e in report.evals), report.evals
     # IFEval's four numbers: prompt-level strict is the gated column, the other three are shown beside it
     ifeval_sides = {"bench/ifeval:prompt_loose", "bench/ifeval:instruction_strict", "bench/ifeval:instruction_loose"}
