@@ -30,7 +30,7 @@ TINY = [
 ]
 
 
-def test_smollm2_if_evaluates_the_source_then_the_rl_stage_on_dev_ifeval_and_humaneval(tmp_path, monkeypatch, smollm2_home):
+def test_smollm2_if_evaluates_source_and_rl_stage_on_dev_ifeval_and_humaneval(tmp_path, monkeypatch, smollm2_home):
     monkeypatch.setenv("CASCADE_HOME", str(smollm2_home))  # the test session's converted smollm2-135m
     recipe = load_recipe("smollm2-if", [f"storage.root=file://{tmp_path}/store", *TINY])
     assert recipe.eval.split == "dev" and recipe.domains["instruct"].options == {"generator": "ifeval"}
