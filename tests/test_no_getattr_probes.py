@@ -27,8 +27,8 @@ DYNAMIC_IMPORT = "a dynamic import: a name looked up in a module imported by its
 ALLOWED: dict[tuple[str, str, str], str] = {
     # transformers models, their configs and outputs
     ("stages/engines/__init__.py", "model", "generation_config"): HF_MODEL + " (none on a bare module)",
-    ("stages/engines/__init__.py", "model_config", "head_dim"): HF_CONFIG + " (absent where hidden / heads gives it)",
-    ("stages/engines/__init__.py", "model_config", "num_key_value_heads"): HF_CONFIG + " (absent without GQA)",
+    ("stages/engines/continuous.py", "config", "head_dim"): HF_CONFIG + " (absent where hidden / heads gives it)",
+    ("stages/engines/continuous.py", "config", "num_key_value_heads"): HF_CONFIG + " (absent without GQA)",
     ("stages/engines/hf.py", "model", "generation_config"): HF_MODEL + " (none on a bare module)",
     ("stages/engines/hf.py", "model.config", "model_type"): HF_CONFIG,
     ("stages/engines/decode.py", "model", "config"): HF_MODEL + " (a bare torch module has no config)",

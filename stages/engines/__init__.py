@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from cascade.stages.engines.continuous import available_memory
+from cascade.stages.engines.continuous import available_memory, kv_bytes_per_token
 from cascade.stages.engines.hf import HFEngine
 from cascade.stages.engines.interface import Completion, RolloutEngine, SamplingParams
 from cascade.stages.recipe.sections import EngineConfig
@@ -45,20 +46,17 @@ def _vllm_engine(
     return managed_vllm_engine(cfg, model, tokenizer, announce=announce)
 
 
+SERVER_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # a managed server's dtypes (engine.dtype)
 KV_ROW_TOKENS = 768  # a row the automatic KV cache makes room for: a prompt and a 512-token answer
 KV_MEMORY_SHARE = 0.25  # of the memory available when a CPU server starts, what its KV cache may take
 
 
-def kv_cache_gib(cfg: EngineConfig, model_config, itemsize: int, available: int) -> int:
+def kv_cache_gib(cfg: EngineConfig, per_token: int, available: int) -> int:
     """The managed CPU server's KV cache in whole GiB: the recipe's `engine.kv_cache_gib`, else room for
-    `max_num_seqs` rows of KV_ROW_TOKENS tokens (each token's keys and values in every layer, `itemsize` bytes a
-    number), at most KV_MEMORY_SHARE of `available` bytes, and at least 1."""
+    `max_num_seqs` rows of KV_ROW_TOKENS tokens of `per_token` bytes each, at most KV_MEMORY_SHARE of `available`
+    bytes, and at least 1."""
     if cfg.kv_cache_gib is not None:
         return cfg.kv_cache_gib
-    heads = model_config.num_attention_heads
-    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
-    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    per_token = model_config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
     wanted = cfg.max_num_seqs * KV_ROW_TOKENS * per_token
     return max(1, math.ceil(min(wanted, available * KV_MEMORY_SHARE) / 2**30))
 
@@ -109,12 +107,10 @@ def server_options(cfg: EngineConfig, model_config, available: int, host: str | 
     from cascade.stages.engines.vllm import ServerOptions
 
     on_gpu = torch.cuda.is_available()
-    itemsize = 4 if cfg.dtype in ("auto", "float32") else 2  # auto: ServerOptions' float32 on the CPU
-    return ServerOptions(
+    options = ServerOptions(
         tensor_parallel_size=cfg.tensor_parallel_size,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
-        kv_cache_gib=kv_cache_gib(cfg, model_config, itemsize, available),
         **({} if cfg.dtype == "auto" else {"dtype": cfg.dtype}),
         **({} if host is None else {"host": host}),
         **(
@@ -123,6 +119,8 @@ def server_options(cfg: EngineConfig, model_config, available: int, host: str | 
             else {}
         ),
     )
+    per_token = kv_bytes_per_token(model_config, SERVER_DTYPE_BYTES[options.dtype])  # the dtype the server runs in
+    return dataclasses.replace(options, kv_cache_gib=kv_cache_gib(cfg, per_token, available))
 
 
 def describe_server(options, available: int) -> str:

@@ -76,13 +76,20 @@ class SlotPlan:
         )
 
 
+def kv_bytes_per_token(config, itemsize: int) -> int:
+    """Bytes of one token's keys and values in every layer of a decoder with this transformers config, `itemsize`
+    bytes a number (the head size and kv heads as the Llama/Qwen2 attention derives them where the config omits
+    them). The HF engine's slots and a managed vLLM server's KV cache are sized by it."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return config.num_hidden_layers * 2 * kv_heads * head_dim * itemsize
+
+
 def plan_slots(model: torch.nn.Module, rows: int, batch_size: int, width: int, available: int) -> SlotPlan:
     """As many slots as `batch_size` (and the call's rows) allow, fewer where their cache would exceed MEMORY_SHARE
     of `available`; a MemoryError where not even one row fits."""
-    config, layers = model.config, model.model.layers
-    attn = layers[0].self_attn
-    itemsize = next(model.parameters()).element_size()
-    per_row = len(layers) * 2 * config.num_key_value_heads * width * attn.head_dim * itemsize
+    per_row = kv_bytes_per_token(model.config, next(model.parameters()).element_size()) * width
     fits = int(available * MEMORY_SHARE) // per_row
     if fits < 1:
         raise MemoryError(

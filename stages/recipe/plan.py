@@ -112,14 +112,14 @@ def benchmark_size(name: str, recipe: Recipe) -> int | None:
     user_file = recipe.eval.benchmarks[name].file
     if user_file is not None:
         return None if is_url(user_file) else len(read_rows(Path(user_file)))
-    loader = benchmark_registry()[name].loader
+    loader, root = benchmark_registry()[name].loader, recipe.eval.resolved_data_root()
     if isinstance(loader, NativeBenchmark):
         try:
-            return len(loader(recipe.eval.resolved_data_root()))
+            return len(loader(root))
         except (OSError, BenchmarkError):
             return None
     relpath = loader.relpath if isinstance(loader, JsonlBenchmark) else None  # another loader: no one file
-    path = recipe.eval.resolved_data_root() / relpath if relpath else None
+    path = root / relpath if relpath else None
     return len(read_rows(path)) if path is not None and path.is_file() else None
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from cascade.stages.engines import describe_server, kv_cache_gib, server_options
+from cascade.stages.engines.continuous import kv_bytes_per_token
 from cascade.stages.engines.interface import SamplingParams
 from cascade.stages.engines.vllm import (
     DEFAULT_VENV,
@@ -182,14 +183,17 @@ def test_a_managed_cpu_servers_kv_cache_is_sized_to_its_rows_and_the_memory_avai
     smollm2 = SimpleNamespace(num_attention_heads=9, num_key_value_heads=3, hidden_size=576, num_hidden_layers=30)
     bf16 = EngineConfig(kind="vllm", dtype="bfloat16")
     gib = 2**30
-    # 256 rows x 768 tokens x 30 layers x 2 (keys, values) x 3 heads x 64 numbers x 2 bytes = 4.22 GiB: 5 whole
-    assert kv_cache_gib(bf16, smollm2, 2, 64 * gib) == 5
-    assert kv_cache_gib(bf16, smollm2, 4, 64 * gib) == 9  # float32 numbers: 8.44 GiB
-    assert kv_cache_gib(bf16, smollm2, 2, 12 * gib) == 3  # a quarter of 12 GiB
-    assert kv_cache_gib(bf16, smollm2, 2, gib) == 1  # never under 1
-    assert kv_cache_gib(bf16.model_copy(update={"kv_cache_gib": 2}), smollm2, 2, 64 * gib) == 2
+    # a token: 30 layers x 2 (keys, values) x 3 heads x 64 numbers x 2 bytes
+    assert kv_bytes_per_token(smollm2, 2) == 23_040
+    # 256 rows x 768 tokens x 23,040 bytes = 4.22 GiB: 5 whole
+    assert kv_cache_gib(bf16, 23_040, 64 * gib) == 5
+    assert kv_cache_gib(bf16, 46_080, 64 * gib) == 9  # float32 numbers: 8.44 GiB
+    assert kv_cache_gib(bf16, 23_040, 12 * gib) == 3  # a quarter of 12 GiB
+    assert kv_cache_gib(bf16, 23_040, gib) == 1  # never under 1
+    assert kv_cache_gib(bf16.model_copy(update={"kv_cache_gib": 2}), 23_040, 64 * gib) == 2
     options = server_options(bf16, smollm2, 64 * gib)
     assert (options.max_num_seqs, options.kv_cache_gib, options.dtype) == (256, 5, "bfloat16")
+    assert server_options(EngineConfig(kind="vllm"), smollm2, 64 * gib).kv_cache_gib == 9  # auto: a float32 server
     assert describe_server(options, 64 * gib) == (
         "vLLM server: up to 256 rows at once, weights in bfloat16, KV cache 5 GiB (64.0 GiB available)"
     )
